@@ -1,0 +1,51 @@
+// lineage logits: float32 logits [T, vocab] to a .npy file, fed through the session in chunks.
+#include <algorithm>
+
+#include "common.h"
+#include "lineage/core/error.h"
+#include "lineage/io/npy.h"
+#include "lineage/runtime/session.h"
+
+namespace lineage::app {
+
+void add_logits(CLI::App& app) {
+  struct Opts {
+    ModelSource src;
+    std::string tokens, prompt, out;
+    int64_t chunk = 0;
+  };
+  static Opts o;
+  auto* cmd = app.add_subcommand("logits", "write float32 logits [T, vocab] of a token sequence to a .npy file");
+  add_model_options(*cmd, o.src, true);
+  add_threads_option(*cmd);
+  auto* t = cmd->add_option("--tokens", o.tokens, "token ids separated by spaces");
+  auto* p = cmd->add_option("--prompt", o.prompt, "text, tokenized with the model's tokenizer");
+  t->excludes(p);
+  cmd->add_option("--out", o.out, "output .npy file")->required();
+  cmd->add_option("--chunk", o.chunk, "feed the sequence in pieces of N tokens (1 = token-by-token decode)")
+      ->check(CLI::PositiveNumber);
+  cmd->callback([] {
+    if (o.tokens.empty() && o.prompt.empty()) throw Error("logits: one of --tokens or --prompt is required");
+    io::LoadedModel m = load(o.src, !o.prompt.empty());
+    std::vector<int32_t> ids;
+    if (!o.tokens.empty()) {
+      ids = parse_ids(o.tokens, "--tokens");
+    } else {
+      const io::Tokenizer& tok = require_tokenizer(m, "--prompt");
+      ids = tok.encode(o.prompt);
+      if (tok.adds_bos() && tok.bos_id()) ids.insert(ids.begin(), *tok.bos_id());
+    }
+    const int64_t T = int64_t(ids.size()), V = m.model.config.vocab_size;
+    const int64_t chunk = o.chunk > 0 ? o.chunk : T;
+    std::vector<float> all(size_t(T) * V);
+    runtime::Session s(m.model);
+    for (int64_t i = 0; i < T; i += chunk) {
+      const int64_t n = std::min(chunk, T - i);
+      const auto logits = s.prefill(std::span<const int32_t>(ids.data() + i, n), true);
+      std::copy(logits.begin(), logits.end(), all.begin() + i * V);
+    }
+    io::save_npy(o.out, all.data(), {T, V});
+  });
+}
+
+}  // namespace lineage::app

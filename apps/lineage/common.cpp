@@ -1,0 +1,81 @@
+#include "common.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "lineage/core/error.h"
+#include "lineage/kernels/threads.h"
+#include "lineage/model/archs/presets.h"
+
+namespace lineage::app {
+
+void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset) {
+  auto* model = cmd.add_option("--model", src.dir, "Hugging Face model directory (config.json + safetensors)");
+  if (!allow_preset) {
+    model->required();
+    return;
+  }
+  auto* preset = cmd.add_option("--preset", src.preset, "built-in architecture with seeded random weights: " +
+                                                            model::preset_names());
+  model->excludes(preset);
+  preset->excludes(model);
+  cmd.add_option("--seed", src.seed, "seed of the preset's random weights (and of sampling)");
+  cmd.add_option("--weights-dtype", src.weights_dtype, "storage dtype of preset weights: f32, f16 or bf16")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  cmd.add_option("--tokenizer", src.tokenizer_dir, "directory with tokenizer files (for --prompt with --preset)");
+}
+
+void add_threads_option(CLI::App& cmd) {
+  static int threads = 0;
+  cmd.add_option("--threads", threads, "worker threads (default: all cores)")->check(CLI::Range(1, 1024));
+  cmd.preparse_callback([](size_t) { kernels::set_threads(0); });
+  cmd.parse_complete_callback([] { kernels::set_threads(threads); });
+}
+
+io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
+  if (src.dir.empty() && src.preset.empty()) throw Error("one of --model DIR or --preset NAME is required");
+  if (!src.dir.empty()) return io::load_model(src.dir, need_tokenizer);
+  io::LoadedModel m;
+  m.model = model::make_preset(src.preset, src.seed, *dtype_from_user(src.weights_dtype));
+  if (!src.tokenizer_dir.empty()) m.tokenizer = io::Tokenizer::load(src.tokenizer_dir);
+  return m;
+}
+
+std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag) {
+  std::vector<int32_t> ids;
+  std::istringstream in(text);
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(word, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != word.size() || v < 0 || v > INT32_MAX)
+      throw Error(cat(flag, ": \"", word, "\" is not a token id (expected non-negative integers separated by spaces)"));
+    ids.push_back(int32_t(v));
+  }
+  if (ids.empty()) throw Error(cat(flag, ": expected at least one token id"));
+  return ids;
+}
+
+const io::Tokenizer& require_tokenizer(const io::LoadedModel& m, const std::string& why) {
+  if (!m.tokenizer)
+    throw Error(cat(why, " needs a tokenizer, but ",
+                    m.dir.empty() ? std::string("a preset has none (pass --tokenizer DIR)")
+                                  : m.dir.string() + " has no tokenizer.json or vocab.json + merges.txt"));
+  return *m.tokenizer;
+}
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.2f %s" : "%.0f %s", b, units[u]);
+  return buf;
+}
+
+}  // namespace lineage::app

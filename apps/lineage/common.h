@@ -1,0 +1,41 @@
+// What every subcommand shares: where the model comes from (--model DIR or --preset NAME),
+// --threads, and turning --tokens / --prompt into ids.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lineage/io/load_model.h"
+
+namespace lineage::app {
+
+struct ModelSource {
+  std::string dir, preset, tokenizer_dir;
+  uint64_t seed = 0;
+  std::string weights_dtype = "f32";
+};
+
+// Adds --model (and --preset, --seed, --weights-dtype, --tokenizer when presets are allowed).
+void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset);
+// Adds --threads N and applies it before the command runs.
+void add_threads_option(CLI::App& cmd);
+
+io::LoadedModel load(const ModelSource& src, bool need_tokenizer);
+
+// "12 5 7" → ids; a non-integer is an Error naming the flag.
+std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag);
+const io::Tokenizer& require_tokenizer(const io::LoadedModel& m, const std::string& why);
+
+// Human-readable bytes: "1.50 MiB".
+std::string format_bytes(double bytes);
+
+// Registration of each subcommand (one file each).
+void add_generate(CLI::App& app);
+void add_logits(CLI::App& app);
+void add_tokenize(CLI::App& app);
+void add_info(CLI::App& app);
+void add_tour(CLI::App& app);
+
+}  // namespace lineage::app

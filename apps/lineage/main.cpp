@@ -1,0 +1,36 @@
+// lineage: run, inspect and measure decoder-only language models from GPT-2 to Kimi.
+#include <cstdio>
+#include <string>
+
+#include "common.h"
+#include "lineage/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"lineage: decoder-only language models from GPT-2 to Kimi, on the CPU"};
+  app.require_subcommand(1);
+  app.fallthrough(false);
+  lineage::app::add_generate(app);
+  lineage::app::add_logits(app);
+  lineage::app::add_tokenize(app);
+  lineage::app::add_info(app);
+  lineage::app::add_tour(app);
+  try {
+    if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](CLI::App* s) { return s->check_name(argv[1]); }).empty()) {
+      std::string names;
+      for (const auto* sub : app.get_subcommands([](CLI::App*) { return true; })) names += (names.empty() ? "" : ", ") + sub->get_name();
+      throw lineage::Error(std::string("unknown command \"") + argv[1] + "\"; expected one of: " + names);
+    }
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "lineage: error: %s\nRun with --help for usage.\n", e.what());
+    return 2;
+  } catch (const lineage::Error& e) {
+    std::fprintf(stderr, "lineage: error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,240 @@
+"""Linear-attention family golden cases (linear_attn, delta_net, gated_deltanet, kda): each writes an fla HF
+model directory (config.json + model.safetensors) with seeded random weights, and golden/ with the float64
+intermediates of delta_family.py, after checking that a float32 run agrees, that the model is causal and
+that feeding the tokens in two parts (carrying S and the conv tails) gives the one-shot state."""
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from delta_family import (ARCHITECTURES, COMMON_DEFAULTS, MIXER_DEFAULTS, MODEL_TYPES, FlaConfig,
+                          canonical_weights, fla_forward, initial_cache, intermediate_shapes, tensor_specs)
+from golden_io import relative_rms, write_golden
+from safetensors_io import read_checkpoint, write_safetensors
+
+# A float32 PyTorch run must agree with the float64 reference this well on every intermediate.
+F32_SELF_CHECK_TOL = 2e-6
+# Logits of a prefix, and states after a split feed, must match the one-shot float64 run this well.
+EXACT_TOL = 1e-12
+
+_TORCH_DTYPE = {"F32": torch.float32, "BF16": torch.bfloat16}
+_HF_DTYPE_NAME = {"F32": "float32", "BF16": "bfloat16"}
+# Released checkpoints keep the gate parameters in float32 whatever the weights dtype (spec 4A.1, 5B.1).
+_ALWAYS_F32 = ("A_log", "dt_bias")
+
+
+@dataclass(frozen=True)
+class FlaCase:
+    model_type: str
+    name: str
+    config: dict = field(hash=False)  # config.json fields (fla names) that differ from fla's defaults
+    seed: int = 0
+    T: int = 70                       # crosses the 32- and 64-token chunk boundaries
+    weights_dtype: str = "F32"        # "F32" or "BF16" (A_log and dt_bias stay F32)
+
+    def json_config(self) -> dict:
+        """config.json as fla's configuration class would save it: every field, defaults filled in."""
+        d = {"architectures": [ARCHITECTURES[self.model_type]], "model_type": self.model_type}
+        d.update(COMMON_DEFAULTS)
+        d.update(MIXER_DEFAULTS[self.model_type])
+        unknown = set(self.config) - set(d)
+        if unknown:
+            raise ValueError(f"{self.model_type}/{self.name}: not fla config fields: {sorted(unknown)}")
+        d.update(self.config)
+        d["torch_dtype"] = _HF_DTYPE_NAME[self.weights_dtype]
+        return d
+
+
+def _case(model_type, name, seed, weights_dtype="F32", **config):
+    base = {"vocab_size": 256, "num_hidden_layers": 2}
+    return FlaCase(model_type, name, {**base, **config}, seed=seed, weights_dtype=weights_dtype)
+
+
+CASES = [
+    _case("linear_attn", "f32_elementwise_product", 2001, hidden_size=48, num_heads=4),
+    _case("linear_attn", "f32_elu_normalized", 2002, vocab_size=211, hidden_size=32, num_heads=2,
+          expand_v=2.0, feature_map="elu", norm_feature_map=True, intermediate_size=96,
+          tie_word_embeddings=True, norm_eps=1e-5),
+    _case("linear_attn", "f32_relu_normqk_gqa", 2003, vocab_size=300, hidden_size=64, num_heads=4,
+          num_kv_heads=2, expand_k=0.5, feature_map="relu", norm_q=True, norm_k=True,
+          elementwise_affine=False, hidden_ratio=2),
+    _case("delta_net", "f32", 2101, vocab_size=257, hidden_size=48, num_heads=4),
+    _case("delta_net", "bf16", 2102, "BF16", hidden_size=64, num_heads=2, use_gate=True,
+          allow_neg_eigval=True, conv_size=3, intermediate_size=160, tie_word_embeddings=True),
+    _case("delta_net", "f32_elu_sum_nobeta", 2103, vocab_size=230, hidden_size=32, num_heads=2,
+          qk_activation="elu", qk_norm="sum", use_beta=False, intermediate_size=64),
+    _case("gated_deltanet", "f32_gva", 2201, hidden_size=48, num_heads=2, num_v_heads=4, head_dim=16,
+          expand_v=1.5, use_gate=True),
+    _case("gated_deltanet", "f32_nogate_negeig", 2202, vocab_size=240, hidden_size=32, num_heads=4,
+          head_dim=8, expand_v=1.0, use_gate=False, allow_neg_eigval=True, intermediate_size=80),
+    _case("kda", "f32", 2301, hidden_size=48, num_heads=4, head_dim=12),
+    _case("kda", "f32_gva", 2302, vocab_size=270, hidden_size=64, num_heads=2, num_v_heads=4, head_dim=16,
+          expand_v=1.5, intermediate_size=128),
+    _case("kda", "bf16", 2303, "BF16", hidden_size=64, num_heads=2, head_dim=32, tie_word_embeddings=True),
+]
+
+
+class ModelTypeCases:
+    """One make_goldens.py family per model type: DIR/<model_type>/<case>/."""
+
+    def __init__(self, model_type: str):
+        self.CASES = [c for c in CASES if c.model_type == model_type]
+
+    @staticmethod
+    def build_case(case: FlaCase, case_dir: str) -> str:
+        return build_case(case, case_dir)
+
+
+FAMILIES = [(t, ModelTypeCases(t)) for t in MODEL_TYPES]
+
+# Linear weights [out, in] ~ N(0, gain / sqrt(in)), keyed by the name after "attn." / "mlp.". Gains make
+# the SiLU inputs after the short conv, the beta logits and the feature maps of std ~1.5-2, so no
+# nonlinearity sits in its linear regime.
+_MATRIX_GAIN = {
+    "q_proj.weight": 1.5, "k_proj.weight": 1.5, "v_proj.weight": 1.5, "b_proj.weight": 2.0,
+    "a_proj.weight": 1.5, "g_proj.weight": 1.5, "o_proj.weight": 1.0,
+    "f_proj.0.weight": 1.0, "f_proj.1.weight": 1.5, "g_proj.0.weight": 1.0, "g_proj.1.weight": 1.5,
+    "feature_map_q.layer1.weight": 1.0, "feature_map_q.layer2.weight": 1.0,
+    "feature_map_k.layer1.weight": 1.0, "feature_map_k.layer2.weight": 1.0,
+    "gate_proj.weight": 1.5, "up_proj.weight": 1.0, "down_proj.weight": 1.0, "lm_head.weight": 1.0,
+}
+# exp(A_log) per head spans mild to strong decay; with dt_bias below, per-token log decays a_t run from
+# about -1e-3 (state kept for hundreds of tokens) to about -5 (state nearly wiped every token).
+_A_RANGE = (0.02, 4.0)
+_GDN_DT_BIAS_RANGE = (-4.0, 1.0)   # one per v-head, spread evenly, shuffled
+_KDA_DT_BIAS_RANGE = (-5.0, 2.0)   # one per (v-head, key channel), uniform
+
+
+def _spread(lo: float, hi: float, n: int, gen: torch.Generator, log: bool = False) -> torch.Tensor:
+    """n values from lo to hi (evenly, or evenly in log space), in a seeded random order."""
+    if n == 1:
+        values = torch.tensor([math.sqrt(lo * hi) if log else (lo + hi) / 2])
+    elif log:
+        values = torch.exp(torch.linspace(math.log(lo), math.log(hi), n))
+    else:
+        values = torch.linspace(lo, hi, n)
+    return values[torch.randperm(n, generator=gen)].to(torch.float32)
+
+
+def init_params(cfg: FlaConfig, gen: torch.Generator) -> dict:
+    """float32 parameters by checkpoint name: embeddings N(0, 1), Linear weights as _MATRIX_GAIN says,
+    conv taps N(0, 1/W), norm weights 1 + N(0, 0.1), biases N(0, 0.5), A_log and dt_bias as above."""
+    out = {}
+    for name, shape, kind in tensor_specs(cfg):
+        noise = torch.randn(shape, generator=gen, dtype=torch.float32)
+        if kind == "embed":
+            out[name] = noise
+        elif kind == "norm_weight":
+            out[name] = 1.0 + 0.1 * noise
+        elif kind == "matrix":
+            key = name if name == "lm_head.weight" else name.split(".attn.")[-1].split(".mlp.")[-1]
+            out[name] = (_MATRIX_GAIN[key] / math.sqrt(shape[-1])) * noise
+        elif kind == "conv":
+            out[name] = noise / math.sqrt(shape[-1])
+        elif kind == "bias":
+            out[name] = 0.5 * noise
+        elif kind == "A_log":
+            out[name] = torch.log(_spread(*_A_RANGE, shape[0], gen, log=True))
+        elif kind == "dt_bias" and cfg.model_type == "gated_deltanet":
+            out[name] = _spread(*_GDN_DT_BIAS_RANGE, shape[0], gen)
+        elif kind == "dt_bias":
+            lo, hi = _KDA_DT_BIAS_RANGE
+            out[name] = lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=torch.float32)
+        else:
+            raise AssertionError(f"init_params: no rule for {name} ({kind})")
+    return out
+
+
+def checkpoint_tensors(case: FlaCase, params: dict) -> dict:
+    """Parameters rounded to the case's weights dtype, except A_log and dt_bias (always F32)."""
+    dtype = _TORCH_DTYPE[case.weights_dtype]
+    return {name: t if name.endswith(_ALWAYS_F32) else t.to(dtype) for name, t in params.items()}
+
+
+def write_model_dir(case: FlaCase, case_dir: str, tensors: dict) -> None:
+    os.makedirs(case_dir, exist_ok=True)
+    with open(os.path.join(case_dir, "config.json"), "w") as f:
+        json.dump(case.json_config(), f, indent=2)
+        f.write("\n")
+    write_safetensors(os.path.join(case_dir, "model.safetensors"), tensors, {"format": "pt"})
+
+
+def self_check(case: FlaCase, cfg: FlaConfig, tensors: dict, tokens: torch.Tensor, rec64: dict) -> dict:
+    """Raises unless the recorded names and shapes are the contract, float32 agrees with float64 on
+    every intermediate, the logits are causal, and a two-part feed (carrying S and the conv tails)
+    reproduces the one-shot states and logits. Returns {name: {"f32_torch_rel_rms": err}}."""
+    label = f"{case.model_type}/{case.name}"
+    expected = intermediate_shapes(cfg, case.T)
+    got = [(name, list(t.shape)) for name, t in rec64.items()]
+    if got != expected:
+        raise AssertionError(f"{label}: recorded intermediates {got} differ from {expected}")
+    rec32 = {}
+    fla_forward(cfg, canonical_weights(cfg, tensors, torch.float32), tokens, rec32)
+    errors = {name: relative_rms(rec32[name], rec64[name]) for name in rec64}
+    worst = max(errors, key=errors.get)
+    if errors[worst] > F32_SELF_CHECK_TOL:
+        raise AssertionError(f"{label}: float32 vs float64 relative RMS {errors[worst]:.3g} at '{worst}' "
+                             f"exceeds {F32_SELF_CHECK_TOL}")
+    half = case.T // 2
+    w64 = canonical_weights(cfg, tensors, torch.float64)
+    causal_err = relative_rms(fla_forward(cfg, w64, tokens[:half]), rec64["logits"][:half])
+    if causal_err > EXACT_TOL:
+        raise AssertionError(f"{label}: logits of the first {half} tokens change with later tokens "
+                             f"(relative RMS {causal_err:.3g} > {EXACT_TOL})")
+    cache = initial_cache(cfg, torch.float64)
+    fla_forward(cfg, w64, tokens[:half], cache=cache)
+    second = fla_forward(cfg, w64, tokens[half:], cache=cache)
+    checks = [("logits of the second part", second, rec64["logits"][half:])]
+    checks += [(f"layer {i} state", cache[i]["S"], rec64[f"h{i}.attn.state"])
+               for i in range(cfg.num_hidden_layers)]
+    for what, split, one_shot in checks:
+        err = relative_rms(split, one_shot)
+        if err > EXACT_TOL:
+            raise AssertionError(f"{label}: {what} after feeding {half} + {case.T - half} tokens differs "
+                                 f"from the one-shot run (relative RMS {err:.3g} > {EXACT_TOL})")
+    return {name: {"f32_torch_rel_rms": float(f"{e:.3e}")} for name, e in errors.items()}
+
+
+def _gate_ranges(rec: dict) -> str:
+    """Summary of how hard the gates are driven: beta and exp(a_t) over all layers."""
+    parts = []
+    for key, label, fn in (("attn.beta", "beta", lambda t: t), ("attn.log_decay", "exp(a)", torch.exp)):
+        values = [fn(t) for name, t in rec.items() if name.endswith(key)]
+        if values:
+            lo, hi = min(float(v.min()) for v in values), max(float(v.max()) for v in values)
+            parts.append(f"{label} {lo:.2g}..{hi:.2g}")
+    return (", " + ", ".join(parts)) if parts else ""
+
+
+def build_case(case: FlaCase, case_dir: str) -> str:
+    """Writes case_dir (HF model directory) and case_dir/golden/. Returns a one-line summary."""
+    cfg = FlaConfig.from_json(case.json_config())
+    gen = torch.Generator().manual_seed(case.seed)
+    write_model_dir(case, case_dir, checkpoint_tensors(case, init_params(cfg, gen)))
+    with open(os.path.join(case_dir, "config.json")) as f:
+        cfg = FlaConfig.from_json(json.load(f))  # the reference runs on exactly what the C++ side will read
+    tensors = read_checkpoint(case_dir)
+    tokens_np = np.random.RandomState(case.seed).randint(0, cfg.vocab_size, size=case.T).astype(np.int32)
+    tokens = torch.from_numpy(tokens_np).long()
+    rec64 = {}
+    fla_forward(cfg, canonical_weights(cfg, tensors, torch.float64), tokens, rec64)
+    per_name = self_check(case, cfg, tensors, tokens, rec64)
+    manifest = {
+        "model": case.model_type,
+        "case": case.name,
+        "weights_dtype": case.weights_dtype,
+        "compute_dtype": "float64",
+        "metric": "relative_rms = ||actual - expected||_2 / ||expected||_2",
+        "T": case.T,
+        "state_layout": "attn.state is the final recurrent state S per value head, [HV, K, V]",
+    }
+    write_golden(os.path.join(case_dir, "golden"), tokens_np, rec64, manifest, per_name)
+    worst = max(v["f32_torch_rel_rms"] for v in per_name.values())
+    return (f"{case.weights_dtype} L={cfg.num_hidden_layers} D={cfg.hidden_size} H={cfg.num_heads} "
+            f"HV={cfg.v_heads} K={cfg.head_k_dim} V={cfg.head_v_dim} F={cfg.mlp_width} "
+            f"vocab={cfg.vocab_size} T={case.T}{_gate_ranges(rec64)}; {len(tensors)} tensors, "
+            f"{len(rec64)} intermediates, f32 self-check {worst:.1e}")

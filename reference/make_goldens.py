@@ -1,0 +1,53 @@
+"""Writes the golden data the C++ tests compare against: DIR/<family>/<case>/ is an HF model directory
+and DIR/<family>/<case>/golden/ holds tokens, float64-reference intermediates and manifest.json.
+Run with the system interpreter (it has torch): /usr/bin/python3 reference/make_goldens.py --out DIR
+A family is a module (or object) exposing CASES (objects with .name) and build_case(case, case_dir) -> summary;
+delta_family_goldens contributes one family per model type (linear_attn, delta_net, gated_deltanet, kda)."""
+
+import argparse
+import os
+import shutil
+import sys
+import time
+import traceback
+
+import torch
+
+import delta_family_goldens
+import gpt2_goldens
+
+FAMILIES = [
+    ("gpt2", gpt2_goldens),
+    *delta_family_goldens.FAMILIES,
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--only", action="append", choices=[name for name, _ in FAMILIES],
+                        help="build only this family (repeatable)")
+    args = parser.parse_args()
+    # One thread keeps float reductions in a fixed order, so re-runs are bit-identical.
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    for family, module in FAMILIES:
+        if args.only and family not in args.only:
+            continue
+        for case in module.CASES:
+            case_dir = os.path.join(args.out, family, case.name)
+            shutil.rmtree(case_dir, ignore_errors=True)
+            t0 = time.perf_counter()
+            try:
+                summary = module.build_case(case, case_dir)
+            except Exception as e:
+                traceback.print_exc()
+                print(f"FAILED {family}/{case.name}: {e}", file=sys.stderr)
+                return 1
+            print(f"{family}/{case.name}: {summary} [{time.perf_counter() - t0:.2f}s]")
+    print(f"done in {time.perf_counter() - start:.1f}s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+// Element types as stored in checkpoints, and the scalar conversions the kernels widen with.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace lineage {
+
+enum class DType : uint8_t { F64, F32, F16, BF16, I64, I32, I16, I8, U8, Bool };
+
+size_t dtype_size(DType t);
+std::string_view dtype_name(DType t);                              // "F32", "BF16", ... (safetensors spelling)
+std::optional<DType> dtype_from_name(std::string_view name);       // accepts the safetensors spelling
+std::optional<DType> dtype_from_user(std::string_view name);       // "f32" | "f16" | "bf16" (CLI spelling)
+inline bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::F64; }
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even, as PyTorch does; NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+}  // namespace lineage

@@ -1,0 +1,17 @@
+// One thread pool for the whole engine (OpenMP); OpenBLAS is linked in its OpenMP flavour so GEMM
+// and parallel_for share the same threads and never oversubscribe the cores.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace lineage {
+
+void set_num_threads(int n);  // n <= 0: all hardware threads
+int num_threads();
+
+// Calls fn(begin, end) on contiguous, statically assigned ranges of [0, n): the split depends only
+// on n and the thread count, so reductions inside a range are deterministic.
+void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_grain = 1);
+
+}  // namespace lineage

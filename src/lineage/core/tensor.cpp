@@ -1,0 +1,97 @@
+#include "lineage/core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "lineage/core/error.h"
+
+namespace lineage {
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << ']';
+  return os.str();
+}
+
+Tensor Tensor::empty(DType dtype, Shape shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  for (int64_t d : t.shape_) LINEAGE_CHECK(d >= 0, "negative dim in ", shape_str(t.shape_));
+  const size_t bytes = (t.nbytes() + 63) / 64 * 64;
+  void* p = bytes ? std::aligned_alloc(64, bytes) : nullptr;
+  LINEAGE_CHECK(bytes == 0 || p, "out of memory allocating ", bytes, " bytes");
+  t.data_ = p;
+  t.owner_ = std::shared_ptr<const void>(p, [](const void* q) { std::free(const_cast<void*>(q)); });
+  return t;
+}
+
+Tensor Tensor::zeros(DType dtype, Shape shape) {
+  Tensor t = empty(dtype, std::move(shape));
+  if (t.nbytes()) std::memset(t.data_, 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::borrow(DType dtype, Shape shape, const void* data, std::shared_ptr<const void> owner) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.data_ = const_cast<void*>(data);
+  t.owner_ = std::move(owner);
+  t.borrowed_ = true;
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(dtype_, shape_);
+  if (nbytes()) std::memcpy(t.data_, data_, nbytes());
+  return t;
+}
+
+Tensor Tensor::reshaped(Shape shape) const {
+  LINEAGE_CHECK(shape_numel(shape) == numel(), "reshape ", shape_str(shape_), " -> ", shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor to_f32(const Tensor& t) {
+  Tensor out = Tensor::empty(DType::F32, t.shape());
+  float* o = out.data<float>();
+  const int64_t n = t.numel();
+  switch (t.dtype()) {
+    case DType::F32: std::memcpy(o, t.raw(), n * 4); break;
+    case DType::F64: for (int64_t i = 0; i < n; ++i) o[i] = float(t.data<double>()[i]); break;
+    case DType::BF16: for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_f32(t.data<uint16_t>()[i]); break;
+    case DType::F16: for (int64_t i = 0; i < n; ++i) o[i] = f16_to_f32(t.data<uint16_t>()[i]); break;
+    default: LINEAGE_CHECK(false, "to_f32 of non-float dtype ", dtype_name(t.dtype()));
+  }
+  return out;
+}
+
+Tensor convert(const Tensor& t, DType dtype) {
+  LINEAGE_CHECK(t.dtype() == DType::F32, "convert expects F32, got ", dtype_name(t.dtype()));
+  if (dtype == DType::F32) return t.clone();
+  Tensor out = Tensor::empty(dtype, t.shape());
+  const float* s = t.data<float>();
+  uint16_t* o = out.data<uint16_t>();
+  const int64_t n = t.numel();
+  if (dtype == DType::BF16) {
+    for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(s[i]);
+  } else {
+    LINEAGE_CHECK(dtype == DType::F16, "convert to ", dtype_name(dtype));
+    for (int64_t i = 0; i < n; ++i) o[i] = f32_to_f16(s[i]);
+  }
+  return out;
+}
+
+}  // namespace lineage

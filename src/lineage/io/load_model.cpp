@@ -1,0 +1,97 @@
+#include "lineage/io/load_model.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "lineage/core/error.h"
+#include "lineage/model/archs/arch.h"
+
+namespace lineage::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json read_config(const fs::path& dir) {
+  const fs::path p = dir / "config.json";
+  if (!fs::is_directory(dir)) throw Error(cat(dir.string(), ": model directory does not exist"));
+  std::ifstream in(p);
+  if (!in) throw Error(cat(p.string(), ": cannot open (a model directory needs config.json)"));
+  try {
+    nlohmann::json j = nlohmann::json::parse(in);
+    if (!j.is_object()) throw Error(cat(p.string(), ": expected a JSON object"));
+    return j;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(cat(p.string(), ": not valid JSON: ", e.what()));
+  }
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& where) {
+  std::vector<std::string> missing, wrong;
+  std::set<std::string> bound;
+  m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape& shape, layers::Init) {
+    if (!ckpt.has(name)) {
+      missing.push_back(cat(name, " ", shape_str(shape)));
+      return;
+    }
+    bound.insert(name);
+    const TensorEntry& e = ckpt.entry(name);
+    if (e.dtype != DType::F32 && e.dtype != DType::F16 && e.dtype != DType::BF16)
+      wrong.push_back(cat(name, ": dtype ", dtype_name(e.dtype), ", expected F32, F16 or BF16"));
+    else if (e.shape != shape)
+      wrong.push_back(cat(name, ": shape ", shape_str(e.shape), ", expected ", shape_str(shape)));
+    else
+      t = ckpt.tensor(name);
+  });
+  std::vector<std::string> unexpected;
+  for (const auto& name : ckpt.names()) {
+    if (bound.count(name)) continue;
+    bool ignored = false;
+    for (const auto& s : m.ignored_suffixes) ignored = ignored || ends_with(name, s);
+    if (!ignored) unexpected.push_back(name);
+  }
+  if (missing.empty() && unexpected.empty() && wrong.empty()) return;
+  std::string msg = cat(where, ": the checkpoint does not match the ", m.config.model_type, " architecture in config.json");
+  const auto list = [&](const char* what, const std::vector<std::string>& v) {
+    if (v.empty()) return;
+    msg += cat("\n  ", what, " (", v.size(), "):");
+    for (size_t i = 0; i < v.size() && i < 20; ++i) msg += "\n    " + v[i];
+    if (v.size() > 20) msg += cat("\n    ... and ", v.size() - 20, " more");
+  };
+  list("missing tensors", missing);
+  list("unexpected tensors", unexpected);
+  list("wrong dtype or shape", wrong);
+  throw Error(msg);
+}
+
+LoadedModel load_model(const fs::path& dir, bool with_tokenizer) {
+  const nlohmann::json cfg = read_config(dir);
+  const std::string cfg_path = (dir / "config.json").string();
+  if (!cfg.contains("model_type") || !cfg["model_type"].is_string())
+    throw Error(cat(cfg_path, ": field \"model_type\": expected a string naming the architecture (one of ",
+                    model::known_model_types(), ")"));
+  const std::string type = cfg["model_type"];
+  const model::ArchBuilder* build = model::find_arch(type);
+  if (!build)
+    throw Error(cat(cfg_path, ": field \"model_type\": \"", type, "\" is not supported; expected one of ",
+                    model::known_model_types()));
+  auto ckpt = std::make_shared<Checkpoint>(Checkpoint::open(dir));
+  LoadedModel out;
+  out.model = (*build)(model::ArchInput{model::ConfigFields(cfg, cfg_path),
+                                        [&](const std::string& n) { return ckpt->has(n); }});
+  bind_weights(out.model, *ckpt, dir.string());
+  out.checkpoint = ckpt;
+  out.dir = dir;
+  if (with_tokenizer && (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json")))
+    out.tokenizer = Tokenizer::load(dir);
+  return out;
+}
+
+}  // namespace lineage::io

@@ -1,0 +1,16 @@
+// NumPy .npy files (format 1.0/2.0, little-endian, C order): float32 and int32/int64 arrays.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+#include "lineage/core/tensor.h"
+
+namespace lineage::io {
+
+void save_npy(const std::filesystem::path& path, const float* data, const Shape& shape);
+// Reads <f4, <f8 (narrowed), <i4 or <i8 arrays into an owned tensor (F32 or I32/I64).
+Tensor load_npy(const std::filesystem::path& path);
+
+}  // namespace lineage::io

@@ -1,0 +1,190 @@
+#include "lineage/io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "lineage/core/error.h"
+
+namespace lineage::io {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::shared_ptr<const void> map_file(const fs::path& path, size_t& size) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw Error(cat(path.string(), ": cannot open: ", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    throw Error(cat(path.string(), ": cannot stat"));
+  }
+  size = size_t(st.st_size);
+  if (size == 0) {
+    ::close(fd);
+    throw Error(cat(path.string(), ": file is empty; expected an 8-byte header length"));
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) throw Error(cat(path.string(), ": mmap failed: ", std::strerror(errno)));
+  return std::shared_ptr<const void>(p, [size](const void* q) { ::munmap(const_cast<void*>(q), size); });
+}
+
+Shape parse_shape(const json& j, const std::string& where) {
+  if (!j.is_array()) throw Error(cat(where, ": \"shape\" must be an array of non-negative integers"));
+  Shape s;
+  for (const auto& d : j) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      throw Error(cat(where, ": \"shape\" must be an array of non-negative integers, found ", j.dump()));
+    s.push_back(d.get<int64_t>());
+  }
+  return s;
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
+  const std::string f = path.string();
+  size_t size = 0;
+  map_ = map_file(path, size);
+  const char* base = static_cast<const char*>(map_.get());
+  if (size < 8) throw Error(cat(f, ": file has ", size, " bytes; expected at least the 8-byte header length"));
+  uint64_t header_len;
+  std::memcpy(&header_len, base, 8);
+  if (header_len > size - 8)
+    throw Error(cat(f, ": header length ", header_len, " runs past the end of the file (", size,
+                    " bytes); the file is truncated or not safetensors"));
+  json header;
+  try {
+    header = json::parse(base + 8, base + 8 + header_len);
+  } catch (const json::exception& e) {
+    throw Error(cat(f, ": header is not valid JSON: ", e.what()));
+  }
+  if (!header.is_object()) throw Error(cat(f, ": header must be a JSON object"));
+  data_ = base + 8 + header_len;
+  const size_t data_size = size - 8 - header_len;
+
+  std::vector<std::pair<size_t, std::string>> order;
+  for (const auto& [name, e] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string where = cat(f, ": tensor \"", name, "\"");
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
+      throw Error(cat(where, ": expected an object with dtype, shape and data_offsets"));
+    if (!e["dtype"].is_string()) throw Error(cat(where, ": \"dtype\" must be a string"));
+    const std::string dt = e["dtype"].get<std::string>();
+    const auto dtype = dtype_from_name(dt);
+    if (!dtype)
+      throw Error(cat(where, ": dtype \"", dt, "\" is not supported; expected one of F64, F32, F16, BF16, I64, ",
+                      "I32, I16, I8, U8, BOOL"));
+    const auto& off = e["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      throw Error(cat(where, ": \"data_offsets\" must be [begin, end] with non-negative integers"));
+    TensorEntry t{*dtype, parse_shape(e["shape"], where), off[0].get<size_t>(), off[1].get<size_t>(), f};
+    if (t.begin > t.end || t.end > data_size)
+      throw Error(cat(where, ": data_offsets [", t.begin, ", ", t.end, "] are outside the data section of ",
+                      data_size, " bytes"));
+    const size_t expected = size_t(shape_numel(t.shape)) * dtype_size(t.dtype);
+    if (t.end - t.begin != expected)
+      throw Error(cat(where, ": holds ", t.end - t.begin, " bytes but shape ", shape_str(t.shape), " of ", dt,
+                      " needs ", expected));
+    order.emplace_back(t.begin, name);
+    entries_.emplace(name, std::move(t));
+  }
+  // The data section must be covered in order, each tensor starting where the previous one ends.
+  std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : entries_.at(a.second).end < entries_.at(b.second).end;
+  });
+  size_t cursor = 0;
+  for (const auto& [begin, name] : order) {
+    const TensorEntry& t = entries_.at(name);
+    if (begin < cursor)
+      throw Error(cat(f, ": tensor \"", name, "\" at bytes [", t.begin, ", ", t.end,
+                      "] overlaps the tensor before it (which ends at ", cursor, ")"));
+    if (begin > cursor)
+      throw Error(cat(f, ": bytes [", cursor, ", ", begin, ") before tensor \"", name,
+                      "\" belong to no tensor; offsets must be contiguous"));
+    cursor = t.end;
+  }
+  if (cursor != data_size)
+    throw Error(cat(f, ": the data section has ", data_size, " bytes but the tensors cover ", cursor,
+                    "; the file has trailing bytes or a wrong header"));
+}
+
+Tensor SafetensorsFile::tensor(const std::string& name) const {
+  const auto it = entries_.find(name);
+  LINEAGE_CHECK(it != entries_.end(), "no tensor ", name, " in ", path_.string());
+  return Tensor::borrow(it->second.dtype, it->second.shape, data_ + it->second.begin, map_);
+}
+
+Checkpoint Checkpoint::open(const fs::path& dir) {
+  Checkpoint c;
+  const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  std::vector<fs::path> files;
+  json weight_map;
+  if (fs::exists(index)) {
+    std::ifstream in(index);
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      throw Error(cat(index.string(), ": not valid JSON: ", e.what()));
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      throw Error(cat(index.string(), ": field \"weight_map\": expected an object of tensor name -> shard file"));
+    weight_map = j["weight_map"];
+    for (const auto& [name, file] : weight_map.items()) {
+      if (!file.is_string())
+        throw Error(cat(index.string(), ": weight_map[\"", name, "\"]: expected a file name string"));
+      const fs::path p = dir / file.get<std::string>();
+      if (std::find(files.begin(), files.end(), p) == files.end()) files.push_back(p);
+    }
+  } else if (fs::exists(single)) {
+    files.push_back(single);
+  } else {
+    throw Error(cat(dir.string(), ": no model.safetensors or model.safetensors.index.json found"));
+  }
+  for (const auto& p : files) {
+    if (!fs::exists(p)) throw Error(cat(index.string(), ": names shard ", p.filename().string(), " which does not exist"));
+    c.files_.push_back(std::make_shared<SafetensorsFile>(p));
+    for (const auto& [name, e] : c.files_.back()->entries()) {
+      if (c.where_.count(name))
+        throw Error(cat(p.string(), ": tensor \"", name, "\" is also in ", c.files_[c.where_[name]]->path().string()));
+      c.where_[name] = c.files_.size() - 1;
+    }
+  }
+  for (const auto& [name, file] : weight_map.items()) {
+    const auto it = c.where_.find(name);
+    if (it == c.where_.end() || c.files_[it->second]->path().filename() != file.get<std::string>())
+      throw Error(cat(index.string(), ": weight_map says \"", name, "\" is in ", file.get<std::string>(),
+                      " but that shard does not hold it"));
+  }
+  return c;
+}
+
+const TensorEntry& Checkpoint::entry(const std::string& name) const {
+  return files_[where_.at(name)]->entries().at(name);
+}
+
+Tensor Checkpoint::tensor(const std::string& name) const { return files_[where_.at(name)]->tensor(name); }
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : where_) n.push_back(k);
+  return n;
+}
+
+size_t Checkpoint::file_bytes() const {
+  size_t n = 0;
+  for (const auto& f : files_) n += fs::file_size(f->path());
+  return n;
+}
+
+}  // namespace lineage::io

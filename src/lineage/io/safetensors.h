@@ -1,0 +1,56 @@
+// safetensors files, memory-mapped and validated strictly; single files and sharded checkpoints
+// (model.safetensors.index.json). Tensors are borrowed views into the mapping, never copies.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lineage/core/tensor.h"
+
+namespace lineage::io {
+
+struct TensorEntry {
+  DType dtype;
+  Shape shape;
+  size_t begin = 0, end = 0;  // byte offsets within the data section
+  std::string file;           // the file that holds it
+};
+
+// One mapped .safetensors file. Throws Error naming the file and what is wrong: header length past
+// the end, malformed JSON, unknown dtype, offsets out of bounds, unsorted or overlapping, byte
+// length that does not match shape × dtype size.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::filesystem::path& path);
+  const std::map<std::string, TensorEntry>& entries() const { return entries_; }
+  Tensor tensor(const std::string& name) const;  // borrowed view; keeps the mapping alive
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  std::shared_ptr<const void> map_;
+  const char* data_ = nullptr;  // start of the data section
+  std::map<std::string, TensorEntry> entries_;
+};
+
+// All tensors of a checkpoint directory: model.safetensors, or the shards named by
+// model.safetensors.index.json (a name in two shards, or an index entry missing from its shard, is
+// an error).
+class Checkpoint {
+ public:
+  static Checkpoint open(const std::filesystem::path& dir);
+  bool has(const std::string& name) const { return where_.count(name) > 0; }
+  const TensorEntry& entry(const std::string& name) const;
+  Tensor tensor(const std::string& name) const;
+  std::vector<std::string> names() const;
+  size_t file_bytes() const;
+
+ private:
+  std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::map<std::string, size_t> where_;  // tensor name → index into files_
+};
+
+}  // namespace lineage::io

@@ -1,0 +1,646 @@
+// Tokenizer tests. The bulk is parity with js-tiktoken's "gpt2" encoding over the corpus in
+// tests/tokenizer/corpus, written to $LINEAGE_TESTDATA/tokenizer by tests/tokenizer/reference_tokenize.mjs.
+#include "lineage/io/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "lineage/core/error.h"
+#include "lineage/io/bpe_model.h"
+#include "lineage/io/unicode_tables.h"
+
+namespace lineage::io {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct Segment {
+  std::string file;
+  int index = 0;
+  std::string text;
+  std::vector<int32_t> ids;                          // allow_special = true
+  std::optional<std::vector<int32_t>> ids_ordinary;  // allow_special = false, where it differs
+};
+
+struct Reference {
+  std::string error;  // non-empty when the reference data could not be read
+  fs::path dir;
+  std::vector<Segment> segments;
+  size_t corpus_bytes = 0;
+  std::string unicode;  // the Unicode version of the node that ran the reference
+};
+
+// Loads $LINEAGE_TESTDATA/tokenizer/expected.json once. Missing data is a failure, not a skip.
+const Reference& reference() {
+  static const Reference ref = [] {
+    Reference r;
+    const char* root = std::getenv("LINEAGE_TESTDATA");
+    if (root == nullptr || *root == '\0') {
+      r.error = "LINEAGE_TESTDATA is not set. HINT: run the CTest fixture reference_tokenizer, or "
+                "`node tests/tokenizer/reference_tokenize.mjs tests/tokenizer $DIR/tokenizer` and set LINEAGE_TESTDATA=$DIR";
+      return r;
+    }
+    r.dir = fs::path(root) / "tokenizer";
+    std::ifstream in(r.dir / "expected.json");
+    if (!in) {
+      r.error = cat((r.dir / "expected.json").string(), " is missing. HINT: run tests/tokenizer/reference_tokenize.mjs");
+      return r;
+    }
+    try {
+      const json j = json::parse(in);
+      r.corpus_bytes = j.at("corpus_bytes").get<size_t>();
+      r.unicode = j.at("unicode").get<std::string>();
+      for (const json& s : j.at("segments")) {
+        Segment seg{s.at("file").get<std::string>(), s.at("index").get<int>(), s.at("text").get<std::string>(),
+                    s.at("ids").get<std::vector<int32_t>>(), std::nullopt};
+        if (s.contains("ids_ordinary")) seg.ids_ordinary = s.at("ids_ordinary").get<std::vector<int32_t>>();
+        r.segments.push_back(std::move(seg));
+      }
+    } catch (const std::exception& e) {
+      r.error = cat((r.dir / "expected.json").string(), ": ", e.what());
+    }
+    if (r.error.empty() && r.segments.size() < 100) r.error = cat("only ", r.segments.size(), " segments in the reference");
+    return r;
+  }();
+  return ref;
+}
+
+#define REQUIRE_REFERENCE(ref)                               \
+  const Reference& ref = reference();                        \
+  ASSERT_TRUE(ref.error.empty()) << ref.error
+
+std::string ids_around(const std::vector<int32_t>& ids, size_t at) {
+  std::ostringstream os;
+  const size_t lo = at > 5 ? at - 5 : 0;
+  for (size_t i = lo; i < std::min(ids.size(), at + 6); ++i) os << (i == at ? "[" : "") << ids[i] << (i == at ? "] " : " ");
+  return os.str();
+}
+
+// Escapes control characters and bytes that are not UTF-8 so a failure message shows the exact text.
+std::string visible(std::string_view text) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const auto b = uint8_t(text[i]);
+    const int length = utf8_sequence_length(text, i);
+    if (b == '\n') {
+      out += "\\n";
+    } else if (length == 0 || b < 0x20 || b == 0x7F) {
+      out += cat("\\x", "0123456789abcdef"[b >> 4], "0123456789abcdef"[b & 15]);
+    } else {
+      out.append(text.substr(i, size_t(length)));
+    }
+    i += size_t(std::max(length, 1));
+  }
+  return out;
+}
+
+// Empty when equal; otherwise where and how `got` departs from `want`, with the text around it.
+std::string compare_ids(const Tokenizer& tok, const Segment& seg, const std::vector<int32_t>& want,
+                        const std::vector<int32_t>& got) {
+  if (want == got) return {};
+  size_t at = 0;
+  while (at < want.size() && at < got.size() && want[at] == got[at]) ++at;
+  const std::vector<int32_t> before(want.begin(), want.begin() + std::ptrdiff_t(at));
+  const std::string prefix = tok.decode(before);
+  const size_t from = prefix.size() > 20 ? prefix.size() - 20 : 0;
+  const std::string_view text(seg.text);
+  return cat(seg.file, " segment ", seg.index, ": first difference at token ", at, " of ", want.size(), " (got ",
+             got.size(), " tokens), byte ", prefix.size(), "\n  text there: \"", visible(text.substr(from, prefix.size() - from)),
+             " >>> ", visible(text.substr(prefix.size(), 40)), "\"\n  expected ids: ", ids_around(want, at),
+             "\n  got ids:      ", ids_around(got, at));
+}
+
+void expect_parity(const Tokenizer& tok, const std::string& label) {
+  REQUIRE_REFERENCE(ref);
+  size_t compared = 0, failed = 0, ordinary = 0;
+  std::string first_failures;
+  for (const Segment& seg : ref.segments) {
+    std::string diff = compare_ids(tok, seg, seg.ids, tok.encode(seg.text, true));
+    if (seg.ids_ordinary) {
+      ++ordinary;
+      const std::string d = compare_ids(tok, seg, *seg.ids_ordinary, tok.encode(seg.text, false));
+      if (!d.empty()) diff += "\n  (allow_special = false) " + d;
+    }
+    ++compared;
+    if (!diff.empty() && ++failed <= 3) first_failures += diff + "\n";
+  }
+  std::cout << "[ tokenizer ] " << label << ": " << compared - failed << " / " << compared
+            << " segments identical to js-tiktoken gpt2 (" << ordinary << " also with allow_special = false), "
+            << ref.corpus_bytes << " corpus bytes\n";
+  if (ref.unicode != unicode::kUnicodeVersion) {
+    std::cout << "[ tokenizer ] note: the reference ran on Unicode " << ref.unicode << ", the tables are Unicode "
+              << unicode::kUnicodeVersion << "; rerun tools/gen_unicode_tables.mjs if characters new to either differ\n";
+  }
+  EXPECT_EQ(failed, 0u) << failed << " of " << compared << " segments differ; the first ones:\n" << first_failures;
+}
+
+Tokenizer gpt2_vocab_merges() {
+  const fs::path dir = fs::path(reference().dir) / "gpt2";
+  return Tokenizer::from_vocab_merges(dir / "vocab.json", dir / "merges.txt");
+}
+
+const Tokenizer& gpt2() {
+  static const Tokenizer tok = gpt2_vocab_merges();
+  return tok;
+}
+
+TEST(TokenizerGpt2, ParityVocabMerges) {
+  REQUIRE_REFERENCE(ref);
+  expect_parity(gpt2(), "vocab.json + merges.txt");
+}
+
+TEST(TokenizerGpt2, ParityTokenizerJson) {
+  REQUIRE_REFERENCE(ref);
+  expect_parity(Tokenizer::from_tokenizer_json(ref.dir / "gpt2_json" / "tokenizer.json"), "tokenizer.json");
+}
+
+TEST(TokenizerGpt2, ParityTokenizerJsonMergePairs) {
+  REQUIRE_REFERENCE(ref);
+  expect_parity(Tokenizer::from_tokenizer_json(ref.dir / "gpt2_json_pairs" / "tokenizer.json"),
+                "tokenizer.json with [a, b] merges");
+}
+
+TEST(TokenizerGpt2, LoadPicksTheFilesOfAModelDirectory) {
+  REQUIRE_REFERENCE(ref);
+  for (const char* sub : {"gpt2", "gpt2_json"}) {
+    const Tokenizer tok = Tokenizer::load(ref.dir / sub);
+    EXPECT_EQ(tok.vocab_size(), 50257) << sub;
+    EXPECT_EQ(tok.eos_id(), 50256) << sub;
+    EXPECT_EQ(tok.encode("Hello world"), (std::vector<int32_t>{15496, 995})) << sub;
+  }
+  EXPECT_THROW(Tokenizer::load(ref.dir), Error);
+}
+
+// js-tiktoken maps a pre-token that is itself a token straight to it; merges-based BPE must agree
+// for every such token of the vocabulary, or text holding that word would tokenize differently.
+TEST(TokenizerGpt2, EveryOneWordTokenEncodesToItself) {
+  REQUIRE_REFERENCE(ref);
+  const Tokenizer& tok = gpt2();
+  size_t checked = 0, failed = 0;
+  std::vector<std::string_view> words;
+  for (int32_t id = 0; id < 50256; ++id) {
+    const std::string& bytes = tok.token_bytes(id);
+    words.clear();
+    split_gpt2(bytes, words);
+    if (words.size() != 1) continue;
+    ++checked;
+    const std::vector<int32_t> ids = tok.encode(bytes, false);
+    if (ids != std::vector<int32_t>{id} && ++failed <= 5) {
+      ADD_FAILURE() << "token " << id << " \"" << visible(bytes) << "\" encodes to " << ids_around(ids, 0);
+    }
+  }
+  EXPECT_EQ(failed, 0u) << "of " << checked;
+  EXPECT_GT(checked, 50000u);
+}
+
+TEST(TokenizerGpt2, HandCheckedCases) {
+  REQUIRE_REFERENCE(ref);
+  const Tokenizer& tok = gpt2();
+  EXPECT_EQ(tok.encode("hello world"), (std::vector<int32_t>{31373, 995}));  // js-tiktoken README
+  EXPECT_EQ(tok.encode(""), std::vector<int32_t>{});
+  EXPECT_EQ(tok.vocab_size(), 50257);
+  EXPECT_EQ(tok.eos_id(), 50256);
+  EXPECT_EQ(tok.bos_id(), std::nullopt);
+  EXPECT_EQ(tok.token_bytes(995), " world");
+  EXPECT_EQ(tok.token_bytes(50256), "<|endoftext|>");
+}
+
+TEST(TokenizerGpt2, SpecialTokensOnlyWhenAllowed) {
+  REQUIRE_REFERENCE(ref);
+  const Tokenizer& tok = gpt2();
+  EXPECT_EQ(tok.encode("<|endoftext|>"), std::vector<int32_t>{50256});
+  EXPECT_EQ(tok.encode("a<|endoftext|><|endoftext|>b"), (std::vector<int32_t>{64, 50256, 50256, 65}));
+  const std::vector<int32_t> plain = tok.encode("<|endoftext|>", false);
+  EXPECT_GT(plain.size(), 1u);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), 50256), 0);
+  EXPECT_EQ(tok.decode(plain), "<|endoftext|>");
+  EXPECT_EQ(tok.encode("<|endoftext|", true), tok.encode("<|endoftext|", false));
+  size_t with_special = 0;
+  for (const Segment& seg : ref.segments) with_special += seg.ids_ordinary.has_value();
+  EXPECT_GE(with_special, 10u) << "the corpus should hold <|endoftext|> in many segments";
+}
+
+TEST(TokenizerGpt2, DecodeInvertsEncode) {
+  REQUIRE_REFERENCE(ref);
+  const Tokenizer& tok = gpt2();
+  size_t failed = 0;
+  for (const Segment& seg : ref.segments) {
+    for (bool allow_special : {true, false}) {
+      const std::string back = tok.decode(tok.encode(seg.text, allow_special));
+      if (back != seg.text && ++failed <= 3) {
+        ADD_FAILURE() << seg.file << " segment " << seg.index << " (allow_special " << allow_special
+                      << ") does not survive encode + decode";
+      }
+    }
+  }
+  EXPECT_EQ(failed, 0u);
+  // Byte-level BPE also carries bytes that are not UTF-8.
+  const std::string bytes("\xFF\xFE a\xE2\x82 \x80\xC0\xAF\xED\xA0\x80 z\xF0\x9F\x98");
+  EXPECT_EQ(tok.decode(tok.encode(bytes)), bytes);
+}
+
+bool is_valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const int n = utf8_sequence_length(s, i);
+    if (n == 0) return false;
+    i += size_t(n);
+  }
+  return true;
+}
+
+TEST(TokenizerGpt2, StreamDecodeEmitsWholeCharacters) {
+  REQUIRE_REFERENCE(ref);
+  const Tokenizer& tok = gpt2();
+  size_t held_back = 0, failed = 0;
+  for (const Segment& seg : ref.segments) {
+    StreamDecoder stream(tok);
+    std::string joined;
+    bool valid = true;
+    for (int32_t id : seg.ids) {
+      const std::string piece = stream.push(id);
+      valid = valid && is_valid_utf8(piece);
+      held_back += piece.size() < tok.token_bytes(id).size();
+      joined += piece;
+    }
+    const std::string rest = stream.flush();
+    valid = valid && is_valid_utf8(rest);
+    joined += rest;
+    if ((!valid || joined != seg.text) && ++failed <= 3) {
+      ADD_FAILURE() << seg.file << " segment " << seg.index << ": streamed text "
+                    << (valid ? "differs from the original" : "holds invalid UTF-8");
+    }
+  }
+  EXPECT_EQ(failed, 0u);
+  EXPECT_GT(held_back, 100u) << "the corpus should split characters across tokens";
+}
+
+TEST(TokenizerGpt2, StreamDecodeReplacesInvalidBytes) {
+  REQUIRE_REFERENCE(ref);
+  const Tokenizer& tok = gpt2();
+  const std::string fffd = "\xEF\xBF\xBD";
+  auto stream_all = [&](std::string_view bytes) {
+    StreamDecoder stream(tok);
+    std::string out;
+    for (int32_t id : tok.encode(bytes)) {
+      const std::string piece = stream.push(id);
+      EXPECT_TRUE(is_valid_utf8(piece));
+      out += piece;
+    }
+    return out + stream.flush();
+  };
+  EXPECT_EQ(stream_all("a\xFF" "b"), "a" + fffd + "b");
+  EXPECT_EQ(stream_all("x\xE2\x82"), "x" + fffd);            // incomplete at the end: one U+FFFD
+  EXPECT_EQ(stream_all("\xE2\x82 y"), fffd + " y");          // truncated sequence, then text
+  EXPECT_EQ(stream_all("\xED\xA0\x80"), fffd + fffd + fffd);  // surrogate: three maximal subparts
+  EXPECT_EQ(stream_all("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
+}
+
+TEST(TokenizerGpt2, UnknownIdsThrow) {
+  REQUIRE_REFERENCE(ref);
+  const Tokenizer& tok = gpt2();
+  for (int32_t id : {50257, -1, 1 << 30}) {
+    try {
+      const std::vector<int32_t> ids{31373, id};
+      tok.decode(ids);
+      ADD_FAILURE() << "decode accepted id " << id;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(id)), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("50257"), std::string::npos) << e.what();
+    }
+  }
+  StreamDecoder stream(tok);
+  EXPECT_THROW(stream.push(50257), Error);
+}
+
+TEST(TokenizerGpt2, ConcurrentEncodeMatches) {
+  REQUIRE_REFERENCE(ref);
+  const Tokenizer tok = gpt2_vocab_merges();  // a fresh cache that the threads fill together
+  std::vector<size_t> failures(2, 0);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < failures.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = t; i < ref.segments.size() + t; ++i) {
+        const Segment& seg = ref.segments[i % ref.segments.size()];
+        failures[t] += tok.encode(seg.text) != seg.ids;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failures[0] + failures[1], 0u);
+}
+
+TEST(TokenizerGpt2, EncodeSpeed) {
+  REQUIRE_REFERENCE(ref);
+  std::string corpus;
+  for (const Segment& seg : ref.segments) corpus += seg.text;
+  const Tokenizer tok = gpt2_vocab_merges();
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t cold = tok.encode(corpus).size();
+  const auto t1 = std::chrono::steady_clock::now();
+  const size_t warm = tok.encode(corpus).size();
+  const auto t2 = std::chrono::steady_clock::now();
+  const double mb = double(corpus.size()) / 1e6;
+  const double cold_mbs = mb / std::chrono::duration<double>(t1 - t0).count();
+  const double warm_mbs = mb / std::chrono::duration<double>(t2 - t1).count();
+  std::cout << "[ tokenizer ] encode " << corpus.size() << " bytes -> " << cold << " tokens: " << cold_mbs
+            << " MB/s with an empty cache, " << warm_mbs << " MB/s warm\n";
+  EXPECT_EQ(cold, warm);
+#ifdef NDEBUG
+  EXPECT_GT(cold_mbs, 1.0) << "encode is far slower than expected";
+#endif
+}
+
+TEST(TokenizerGpt2, PreTokenizerSplitsLikeTheRegex) {
+  auto split = [](std::string_view text) {
+    std::vector<std::string_view> words;
+    split_gpt2(text, words);
+    return std::vector<std::string>(words.begin(), words.end());
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(split("Hello world"), (V{"Hello", " world"}));
+  EXPECT_EQ(split("it's I'LL we'll 'x"), (V{"it", "'s", " I", "'", "LL", " we", "'ll", " '", "x"}));
+  EXPECT_EQ(split("a  b"), (V{"a", " ", " b"}));
+  EXPECT_EQ(split("a \n\tb"), (V{"a", " \n", "\t", "b"}));
+  EXPECT_EQ(split("x   "), (V{"x", "   "}));
+  EXPECT_EQ(split("12ab 3.5!!"), (V{"12", "ab", " 3", ".", "5", "!!"}));
+  EXPECT_EQ(split("\xC2\xA0\xC2\xA0word"), (V{"\xC2\xA0", "\xC2\xA0", "word"}));  // U+00A0 is \s but not ' '
+  EXPECT_EQ(split("\xFF\xFE" "a"), (V{"\xFF\xFE", "a"}));  // invalid bytes count as [^\s\p{L}\p{N}]
+}
+
+// ---- Malformed input -------------------------------------------------------------------------
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / cat("lineage_tokenizer_test_", ::getpid(), "_", counter()++);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+  fs::path write(const std::string& name, std::string_view text) const {
+    std::ofstream(path / name, std::ios::binary) << text;
+    return path / name;
+  }
+};
+
+// A byte-level vocabulary of the 256 one-byte symbols plus `extra`.
+json byte_vocab(std::initializer_list<std::string> extra = {}) {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) {
+    std::string symbol;
+    append_utf8(symbol, byte_to_code_point(uint8_t(b)));
+    vocab[symbol] = b;
+  }
+  int id = 256;
+  for (const std::string& s : extra) vocab[s] = id++;
+  return vocab;
+}
+
+// Runs `load`, expecting an Error whose message holds every one of `needles`.
+template <class F>
+void expect_error(F load, std::initializer_list<std::string> needles) {
+  try {
+    load();
+    ADD_FAILURE() << "no Error thrown; expected one mentioning " << *needles.begin();
+  } catch (const Error& e) {
+    for (const std::string& needle : needles) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what() << "\nlacks: " << needle;
+    }
+  }
+}
+
+TEST(TokenizerErrors, VocabMergesFiles) {
+  TempDir dir;
+  const fs::path vocab = dir.write("vocab.json", byte_vocab({"he", "hel"}).dump());
+  const fs::path good_merges = dir.write("merges.txt", "#version: 0.2\nh e\nhe l\n");
+  EXPECT_EQ(Tokenizer::from_vocab_merges(vocab, good_merges).encode("hel"), std::vector<int32_t>{257});
+
+  expect_error([&] { Tokenizer::from_vocab_merges(dir.path / "nope.json", good_merges); }, {"nope.json", "cannot open"});
+  expect_error([&] { Tokenizer::from_vocab_merges(vocab, dir.path / "nope.txt"); }, {"nope.txt", "cannot open"});
+  const fs::path bad_json = dir.write("bad.json", "{\"a\": 1,");
+  expect_error([&] { Tokenizer::from_vocab_merges(bad_json, good_merges); }, {"bad.json", "not valid JSON"});
+  const fs::path array = dir.write("array.json", "[1, 2]");
+  expect_error([&] { Tokenizer::from_vocab_merges(array, good_merges); }, {"array.json", "array", "expected an object"});
+  const fs::path bad_id = dir.write("bad_id.json", "{\"a\": \"x\"}");
+  expect_error([&] { Tokenizer::from_vocab_merges(bad_id, good_merges); }, {"bad_id.json", "[\"a\"]", "token id"});
+  const fs::path no_bytes = dir.write("no_bytes.json", "{\"a\": 0}");
+  expect_error([&] { Tokenizer::from_vocab_merges(no_bytes, good_merges); }, {"no_bytes.json", "byte 0x00", "256"});
+
+  const fs::path three = dir.write("three.txt", "#version: 0.2\nh e\nhe l x\n");
+  expect_error([&] { Tokenizer::from_vocab_merges(vocab, three); }, {"three.txt:3", "\"he l x\"", "two parts"});
+  const fs::path one = dir.write("one.txt", "h e\nhel\n");
+  expect_error([&] { Tokenizer::from_vocab_merges(vocab, one); }, {"one.txt:2", "\"hel\"", "two parts"});
+  const fs::path blank = dir.write("blank.txt", "h e\n\nhe l\n");
+  expect_error([&] { Tokenizer::from_vocab_merges(vocab, blank); }, {"blank.txt:2", "two parts"});
+  const fs::path unknown = dir.write("unknown.txt", "h e\nq zz\n");
+  expect_error([&] { Tokenizer::from_vocab_merges(vocab, unknown); }, {"unknown.txt", "line 2", "\"zz\"", "not in the vocabulary"});
+  const fs::path unmerged = dir.write("unmerged.txt", "h e\nl l\n");
+  expect_error([&] { Tokenizer::from_vocab_merges(vocab, unmerged); }, {"unmerged.txt", "line 2", "merged token \"ll\""});
+}
+
+json gpt2_like_tokenizer_json() {
+  return json{{"version", "1.0"},
+              {"added_tokens", json::array({{{"id", 258}, {"content", "<|endoftext|>"}, {"special", true}}})},
+              {"normalizer", nullptr},
+              {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+              {"decoder", {{"type", "ByteLevel"}}},
+              {"model", {{"type", "BPE"}, {"vocab", byte_vocab({"he", "hel"})}, {"merges", json::array({"h e", "he l"})}}}};
+}
+
+TEST(TokenizerErrors, TokenizerJson) {
+  TempDir dir;
+  const fs::path good = dir.write("good.json", gpt2_like_tokenizer_json().dump());
+  const Tokenizer tok = Tokenizer::from_tokenizer_json(good);
+  EXPECT_EQ(tok.encode("hel<|endoftext|>"), (std::vector<int32_t>{257, 258}));
+  EXPECT_EQ(tok.eos_id(), 258);
+
+  auto broken = [&](const std::string& name, auto edit) {
+    json j = gpt2_like_tokenizer_json();
+    edit(j);
+    return dir.write(name, j.dump());
+  };
+  const fs::path unigram = broken("unigram.json", [](json& j) { j["model"]["type"] = "Unigram"; });
+  expect_error([&] { Tokenizer::from_tokenizer_json(unigram); }, {"unigram.json", "model.type", "\"Unigram\"", "\"BPE\""});
+  const fs::path no_model = broken("no_model.json", [](json& j) { j.erase("model"); });
+  expect_error([&] { Tokenizer::from_tokenizer_json(no_model); }, {"no_model.json", "field model"});
+  const fs::path pre = broken("pre.json", [](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; });
+  expect_error([&] { Tokenizer::from_tokenizer_json(pre); }, {"pre.json", "pre_tokenizer", "Whitespace", "ByteLevel"});
+  const fs::path norm = broken("norm.json", [](json& j) { j["normalizer"] = {{"type", "NFKC"}}; });
+  expect_error([&] { Tokenizer::from_tokenizer_json(norm); }, {"norm.json", "normalizer", "NFKC"});
+  const fs::path vocab = broken("vocab.json", [](json& j) { j["model"]["vocab"] = json::array({"a"}); });
+  expect_error([&] { Tokenizer::from_tokenizer_json(vocab); }, {"vocab.json", "model.vocab", "expected an object"});
+  const fs::path merge = broken("merge.json", [](json& j) { j["model"]["merges"][1] = "he l x"; });
+  expect_error([&] { Tokenizer::from_tokenizer_json(merge); }, {"merge.json", "model.merges[1]", "he l x"});
+  const fs::path pair = broken("pair.json", [](json& j) { j["model"]["merges"][1] = json::array({"he"}); });
+  expect_error([&] { Tokenizer::from_tokenizer_json(pair); }, {"pair.json", "model.merges[1]"});
+  const fs::path unknown = broken("unknown.json", [](json& j) { j["model"]["merges"][0] = json::array({"h", "zz"}); });
+  expect_error([&] { Tokenizer::from_tokenizer_json(unknown); }, {"unknown.json", "model.merges[0]", "\"zz\""});
+  const fs::path added = broken("added.json", [](json& j) { j["added_tokens"][0]["id"] = "x"; });
+  expect_error([&] { Tokenizer::from_tokenizer_json(added); }, {"added.json", "added_tokens[0].id"});
+  const fs::path decoder = broken("decoder.json", [](json& j) { j["decoder"] = nullptr; });
+  expect_error([&] { Tokenizer::from_tokenizer_json(decoder); }, {"decoder.json", "decoder", "ByteLevel"});
+  const fs::path dropout = broken("dropout.json", [](json& j) { j["model"]["dropout"] = 0.1; });
+  expect_error([&] { Tokenizer::from_tokenizer_json(dropout); }, {"dropout.json", "model.dropout"});
+  const fs::path text = dir.write("text.json", "not json");
+  expect_error([&] { Tokenizer::from_tokenizer_json(text); }, {"text.json", "not valid JSON"});
+  expect_error([&] { Tokenizer::load(dir.path / "missing_dir"); }, {"missing_dir", "tokenizer.json", "merges.txt"});
+}
+
+TEST(TokenizerErrors, TokenizerConfigNamesUnknownToken) {
+  TempDir dir;
+  dir.write("tokenizer.json", gpt2_like_tokenizer_json().dump());
+  dir.write("tokenizer_config.json", R"({"eos_token": {"content": "<|endoftext|>"}, "bos_token": "<|endoftext|>"})");
+  const Tokenizer tok = Tokenizer::load(dir.path);
+  EXPECT_EQ(tok.eos_id(), 258);
+  EXPECT_EQ(tok.bos_id(), 258);
+  dir.write("tokenizer_config.json", R"({"eos_token": "</s>"})");
+  expect_error([&] { Tokenizer::load(dir.path); }, {"tokenizer_config.json", "eos_token", "\"</s>\""});
+}
+
+// ---- SentencePiece-style BPE (Llama / Mistral tokenizer.json) ----------------------------------
+
+const std::string kSpace = "\xE2\x96\x81";  // U+2581
+
+// <unk> <s> </s>, the 256 byte tokens, then a few pieces and merges spelling "hello world".
+json llama_like_tokenizer_json(bool metaspace) {
+  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    vocab[name] = 3 + b;
+  }
+  const std::vector<std::string> pieces = {kSpace, "h", "e", "l", "o", "w", "r", "d", kSpace + "h", "ll", kSpace + "he",
+                                           "llo", kSpace + "hello", kSpace + "w", "or", kSpace + "wor", "ld", kSpace + "world"};
+  for (size_t i = 0; i < pieces.size(); ++i) vocab[pieces[i]] = int(259 + i);
+  const json merges = json::array({kSpace + " h", "l l", kSpace + "h e", "ll o", kSpace + "he llo", kSpace + " w", "o r",
+                                   kSpace + "w or", "l d", kSpace + "wor ld"});
+  json added = json::array();
+  for (int id : {0, 1, 2}) {
+    const char* names[] = {"<unk>", "<s>", "</s>"};
+    added.push_back({{"id", id}, {"content", names[id]}, {"special", true}, {"normalized", false}});
+  }
+  json j = {{"version", "1.0"},
+            {"added_tokens", added},
+            {"post_processor",
+             {{"type", "TemplateProcessing"},
+              {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                      {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})}}},
+            {"model",
+             {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", "<unk>"}, {"continuing_subword_prefix", nullptr},
+              {"end_of_word_suffix", nullptr}, {"fuse_unk", true}, {"byte_fallback", true}, {"vocab", vocab},
+              {"merges", merges}}}};
+  // Llama 2 was converted with a Prepend + Replace normalizer; later conversions (legacy = false)
+  // use a Metaspace pre-tokenizer that prepends only at the start of the text. Same decoder.
+  if (metaspace) {
+    j["normalizer"] = nullptr;
+    j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", kSpace}, {"prepend_scheme", "first"}, {"split", false}};
+  } else {
+    j["normalizer"] = {{"type", "Sequence"},
+                       {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", kSpace}},
+                                                    {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}}})}};
+    j["pre_tokenizer"] = nullptr;
+  }
+  j["decoder"] = {{"type", "Sequence"},
+                  {"decoders", json::array({{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
+                                            {{"type", "ByteFallback"}},
+                                            {{"type", "Fuse"}},
+                                            {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
+  return j;
+}
+
+TEST(TokenizerSentencePiece, ByteFallbackMergesAndDecoders) {
+  for (bool metaspace : {false, true}) {
+    SCOPED_TRACE(metaspace ? "Metaspace pre-tokenizer" : "Prepend + Replace normalizer");
+    TempDir dir;
+    const Tokenizer tok = Tokenizer::from_tokenizer_json(dir.write("tokenizer.json", llama_like_tokenizer_json(metaspace).dump()));
+    EXPECT_EQ(tok.vocab_size(), 259 + 18);
+    EXPECT_EQ(tok.bos_id(), 1);
+    EXPECT_EQ(tok.eos_id(), 2);
+    EXPECT_TRUE(tok.adds_bos());
+    EXPECT_EQ(tok.encode("hello world"), (std::vector<int32_t>{271, 276}));
+    // U+2603 is not a piece: its three UTF-8 bytes fall back to <0xE2> <0x98> <0x83>.
+    const std::vector<int32_t> snowman = tok.encode("hello \xE2\x98\x83");
+    EXPECT_EQ(snowman, (std::vector<int32_t>{271, 259, 3 + 0xE2, 3 + 0x98, 3 + 0x83}));
+    EXPECT_EQ(tok.decode(snowman), "hello \xE2\x98\x83");
+    EXPECT_EQ(tok.token_bytes(3 + 0x41), "A");
+    EXPECT_EQ(tok.token_bytes(276), " world");
+    // The decoder strips the one space the pre-tokenizer prepended.
+    EXPECT_EQ(tok.decode(tok.encode("world")), "world");
+    // A leading space: the legacy normalizer prepends a second one; Metaspace sees "▁world" and
+    // prepends nothing, so the decoder's strip loses it (as in Hugging Face tokenizers).
+    EXPECT_EQ(tok.decode(tok.encode(" world")), metaspace ? "world" : " world");
+    StreamDecoder stream(tok);
+    EXPECT_EQ(stream.push(271), "hello");
+    EXPECT_EQ(stream.push(3 + 0xE2), "");
+    EXPECT_EQ(stream.push(3 + 0x98), "");
+    EXPECT_EQ(stream.push(3 + 0x83), "\xE2\x98\x83");
+    EXPECT_EQ(stream.flush(), "");
+    // The Prepend normalizer runs per piece between added tokens; Metaspace "first" only at offset 0.
+    const std::vector<int32_t> after_bos = tok.encode("<s>hello");
+    if (metaspace) {
+      EXPECT_EQ(after_bos, (std::vector<int32_t>{1, 260, 261, 270}));
+      EXPECT_EQ(tok.decode(after_bos), "<s>hello");
+    } else {
+      EXPECT_EQ(after_bos, (std::vector<int32_t>{1, 271}));
+      EXPECT_EQ(tok.decode(after_bos), "<s> hello");
+    }
+    EXPECT_EQ(tok.encode("<s>", false), (std::vector<int32_t>{259, 3 + '<', 3 + 's', 3 + '>'}));
+  }
+}
+
+TEST(TokenizerSentencePiece, MetaspaceDecoderAndSplit) {
+  TempDir dir;
+  json j = llama_like_tokenizer_json(true);
+  j["pre_tokenizer"]["split"] = true;
+  j["pre_tokenizer"]["prepend_scheme"] = "always";
+  j["decoder"] = {{"type", "Metaspace"}, {"replacement", kSpace}, {"prepend_scheme", "always"}, {"split", true}};
+  // A merge across the word boundary, which split = true must keep from applying.
+  j["model"]["vocab"]["d" + kSpace] = 277;
+  json& merges = j["model"]["merges"];
+  merges.insert(merges.begin(), "d " + kSpace);
+  j["model"]["vocab"][kSpace + kSpace] = 278;
+  const Tokenizer tok = Tokenizer::from_tokenizer_json(dir.write("tokenizer.json", j.dump()));
+  EXPECT_EQ(tok.encode("world world"), (std::vector<int32_t>{276, 276}));
+  EXPECT_EQ(tok.encode("<s>hello"), (std::vector<int32_t>{1, 271}));  // "always" prepends after added tokens too
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{276, 276}), "world world");
+  EXPECT_EQ(tok.token_bytes(3 + 0x41), "<0x41>");  // no ByteFallback step in this decoder
+  // The Metaspace decoder drops every replacement of the first token, not just one space.
+  EXPECT_EQ(tok.token_bytes(278), "  ");
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{278, 276}), " world");
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{276, 278}), "world  ");
+  StreamDecoder stream(tok);
+  EXPECT_EQ(stream.push(278), "");
+  EXPECT_EQ(stream.push(276), " world");
+  j["pre_tokenizer"]["split"] = false;
+  const Tokenizer unsplit = Tokenizer::from_tokenizer_json(dir.write("unsplit.json", j.dump()));
+  EXPECT_EQ(unsplit.encode("world world"), (std::vector<int32_t>{274, 262, 277, 264, 273, 275}));
+}
+
+TEST(TokenizerSentencePiece, UnknownCharactersFuseIntoOneUnk) {
+  TempDir dir;
+  json j = llama_like_tokenizer_json(true);
+  j["model"]["byte_fallback"] = false;
+  const Tokenizer tok = Tokenizer::from_tokenizer_json(dir.write("tokenizer.json", j.dump()));
+  EXPECT_EQ(tok.encode("hello \xE2\x98\x83\xE2\x98\x83" "d"), (std::vector<int32_t>{271, 259, 0, 266}));
+  j["model"]["unk_token"] = nullptr;
+  const Tokenizer strict = Tokenizer::from_tokenizer_json(dir.write("strict.json", j.dump()));
+  expect_error([&] { strict.encode("\xE2\x98\x83"); }, {"strict.json", "\xE2\x98\x83", "not in the vocabulary"});
+}
+
+}  // namespace
+}  // namespace lineage::io

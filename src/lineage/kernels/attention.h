@@ -1,0 +1,15 @@
+// Causal softmax attention, tiled with an online softmax (f32), so no T×T matrix is ever formed.
+#pragma once
+
+#include <cstdint>
+
+namespace lineage::kernels {
+
+// out[t, h, :] = Σ_{j ≤ p0+t} softmax_j(scale · q[t,h]·k[h,j]) · v[h,j]  for T new queries at
+// positions p0 .. p0+T-1. q: [T, H, hd]; keys and values of head h, position j at
+// k[h*head_stride + j*hd] (the KV cache's [H, capacity, hd] layout); out: [T, H, hd], must not
+// alias q, k or v. Threaded over (t, h) pairs; each pair reduces keys in a fixed order.
+void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, const float* v,
+                      int64_t head_stride, int64_t H, int64_t hd, float scale, float* out);
+
+}  // namespace lineage::kernels

@@ -1,0 +1,106 @@
+#include "lineage/kernels/linear.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "lineage/core/error.h"
+#include "lineage/core/parallel.h"
+#include "lineage/kernels/x86/gemv.h"
+
+namespace lineage::kernels {
+
+namespace {
+
+int dtype_index(DType t) {
+  switch (t) {
+    case DType::F32: return 0;
+    case DType::F16: return 1;
+    case DType::BF16: return 2;
+    default: LINEAGE_CHECK(false, "weights must be F32, F16 or BF16, got ", dtype_name(t));
+  }
+  return 0;
+}
+
+void add_bias(const Tensor* bias, int64_t T, int64_t out, float* y) {
+  if (!bias) return;
+  thread_local std::vector<float> b;
+  b.resize(out);
+  widen_row(*bias, 0, out, b.data());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < out; ++o) y[t * out + o] += b[o];
+}
+
+void gemv(const float* x, const Weight& W, float* y) {
+  const GemvTable& k = gemv_table();
+  const int dt = dtype_index(W.w->dtype());
+  const int64_t in = W.in(), out = W.out();
+  const void* w = W.w->raw();
+  // Split output rows over threads in multiples of 64 so every thread streams whole cache lines.
+  const int64_t blocks = (out + 63) / 64;
+  parallel_for(blocks, [&](int64_t b0, int64_t b1) {
+    const int64_t o0 = b0 * 64, o1 = std::min(out, b1 * 64);
+    if (W.layout == Layout::OutIn) k.out_in[dt](x, w, in, o0, o1, y);
+    else k.in_out[dt](x, w, in, out, o0, o1, y);
+  });
+}
+
+// f32 weights: one sgemm straight on the stored matrix.
+void gemm_f32(const float* x, int64_t T, const Weight& W, float* y) {
+  const int64_t in = W.in(), out = W.out();
+  const float* w = W.w->data<float>();
+  if (W.layout == Layout::OutIn)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, out, in, 1.0f, x, in, w, out, 0.0f, y, out);
+}
+
+// f16 / bf16 weights: widen a panel of output columns at a time into per-thread scratch and sgemm
+// it, so the f32 copy never exceeds a panel.
+void gemm_widened(const float* x, int64_t T, const Weight& W, float* y) {
+  const GemvTable& k = gemv_table();
+  const int dt = dtype_index(W.w->dtype());
+  const int64_t in = W.in(), out = W.out();
+  constexpr int64_t kPanel = 128;
+  const int64_t panels = (out + kPanel - 1) / kPanel;
+  const auto* w = static_cast<const uint16_t*>(W.w->raw());
+  parallel_for(panels, [&](int64_t p0, int64_t p1) {
+    thread_local std::vector<float> buf;
+    buf.resize(size_t(kPanel) * in);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t o0 = p * kPanel, n = std::min(kPanel, out - o0);
+      if (W.layout == Layout::OutIn) {
+        k.widen[dt](w + o0 * in, n * in, buf.data());
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, in, 1.0f, x, in, buf.data(), in, 0.0f,
+                    y + o0, out);
+      } else {
+        for (int64_t i = 0; i < in; ++i) k.widen[dt](w + i * out + o0, n, buf.data() + i * n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, n, in, 1.0f, x, in, buf.data(), n, 0.0f,
+                    y + o0, out);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
+  if (t.dtype() == DType::F64) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = float(t.data<double>()[offset + i]);
+    return;
+  }
+  const int dt = dtype_index(t.dtype());
+  gemv_table().widen[dt](static_cast<const char*>(t.raw()) + offset * dtype_size(t.dtype()), n, dst);
+}
+
+void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y) {
+  LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
+  if (T <= 0) return;
+  if (T == 1) gemv(x, W, y);
+  else if (W.w->dtype() == DType::F32) gemm_f32(x, T, W, y);
+  else gemm_widened(x, T, W, y);
+  add_bias(bias, T, W.out(), y);
+}
+
+}  // namespace lineage::kernels

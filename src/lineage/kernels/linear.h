@@ -1,0 +1,29 @@
+// Linear maps with weights in their stored dtype (F32, F16, BF16), widened to f32 inside the kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "lineage/core/tensor.h"
+
+namespace lineage::kernels {
+
+// How a weight matrix is stored. nn.Linear: [out, in]; GPT-2's Conv1D: [in, out].
+enum class Layout : uint8_t { OutIn, InOut };
+
+// A weight matrix as it sits in memory (mapped or owned), with its layout.
+struct Weight {
+  const Tensor* w = nullptr;
+  Layout layout = Layout::OutIn;
+  int64_t in() const { return layout == Layout::OutIn ? w->dim(1) : w->dim(0); }
+  int64_t out() const { return layout == Layout::OutIn ? w->dim(0) : w->dim(1); }
+};
+
+// y[t, o] = Σ_i x[t, i] · W(i, o) (+ bias[o]).   x: [T, in] f32; y: [T, out] f32; bias: [out] any
+// float dtype or null. y must not alias x. T = 1 runs the streaming GEMV (one pass over W, split
+// over output rows); T > 1 runs GEMM. Threaded over the engine's pool.
+void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y);
+
+// Widens `n` consecutive elements of a float tensor starting at element `offset` into dst.
+void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst);
+
+}  // namespace lineage::kernels

@@ -1,0 +1,17 @@
+// Normalizations over the last dim, computed in f32 with weights widened from their stored dtype.
+#pragma once
+
+#include <cstdint>
+
+#include "lineage/core/tensor.h"
+
+namespace lineage::kernels {
+
+// y = (x − mean) / sqrt(var + eps) · w + b, biased variance (PyTorch LayerNorm). x, y: [T, D];
+// w, b: [D]; b may be null. y may alias x.
+void layer_norm(const float* x, int64_t T, int64_t D, const Tensor& w, const Tensor* b, float eps, float* y);
+
+// y = x / sqrt(mean(x²) + eps) · w (HF RMSNorm; no 1+w offset). w may be null (no scale).
+void rms_norm(const float* x, int64_t T, int64_t D, const Tensor* w, float eps, float* y);
+
+}  // namespace lineage::kernels

@@ -1,0 +1,42 @@
+// AVX2 + FMA GEMV (8 lanes): f16 widened with vcvtph2ps (F16C), bf16 with a 16-bit shift.
+#include <immintrin.h>
+
+#include "lineage/core/dtype.h"
+#include "lineage/kernels/x86/gemv.h"
+#include "lineage/kernels/x86/gemv_simd.h"
+
+namespace lineage::kernels {
+namespace simd {
+template <> inline float load_scalar<0>(const void* w, int64_t i) { return static_cast<const float*>(w)[i]; }
+template <> inline float load_scalar<1>(const void* w, int64_t i) { return f16_to_f32(static_cast<const uint16_t*>(w)[i]); }
+template <> inline float load_scalar<2>(const void* w, int64_t i) { return bf16_to_f32(static_cast<const uint16_t*>(w)[i]); }
+}  // namespace simd
+
+namespace {
+struct Avx2 {
+  using Vec = __m256;
+  static constexpr int kWidth = 8;
+  static Vec zero() { return _mm256_setzero_ps(); }
+  static Vec broadcast(float v) { return _mm256_set1_ps(v); }
+  static Vec load_f32(const float* p) { return _mm256_loadu_ps(p); }
+  static Vec load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static Vec load_bf16(const uint16_t* p) {
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+  }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+  static float sum(Vec v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+  }
+};
+}  // namespace
+
+const GemvTable& gemv_table_avx2() {
+  static const GemvTable table = simd::make_table<Avx2>("avx2");
+  return table;
+}
+
+}  // namespace lineage::kernels

@@ -1,0 +1,38 @@
+// AVX-512 GEMV (16 lanes): f16 widened with vcvtph2ps, bf16 with a 16-bit shift.
+#include <immintrin.h>
+
+#include "lineage/core/dtype.h"
+#include "lineage/kernels/x86/gemv.h"
+#include "lineage/kernels/x86/gemv_simd.h"
+
+namespace lineage::kernels {
+namespace simd {
+template <> inline float load_scalar<0>(const void* w, int64_t i) { return static_cast<const float*>(w)[i]; }
+template <> inline float load_scalar<1>(const void* w, int64_t i) { return f16_to_f32(static_cast<const uint16_t*>(w)[i]); }
+template <> inline float load_scalar<2>(const void* w, int64_t i) { return bf16_to_f32(static_cast<const uint16_t*>(w)[i]); }
+}  // namespace simd
+
+namespace {
+struct Avx512 {
+  using Vec = __m512;
+  static constexpr int kWidth = 16;
+  static Vec zero() { return _mm512_setzero_ps(); }
+  static Vec broadcast(float v) { return _mm512_set1_ps(v); }
+  static Vec load_f32(const float* p) { return _mm512_loadu_ps(p); }
+  static Vec load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static Vec load_bf16(const uint16_t* p) {
+    const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+  }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+  static float sum(Vec v) { return _mm512_reduce_add_ps(v); }
+};
+}  // namespace
+
+const GemvTable& gemv_table_avx512() {
+  static const GemvTable table = simd::make_table<Avx512>("avx512");
+  return table;
+}
+
+}  // namespace lineage::kernels

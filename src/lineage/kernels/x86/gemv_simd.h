@@ -1,0 +1,96 @@
+// The GEMV loops written once over a SIMD traits type; included by one .cpp per instruction set,
+// each compiled with its own target flags. Every reduction has a fixed order (lane-wise partial sums
+// combined in a fixed tree), so results are deterministic for a given ISA.
+#pragma once
+
+#include <cstdint>
+
+namespace lineage::kernels::simd {
+
+template <class S, int DT>
+inline typename S::Vec load(const void* w, int64_t i) {
+  if constexpr (DT == 0) return S::load_f32(static_cast<const float*>(w) + i);
+  else if constexpr (DT == 1) return S::load_f16(static_cast<const uint16_t*>(w) + i);
+  else return S::load_bf16(static_cast<const uint16_t*>(w) + i);
+}
+
+template <int DT>
+inline float load_scalar(const void* w, int64_t i);
+
+template <class S, int DT>
+void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, float* y) {
+  constexpr int W = S::kWidth;
+  const int64_t vec_end = in / W * W;
+  int64_t o = o0;
+  for (; o + 4 <= o1; o += 4) {  // four rows at a time: x is loaded once per four weight rows
+    typename S::Vec a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
+    for (int64_t i = 0; i < vec_end; i += W) {
+      const typename S::Vec xv = S::load_f32(x + i);
+      a0 = S::fma(xv, load<S, DT>(w, (o + 0) * in + i), a0);
+      a1 = S::fma(xv, load<S, DT>(w, (o + 1) * in + i), a1);
+      a2 = S::fma(xv, load<S, DT>(w, (o + 2) * in + i), a2);
+      a3 = S::fma(xv, load<S, DT>(w, (o + 3) * in + i), a3);
+    }
+    float r[4] = {S::sum(a0), S::sum(a1), S::sum(a2), S::sum(a3)};
+    for (int64_t i = vec_end; i < in; ++i)
+      for (int k = 0; k < 4; ++k) r[k] += x[i] * load_scalar<DT>(w, (o + k) * in + i);
+    for (int k = 0; k < 4; ++k) y[o + k] = r[k];
+  }
+  for (; o < o1; ++o) {
+    typename S::Vec a = S::zero();
+    for (int64_t i = 0; i < vec_end; i += W) a = S::fma(S::load_f32(x + i), load<S, DT>(w, o * in + i), a);
+    float r = S::sum(a);
+    for (int64_t i = vec_end; i < in; ++i) r += x[i] * load_scalar<DT>(w, o * in + i);
+    y[o] = r;
+  }
+}
+
+template <class S, int DT>
+void in_out(const float* x, const void* w, int64_t in, int64_t out, int64_t o0, int64_t o1, float* y) {
+  constexpr int W = S::kWidth;
+  constexpr int64_t kBlock = 4 * W;  // columns kept in registers while streaming down the rows
+  int64_t o = o0;
+  for (; o + kBlock <= o1; o += kBlock) {
+    typename S::Vec a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
+    for (int64_t i = 0; i < in; ++i) {
+      const typename S::Vec xv = S::broadcast(x[i]);
+      const int64_t base = i * out + o;
+      a0 = S::fma(xv, load<S, DT>(w, base), a0);
+      a1 = S::fma(xv, load<S, DT>(w, base + W), a1);
+      a2 = S::fma(xv, load<S, DT>(w, base + 2 * W), a2);
+      a3 = S::fma(xv, load<S, DT>(w, base + 3 * W), a3);
+    }
+    S::store(y + o, a0);
+    S::store(y + o + W, a1);
+    S::store(y + o + 2 * W, a2);
+    S::store(y + o + 3 * W, a3);
+  }
+  for (; o + W <= o1; o += W) {
+    typename S::Vec a = S::zero();
+    for (int64_t i = 0; i < in; ++i) a = S::fma(S::broadcast(x[i]), load<S, DT>(w, i * out + o), a);
+    S::store(y + o, a);
+  }
+  for (; o < o1; ++o) {
+    float r = 0;
+    for (int64_t i = 0; i < in; ++i) r += x[i] * load_scalar<DT>(w, i * out + o);
+    y[o] = r;
+  }
+}
+
+template <class S, int DT>
+void widen(const void* src, int64_t n, float* dst) {
+  constexpr int W = S::kWidth;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) S::store(dst + i, load<S, DT>(src, i));
+  for (; i < n; ++i) dst[i] = load_scalar<DT>(src, i);
+}
+
+template <class S>
+GemvTable make_table(const char* isa) {
+  return GemvTable{isa,
+                   {out_in<S, 0>, out_in<S, 1>, out_in<S, 2>},
+                   {in_out<S, 0>, in_out<S, 1>, in_out<S, 2>},
+                   {widen<S, 0>, widen<S, 1>, widen<S, 2>}};
+}
+
+}  // namespace lineage::kernels::simd

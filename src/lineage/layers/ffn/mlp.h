@@ -1,0 +1,29 @@
+// Two-layer MLP with a GELU between (GPT-2: Conv1D c_fc [D, F] and c_proj [F, D], with biases).
+#pragma once
+
+#include "lineage/kernels/activation.h"
+#include "lineage/layers/common.h"
+
+namespace lineage::layers {
+
+struct Mlp {
+  struct Config {
+    int64_t d_model = 0, hidden = 0;  // D, F
+    kernels::Activation act = kernels::Activation::GeluTanh;
+  };
+  struct Weights {
+    Tensor c_fc_weight;    // [D, F] Conv1D [in, out]
+    Tensor c_fc_bias;      // [F]
+    Tensor c_proj_weight;  // [F, D] Conv1D [in, out]
+    Tensor c_proj_bias;    // [D]
+  };
+  Config config;
+  Weights weights;
+  void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
+  std::string describe() const;
+};
+
+// y[T, D] = c_proj(act(c_fc(x))). y must not alias x. Traces mlp.act, mlp.out.
+void forward(const Mlp& m, const float* x, int64_t T, float* y, Scratch& scratch, const Trace& trace);
+
+}  // namespace lineage::layers

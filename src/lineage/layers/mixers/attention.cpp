@@ -1,0 +1,86 @@
+#include "lineage/layers/mixers/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "lineage/kernels/attention.h"
+
+namespace lineage::layers {
+
+namespace {
+
+void grow(Attention::State& s, int64_t H, int64_t hd, int64_t needed) {
+  if (needed <= s.capacity) return;
+  const int64_t cap = std::max<int64_t>({needed, 2 * s.capacity, 16});
+  Tensor k = Tensor::empty(DType::F32, {H, cap, hd}), v = Tensor::empty(DType::F32, {H, cap, hd});
+  for (int64_t h = 0; h < H; ++h)
+    if (s.length) {
+      std::memcpy(k.data<float>() + h * cap * hd, s.k.data<float>() + h * s.capacity * hd, s.length * hd * 4);
+      std::memcpy(v.data<float>() + h * cap * hd, s.v.data<float>() + h * s.capacity * hd, s.length * hd * 4);
+    }
+  s.k = std::move(k);
+  s.v = std::move(v);
+  s.capacity = cap;
+}
+
+}  // namespace
+
+size_t Attention::State::bytes() const {
+  if (!capacity) return 0;
+  const int64_t H = k.dim(0), hd = k.dim(2);
+  return 2 * size_t(H * length * hd) * sizeof(float);
+}
+
+Attention::State Attention::State::clone() const {
+  State c;
+  c.length = length;
+  c.capacity = capacity;
+  if (capacity) {
+    c.k = k.clone();
+    c.v = v.clone();
+  }
+  return c;
+}
+
+std::string Attention::describe() const {
+  return "softmax attention, " + std::to_string(config.n_heads) + " heads x " + std::to_string(config.head_dim) +
+         ", KV cache";
+}
+
+void Attention::for_each_tensor(const std::string& prefix, const TensorVisitor& f) {
+  const int64_t D = config.d_model;
+  f(prefix + ".c_attn.weight", weights.c_attn_weight, {D, 3 * D}, Init::Normal);
+  f(prefix + ".c_attn.bias", weights.c_attn_bias, {3 * D}, Init::Zeros);
+  f(prefix + ".c_proj.weight", weights.c_proj_weight, {D, D}, Init::Normal);
+  f(prefix + ".c_proj.bias", weights.c_proj_bias, {D}, Init::Zeros);
+}
+
+void forward(const Attention& a, const float* x, int64_t T, Attention::State& s, float* y, Scratch& scratch,
+             const Trace& trace) {
+  const int64_t D = a.config.d_model, H = a.config.n_heads, hd = a.config.head_dim;
+  float* qkv = scratch.get(0, size_t(T) * 3 * D);
+  float* ctx = scratch.get(1, size_t(T) * D);
+  kernels::linear(x, T, {&a.weights.c_attn_weight, kernels::Layout::InOut}, &a.weights.c_attn_bias, qkv);
+  trace("attn.qkv", qkv, {T, 3 * D});
+
+  const int64_t p0 = s.length;
+  grow(s, H, hd, p0 + T);
+  float* q = scratch.get(2, size_t(T) * D);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* row = qkv + t * 3 * D + h * hd;
+      std::memcpy(q + (t * H + h) * hd, row, hd * 4);
+      std::memcpy(s.k.data<float>() + (h * s.capacity + p0 + t) * hd, row + D, hd * 4);
+      std::memcpy(s.v.data<float>() + (h * s.capacity + p0 + t) * hd, row + 2 * D, hd * 4);
+    }
+  s.length = p0 + T;
+
+  const float scale = a.config.scale_attn_weights ? 1.0f / std::sqrt(float(hd)) : 1.0f;
+  kernels::attention_causal(q, T, p0, s.k.data<float>(), s.v.data<float>(), s.capacity * hd, H, hd, scale, ctx);
+  trace("attn.context", ctx, {T, D});
+  kernels::linear(ctx, T, {&a.weights.c_proj_weight, kernels::Layout::InOut}, &a.weights.c_proj_bias, y);
+  trace("attn.out", y, {T, D});
+}
+
+}  // namespace lineage::layers

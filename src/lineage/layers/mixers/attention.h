@@ -1,0 +1,46 @@
+// Causal multi-head softmax attention with a KV cache (GPT-2: fused c_attn, learned positions, no
+// rotary). Spec: shared/spec/attention-mla-moe-attnres.md §1.3–1.4; reference/gpt2.py.
+#pragma once
+
+#include "lineage/kernels/linear.h"
+#include "lineage/layers/common.h"
+
+namespace lineage::layers {
+
+struct Attention {
+  struct Config {
+    int64_t d_model = 0, n_heads = 0, head_dim = 0;
+    bool scale_attn_weights = true;  // scores / sqrt(head_dim)
+  };
+  struct Weights {
+    Tensor c_attn_weight;  // [D, 3D] Conv1D [in, out]: columns q | k | v, head h at h*hd within each
+    Tensor c_attn_bias;    // [3D]
+    Tensor c_proj_weight;  // [D, D] Conv1D [in, out]
+    Tensor c_proj_bias;    // [D]
+  };
+  // The KV cache. k, v: [H, capacity, hd] f32 (head-major so one head's keys are contiguous for
+  // decode); rows 0 .. length-1 valid. Grows by doubling; bytes() counts what is in use.
+  struct State {
+    Tensor k, v;
+    int64_t length = 0, capacity = 0;
+    size_t bytes() const;
+    size_t reserved_bytes() const { return k.nbytes() + v.nbytes(); }
+    State clone() const;
+  };
+
+  Config config;
+  Weights weights;
+
+  void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
+  State new_state() const { return State{}; }
+  size_t state_bytes_per_token() const { return 2 * size_t(config.d_model) * sizeof(float); }
+  size_t state_bytes_fixed() const { return 0; }
+  std::string describe() const;
+};
+
+// y[T, D] = attention of x[T, D] (already normalized) given the cached past; appends T rows to the
+// cache. y must not alias x. Traces attn.qkv, attn.context, attn.out.
+void forward(const Attention& a, const float* x, int64_t T, Attention::State& s, float* y, Scratch& scratch,
+             const Trace& trace);
+
+}  // namespace lineage::layers

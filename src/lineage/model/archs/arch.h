@@ -1,0 +1,29 @@
+// Checkpoint families: each maps its config.json and tensor names onto the model's LayerSpecs.
+// One file per family in this folder; this registry is the only list of them.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "lineage/model/archs/config_fields.h"
+#include "lineage/model/model.h"
+
+namespace lineage::model {
+
+struct ArchInput {
+  ConfigFields config;
+  // Whether the checkpoint holds a tensor of this name (lets a family pick prefixes and a tied or
+  // separate head). Presets answer with what the family would write itself.
+  std::function<bool(const std::string&)> has_tensor;
+};
+
+// Builds the model's skeleton (shapes, names, configs; tensors still empty).
+using ArchBuilder = Model (*)(const ArchInput&);
+
+const ArchBuilder* find_arch(const std::string& model_type);
+std::string known_model_types();  // "gpt2, ..." for error messages
+
+Model build_gpt2(const ArchInput& in);
+
+}  // namespace lineage::model

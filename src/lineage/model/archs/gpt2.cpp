@@ -1,0 +1,65 @@
+// GPT-2 (HF GPT2LMHeadModel): config fields, defaults and tensor names.
+// Spec: shared/spec/attention-mla-moe-attnres.md §1; reference/gpt2.py.
+#include "lineage/core/error.h"
+#include "lineage/model/archs/arch.h"
+
+namespace lineage::model {
+
+Model build_gpt2(const ArchInput& in) {
+  const ConfigFields& c = in.config;
+  Model m;
+  const int64_t D = c.integer("n_embd"), L = c.integer("n_layer"), H = c.integer("n_head");
+  const int64_t V = c.integer("vocab_size"), P = c.integer("n_positions");
+  const int64_t F = c.integer("n_inner", 4 * D);
+  if (D % H) c.fail("n_head", cat("a divisor of n_embd = ", D));
+  const float eps = float(c.number("layer_norm_epsilon", 1e-5));
+  const std::string act_name = c.string("activation_function", "gelu_new");
+  kernels::Activation act;
+  if (act_name == "gelu_new" || act_name == "gelu_pytorch_tanh" || act_name == "gelu_fast")
+    act = kernels::Activation::GeluTanh;
+  else if (act_name == "gelu")
+    act = kernels::Activation::GeluErf;
+  else if (act_name == "relu")
+    act = kernels::Activation::Relu;
+  else if (act_name == "silu" || act_name == "swish")
+    act = kernels::Activation::Silu;
+  else
+    c.fail("activation_function", "one of gelu_new, gelu_pytorch_tanh, gelu_fast, gelu, relu, silu");
+  if (c.boolean("scale_attn_by_inverse_layer_idx", false) || c.boolean("reorder_and_upcast_attn", false))
+    c.fail("scale_attn_by_inverse_layer_idx", "false (not supported yet)");
+
+  // openai-community/gpt2 names tensors "wte.weight"; distilgpt2 and exports of GPT2LMHeadModel
+  // prefix them with "transformer.".
+  const std::string p = in.has_tensor("transformer.wte.weight") ? "transformer." : "";
+  m.config.model_type = "gpt2";
+  m.config.vocab_size = V;
+  m.config.d_model = D;
+  m.config.max_positions = P;
+  m.config.max_positions_field = "n_positions";
+  m.config.tied_lm_head = !in.has_tensor("lm_head.weight");
+  if (auto v = c.optional_integer("bos_token_id")) m.config.bos_token_id = int32_t(*v);
+  if (auto v = c.optional_integer("eos_token_id")) m.config.eos_token_id = int32_t(*v);
+  m.config.description = cat("GPT-2: ", L, " layers, d_model ", D, ", ", H, " heads, softmax attention + KV cache, ",
+                             act_name, " MLP ", F);
+  m.names = {p + "wte.weight", p + "wpe.weight", p + "h.", p + "ln_f", "lm_head.weight"};
+  m.ignored_suffixes = {".attn.bias", ".attn.masked_bias"};
+
+  const layers::Norm ln{layers::Norm::Kind::Layer, D, eps, {}, {}};
+  m.final_norm = ln;
+  for (int64_t i = 0; i < L; ++i) {
+    Block b;
+    b.names = {"ln_1", "attn", "ln_2", "mlp"};
+    b.norm1 = ln;
+    b.norm2 = ln;
+    layers::Attention a;
+    a.config = {D, H, D / H, c.boolean("scale_attn_weights", true)};
+    b.mixer = std::move(a);
+    layers::Mlp mlp;
+    mlp.config = {D, F, act};
+    b.ffn = std::move(mlp);
+    m.blocks.push_back(std::move(b));
+  }
+  return m;
+}
+
+}  // namespace lineage::model

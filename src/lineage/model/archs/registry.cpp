@@ -1,0 +1,27 @@
+#include <map>
+
+#include "lineage/model/archs/arch.h"
+
+namespace lineage::model {
+
+namespace {
+const std::map<std::string, ArchBuilder>& registry() {
+  static const std::map<std::string, ArchBuilder> r = {
+      {"gpt2", build_gpt2},
+  };
+  return r;
+}
+}  // namespace
+
+const ArchBuilder* find_arch(const std::string& model_type) {
+  const auto it = registry().find(model_type);
+  return it == registry().end() ? nullptr : &it->second;
+}
+
+std::string known_model_types() {
+  std::string s;
+  for (const auto& [k, v] : registry()) s += (s.empty() ? "" : ", ") + k;
+  return s;
+}
+
+}  // namespace lineage::model

@@ -1,0 +1,142 @@
+#include "lineage/model/model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "lineage/core/error.h"
+#include "lineage/kernels/linear.h"
+
+namespace lineage::model {
+
+void Block::for_each_tensor(const std::string& prefix, const layers::TensorVisitor& f) {
+  norm1.for_each_tensor(prefix + names.norm1, f);
+  std::visit([&](auto& m) { m.for_each_tensor(prefix + names.mixer, f); }, mixer);
+  norm2.for_each_tensor(prefix + names.norm2, f);
+  std::visit([&](auto& m) { m.for_each_tensor(prefix + names.ffn, f); }, ffn);
+}
+
+void Model::for_each_tensor(const layers::TensorVisitor& f) {
+  const int64_t V = config.vocab_size, D = config.d_model;
+  f(names.embed, embed, {V, D}, layers::Init::Normal);
+  if (config.max_positions > 0 && !names.pos_embed.empty())
+    f(names.pos_embed, pos_embed, {config.max_positions, D}, layers::Init::Normal);
+  for (size_t i = 0; i < blocks.size(); ++i)
+    blocks[i].for_each_tensor(names.layer_prefix + std::to_string(i) + ".", f);
+  final_norm.for_each_tensor(names.final_norm, f);
+  if (!config.tied_lm_head) f(names.lm_head, lm_head, {V, D}, layers::Init::Normal);
+}
+
+SequenceState SequenceState::clone() const {
+  SequenceState c;
+  c.position = position;
+  for (const auto& s : layers) c.layers.push_back(std::visit([](const auto& x) { return MixerState(x.clone()); }, s));
+  return c;
+}
+
+size_t SequenceState::bytes() const {
+  size_t n = 0;
+  for (const auto& s : layers) n += std::visit([](const auto& x) { return x.bytes(); }, s);
+  return n;
+}
+
+SequenceState Model::new_state() const {
+  SequenceState s;
+  for (const auto& b : blocks) s.layers.push_back(std::visit([](const auto& m) { return MixerState(m.new_state()); }, b.mixer));
+  return s;
+}
+
+namespace {
+
+void embed_tokens(const Model& m, std::span<const int32_t> tokens, int64_t p0, float* x) {
+  const int64_t D = m.config.d_model;
+  std::vector<float> pos(D);
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    kernels::widen_row(m.embed, int64_t(tokens[t]) * D, D, x + t * D);
+    if (m.pos_embed.defined() && m.pos_embed.numel()) {
+      kernels::widen_row(m.pos_embed, (p0 + int64_t(t)) * D, D, pos.data());
+      for (int64_t i = 0; i < D; ++i) x[t * D + i] += pos[i];
+    }
+  }
+}
+
+void check_input(const Model& m, std::span<const int32_t> tokens, int64_t p0) {
+  for (size_t t = 0; t < tokens.size(); ++t)
+    if (tokens[t] < 0 || tokens[t] >= m.config.vocab_size)
+      throw Error(cat("token id ", tokens[t], " at position ", p0 + int64_t(t), " is outside the vocabulary [0, ",
+                      m.config.vocab_size, ")"));
+  const int64_t end = p0 + int64_t(tokens.size());
+  if (m.config.max_positions > 0 && end > m.config.max_positions)
+    throw Error(cat("context of ", end, " tokens exceeds the model's limit of ", m.config.max_positions,
+                    " (config.json field ", m.config.max_positions_field, ")"));
+}
+
+}  // namespace
+
+void forward(const Model& m, std::span<const int32_t> tokens, SequenceState& state, LogitRows rows, float* logits,
+             layers::Scratch& scratch, const layers::Trace& trace) {
+  const int64_t T = int64_t(tokens.size()), D = m.config.d_model, p0 = state.position;
+  if (T == 0) return;
+  check_input(m, tokens, p0);
+  LINEAGE_CHECK(state.layers.size() == m.blocks.size(), "state has ", state.layers.size(), " layers, model ",
+                m.blocks.size());
+  float* x = scratch.get(10, size_t(T) * D);
+  float* a = scratch.get(11, size_t(T) * D);
+  float* y = scratch.get(12, size_t(T) * D);
+  embed_tokens(m, tokens, p0, x);
+  trace("embed", x, {T, D});
+
+  for (size_t i = 0; i < m.blocks.size(); ++i) {
+    const Block& b = m.blocks[i];
+    const layers::Trace tr = trace.with_prefix("h" + std::to_string(i) + ".");
+    layers::forward(b.norm1, x, T, a);
+    tr(b.names.norm1, a, {T, D});
+    std::visit(
+        [&](const auto& mixer) {
+          using S = std::decay_t<decltype(mixer.new_state())>;
+          forward(mixer, a, T, std::get<S>(state.layers[i]), y, scratch, tr);
+        },
+        b.mixer);
+    for (int64_t j = 0; j < T * D; ++j) x[j] += y[j];
+    tr("resid_mid", x, {T, D});
+    layers::forward(b.norm2, x, T, a);
+    tr(b.names.norm2, a, {T, D});
+    std::visit([&](const auto& ffn) { forward(ffn, a, T, y, scratch, tr); }, b.ffn);
+    for (int64_t j = 0; j < T * D; ++j) x[j] += y[j];
+    tr("out", x, {T, D});
+  }
+  state.position = p0 + T;
+
+  layers::forward(m.final_norm, x, T, a);
+  trace(m.names.final_norm.substr(m.names.final_norm.rfind('.') + 1), a, {T, D});
+  if (rows == LogitRows::None) return;
+  const int64_t first = rows == LogitRows::All ? 0 : T - 1, n = T - first;
+  kernels::linear(a + first * D, n, {&m.output_weight(), kernels::Layout::OutIn}, nullptr, logits);
+  trace("logits", logits, {n, m.config.vocab_size});
+}
+
+ParamCount count_params(Model& m, DType unallocated_dtype) {
+  ParamCount c;
+  std::map<DType, size_t> by;
+  m.for_each_tensor([&](const std::string&, Tensor& t, const Shape& shape, layers::Init) {
+    c.total += shape_numel(shape);
+    const DType dt = t.defined() && t.shape() == shape ? t.dtype() : unallocated_dtype;
+    by[dt] += size_t(shape_numel(shape)) * dtype_size(dt);
+  });
+  c.bytes_by_dtype.assign(by.begin(), by.end());
+  return c;
+}
+
+StateCost state_cost(const Model& m) {
+  StateCost c;
+  for (const auto& b : m.blocks)
+    std::visit(
+        [&](const auto& mixer) {
+          c.per_token += mixer.state_bytes_per_token();
+          c.fixed += mixer.state_bytes_fixed();
+        },
+        b.mixer);
+  return c;
+}
+
+}  // namespace lineage::model

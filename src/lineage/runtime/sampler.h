@@ -1,0 +1,32 @@
+// Next-token sampling: greedy, temperature, top-k, top-p, seeded.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "lineage/core/rng.h"
+
+namespace lineage::runtime {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy (argmax, ties to the lower id)
+  int top_k = 0;             // 0 = off
+  float top_p = 1.0f;        // 1 = off
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) {}
+  // Keeps the top-k, then the smallest set of most likely tokens whose probability reaches top_p,
+  // renormalizes, and draws one.
+  int32_t sample(std::span<const float> logits);
+
+ private:
+  SamplingParams params_;
+  Rng rng_;
+  std::vector<std::pair<float, int32_t>> cand_;
+};
+
+}  // namespace lineage::runtime

@@ -1,0 +1,124 @@
+// GPT-2 against the PyTorch reference (reference/gpt2.py, float64): every named intermediate and the
+// logits, reporting the first intermediate that diverges.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "lineage/io/load_model.h"
+#include "lineage/io/npy.h"
+#include "lineage/runtime/session.h"
+#include "test_support.h"
+
+namespace lineage {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Relative-RMS tolerance per weight dtype: the goldens are computed in float64 from the stored
+// (already rounded) weights, so only our f32 arithmetic differs.
+double tolerance(DType weights) {
+  switch (weights) {
+    case DType::F32: return 1e-5;
+    case DType::BF16: return 1e-5;
+    case DType::F16: return 1e-5;
+    default: return 0;
+  }
+}
+
+std::vector<fs::path> cases(const std::string& family) {
+  std::vector<fs::path> v;
+  const fs::path root = test::testdata() / family;
+  if (fs::is_directory(root))
+    for (const auto& e : fs::directory_iterator(root))
+      if (fs::exists(e.path() / "golden" / "manifest.json")) v.push_back(e.path());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+void check_case(const fs::path& dir) {
+  SCOPED_TRACE(dir.string());
+  io::LoadedModel lm = io::load_model(dir, false);
+  const Tensor toks = io::load_npy(dir / "golden" / "tokens.npy");
+  std::vector<int32_t> ids(toks.data<int32_t>(), toks.data<int32_t>() + toks.numel());
+  std::map<std::string, std::vector<float>> got;
+  std::map<std::string, Shape> shapes;
+  runtime::Session s(lm.model);
+  s.set_trace({[&](const std::string& name, const float* d, const Shape& shape) {
+    got[name].assign(d, d + shape_numel(shape));
+    shapes[name] = shape;
+  }});
+  s.prefill(ids, true);
+
+  std::ifstream in(dir / "golden" / "manifest.json");
+  const nlohmann::json manifest = nlohmann::json::parse(in);
+  const double tol = tolerance(lm.model.embed.dtype());
+  int compared = 0;
+  for (const auto& item : manifest["intermediates"]) {
+    const std::string name = item["name"];
+    ASSERT_TRUE(got.count(name)) << "lineage does not produce intermediate " << name;
+    const Tensor want = io::load_npy(dir / "golden" / item["file"].get<std::string>());
+    ASSERT_EQ(shapes[name], want.shape()) << name;
+    const float* w = want.data<float>();
+    const double err = test::rel_rms(got[name].data(), w, want.numel());
+    const int64_t worst = test::worst_index(got[name].data(), w, want.numel());
+    ASSERT_LE(err, tol) << "first diverging intermediate: " << name << " (relative RMS " << err << "), worst element "
+                        << worst << ": lineage " << got[name][worst] << " vs reference " << w[worst];
+    ++compared;
+  }
+  EXPECT_GE(compared, 12);
+  EXPECT_TRUE(got.count("logits"));
+}
+
+TEST(GoldenGpt2, EveryIntermediateMatchesPyTorch) {
+  const auto all = cases("gpt2");
+  ASSERT_GE(all.size(), 4u) << "expected the reference's GPT-2 cases under " << test::testdata() / "gpt2";
+  for (const auto& dir : all) check_case(dir);
+}
+
+TEST(GoldenGpt2, SplitInvariance) {
+  for (const auto& dir : cases("gpt2")) {
+    SCOPED_TRACE(dir.string());
+    io::LoadedModel lm = io::load_model(dir, false);
+    const Tensor toks = io::load_npy(dir / "golden" / "tokens.npy");
+    std::vector<int32_t> ids(toks.data<int32_t>(), toks.data<int32_t>() + toks.numel());
+    const int64_t T = int64_t(ids.size()), V = lm.model.config.vocab_size;
+    runtime::Session whole(lm.model);
+    const auto ref_span = whole.prefill(ids, true);
+    const std::vector<float> ref(ref_span.begin(), ref_span.end());
+    for (int64_t piece : {1, 3, 7, 64}) {
+      runtime::Session s(lm.model);
+      std::vector<float> got;
+      for (int64_t i = 0; i < T; i += piece) {
+        const int64_t n = std::min(piece, T - i);
+        const auto l = piece == 1 ? s.decode(ids[i]) : s.prefill(std::span<const int32_t>(ids.data() + i, n), true);
+        got.insert(got.end(), l.begin(), l.end());
+      }
+      ASSERT_EQ(int64_t(got.size()), T * V);
+      EXPECT_LE(test::rel_rms(got.data(), ref.data(), T * V), 2e-6) << "pieces of " << piece;
+      EXPECT_EQ(s.state().bytes(), whole.state().bytes());
+    }
+  }
+}
+
+TEST(GoldenGpt2, SnapshotRestoreContinuesIdentically) {
+  const auto all = cases("gpt2");
+  ASSERT_FALSE(all.empty());
+  io::LoadedModel lm = io::load_model(all.front(), false);
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5}, b = {9, 8, 7};
+  runtime::Session s(lm.model);
+  s.prefill(a);
+  const model::SequenceState snap = s.state().clone();
+  const auto first = s.prefill(b);
+  const std::vector<float> want(first.begin(), first.end());
+  s.prefill(b);  // diverge, then rewind
+  s.restore(snap.clone());
+  const auto again = s.prefill(b);
+  EXPECT_EQ(std::vector<float>(again.begin(), again.end()), want);
+  EXPECT_EQ(snap.position, 5);
+  EXPECT_GT(snap.bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace lineage

@@ -1,0 +1,143 @@
+#include "test_support.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace lineage::test {
+
+namespace fs = std::filesystem;
+
+namespace {
+std::string env_or_fail(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) {
+    ADD_FAILURE() << "environment variable " << name << " is not set; run the tests through ctest";
+    return "";
+  }
+  return v;
+}
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+fs::path testdata() {
+  const fs::path p = env_or_fail("LINEAGE_TESTDATA");
+  if (!fs::is_directory(p)) ADD_FAILURE() << "test data directory " << p << " is missing (reference fixtures failed?)";
+  return p;
+}
+
+std::string lineage_bin() { return env_or_fail("LINEAGE_BIN"); }
+fs::path source_dir() { return env_or_fail("LINEAGE_SOURCE"); }
+
+fs::path temp_dir() {
+  static std::atomic<int> counter{0};
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "test";
+  for (auto& c : name) if (c == '/') c = '_';
+  const fs::path p = fs::temp_directory_path() /
+                     ("lineage_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+double rel_rms(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = double(a[i]) - double(b[i]);
+    num += d * d;
+    den += double(b[i]) * double(b[i]);
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+int64_t worst_index(const float* a, const float* b, int64_t n) {
+  int64_t w = 0;
+  double best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = std::fabs(double(a[i]) - double(b[i]));
+    if (d > best) best = d, w = i;
+  }
+  return w;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+RunResult run_lineage(const std::string& args) {
+  const fs::path dir = temp_dir();
+  const std::string cmd = shell_quote(lineage_bin()) + " " + args + " >" + shell_quote((dir / "out").string()) +
+                          " 2>" + shell_quote((dir / "err").string()) + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(dir / "out");
+  r.err = slurp(dir / "err");
+  fs::remove_all(dir);
+  return r;
+}
+
+}  // namespace lineage::test
+
+#include <nlohmann/json.hpp>
+
+#include "lineage/model/archs/arch.h"
+#include "lineage/model/archs/presets.h"
+
+namespace lineage::test {
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+void write_raw_safetensors(const fs::path& path, const std::string& header, const std::string& data,
+                           int64_t header_len_override) {
+  std::string h = header;
+  while (h.size() % 8) h += ' ';
+  const uint64_t len = header_len_override >= 0 ? uint64_t(header_len_override) : h.size();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out << h << data;
+}
+
+void write_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (const auto& [name, t] : tensors) {
+    header[name] = {{"dtype", std::string(dtype_name(t.dtype()))},
+                    {"shape", t.shape()},
+                    {"data_offsets", {data.size(), data.size() + t.nbytes()}}};
+    data.append(static_cast<const char*>(t.raw()), t.nbytes());
+  }
+  write_raw_safetensors(path, header.dump(), data);
+}
+
+fs::path tiny_gpt2_dir(DType dtype, const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit) {
+  const nlohmann::json cfg = {{"model_type", "gpt2"}, {"vocab_size", 50}, {"n_positions", 32}, {"n_embd", 16},
+                              {"n_layer", 2},         {"n_head", 2},      {"layer_norm_epsilon", 1e-5}};
+  model::Model m = model::build_gpt2({model::ConfigFields(cfg, "tiny"), [](const std::string&) { return false; }});
+  model::init_random(m, 1, dtype);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape&, layers::Init) { tensors.emplace_back(name, t); });
+  if (edit) edit(tensors);
+  const fs::path dir = temp_dir();
+  write_text(dir / "config.json", cfg.dump(2));
+  write_safetensors(dir / "model.safetensors", tensors);
+  return dir;
+}
+
+}  // namespace lineage::test

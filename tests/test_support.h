@@ -1,0 +1,54 @@
+// Shared helpers of the test binary: where the generated reference data lives, error metrics, and
+// running the built `lineage` command.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace lineage::test {
+
+// $LINEAGE_TESTDATA (written by the reference fixtures); fails the test when unset or missing.
+std::filesystem::path testdata();
+// $LINEAGE_BIN, the built lineage executable.
+std::string lineage_bin();
+std::filesystem::path source_dir();
+// A fresh empty directory under the system temp dir, unique per test.
+std::filesystem::path temp_dir();
+
+// ‖a − b‖₂ / ‖b‖₂ (relative RMS), in double.
+double rel_rms(const float* a, const float* b, int64_t n);
+// Index of the element with the largest absolute difference.
+int64_t worst_index(const float* a, const float* b, int64_t n);
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+// Runs `lineage <args>` (args is a shell-quoted string) and captures stdout, stderr and exit code.
+RunResult run_lineage(const std::string& args);
+std::string shell_quote(const std::string& s);
+
+}  // namespace lineage::test
+
+#include <utility>
+
+#include "lineage/core/tensor.h"
+
+namespace lineage::test {
+
+// Writes tensors in order to a .safetensors file (header padded to 8 bytes, contiguous data).
+void write_safetensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors);
+// Writes raw bytes: an 8-byte header length, the header text, then `data`.
+void write_raw_safetensors(const std::filesystem::path& path, const std::string& header, const std::string& data,
+                           int64_t header_len_override = -1);
+// A tiny GPT-2 directory (2 layers, width 16, vocab 50, 32 positions) with seeded weights in `dtype`;
+// `edit` may change the tensor list before it is written.
+std::filesystem::path tiny_gpt2_dir(
+    DType dtype = DType::F32,
+    const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit = nullptr);
+void write_text(const std::filesystem::path& path, const std::string& text);
+
+}  // namespace lineage::test
