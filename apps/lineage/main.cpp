@@ -31,6 +31,9 @@ int main(int argc, char** argv) {
   } catch (const lineage::Error& e) {
     std::fprintf(stderr, "lineage: error: %s\n", e.what());
     return 2;
+  } catch (const std::exception& e) {  // e.g. a filesystem error on a path the user gave
+    std::fprintf(stderr, "lineage: error: %s\n", e.what());
+    return 2;
   }
   return 0;
 }

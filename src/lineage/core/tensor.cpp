@@ -27,10 +27,11 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   for (int64_t d : t.shape_) LINEAGE_CHECK(d >= 0, "negative dim in ", shape_str(t.shape_));
-  const size_t bytes = (t.nbytes() + 63) / 64 * 64;
+  const size_t bytes = (size_t(t.numel()) * dtype_size(dtype) + 63) / 64 * 64;
   void* p = bytes ? std::aligned_alloc(64, bytes) : nullptr;
   LINEAGE_CHECK(bytes == 0 || p, "out of memory allocating ", bytes, " bytes");
   t.data_ = p;
+  t.defined_ = true;
   t.owner_ = std::shared_ptr<const void>(p, [](const void* q) { std::free(const_cast<void*>(q)); });
   return t;
 }
@@ -48,10 +49,12 @@ Tensor Tensor::borrow(DType dtype, Shape shape, const void* data, std::shared_pt
   t.data_ = const_cast<void*>(data);
   t.owner_ = std::move(owner);
   t.borrowed_ = true;
+  t.defined_ = true;
   return t;
 }
 
 Tensor Tensor::clone() const {
+  if (!defined_) return Tensor();
   Tensor t = empty(dtype_, shape_);
   if (nbytes()) std::memcpy(t.data_, data_, nbytes());
   return t;

@@ -25,13 +25,13 @@ class Tensor {
   // Wraps memory someone else owns (an mmap'd checkpoint); `owner` keeps it alive.
   static Tensor borrow(DType dtype, Shape shape, const void* data, std::shared_ptr<const void> owner);
 
-  bool defined() const { return data_ != nullptr || numel() == 0; }
+  bool defined() const { return defined_; }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   int ndim() const { return int(shape_.size()); }
   int64_t dim(int i) const { return shape_[i < 0 ? shape_.size() + i : i]; }
   int64_t numel() const { return shape_numel(shape_); }
-  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
+  size_t nbytes() const { return defined_ ? size_t(numel()) * dtype_size(dtype_) : 0; }
   bool is_borrowed() const { return borrowed_; }
 
   const void* raw() const { return data_; }
@@ -39,7 +39,7 @@ class Tensor {
   template <class T> T* data() { return static_cast<T*>(data_); }
   template <class T> const T* data() const { return static_cast<const T*>(data_); }
 
-  Tensor clone() const;  // deep copy into owned memory
+  Tensor clone() const;  // deep copy into owned memory (an undefined tensor stays undefined)
   // Same bytes under another shape with equal element count (no copy).
   Tensor reshaped(Shape shape) const;
 
@@ -49,6 +49,7 @@ class Tensor {
   void* data_ = nullptr;
   std::shared_ptr<const void> owner_;
   bool borrowed_ = false;
+  bool defined_ = false;
 };
 
 // Widens any float tensor (F32/F16/BF16/F64) into an owned F32 tensor of the same shape.

@@ -501,6 +501,20 @@ TEST(TokenizerErrors, TokenizerJson) {
   expect_error([&] { Tokenizer::load(dir.path / "missing_dir"); }, {"missing_dir", "tokenizer.json", "merges.txt"});
 }
 
+TEST(TokenizerAddedTokens, StripAndSpecialFlags) {
+  TempDir dir;
+  json j = gpt2_like_tokenizer_json();
+  j["added_tokens"].push_back({{"id", 259}, {"content", "<mask>"}, {"special", false}, {"lstrip", true}});
+  j["added_tokens"].push_back({{"id", 260}, {"content", "<sep>"}, {"special", true}, {"lstrip", true}, {"rstrip", true}});
+  const Tokenizer tok = Tokenizer::from_tokenizer_json(dir.write("tokenizer.json", j.dump()));
+  EXPECT_EQ(tok.vocab_size(), 261);
+  // Byte ids equal byte values in this vocabulary: 'a' 97, ' ' 32, 'b' 98.
+  EXPECT_EQ(tok.encode("a <mask> b"), (std::vector<int32_t>{97, 259, 32, 98}));
+  EXPECT_EQ(tok.encode("a <mask> b", false), (std::vector<int32_t>{97, 259, 32, 98}));  // not special
+  EXPECT_EQ(tok.encode("a \t<sep>\n b"), (std::vector<int32_t>{97, 260, 98}));
+  EXPECT_EQ(tok.encode("<sep>", false).size(), 5u);
+}
+
 TEST(TokenizerErrors, TokenizerConfigNamesUnknownToken) {
   TempDir dir;
   dir.write("tokenizer.json", gpt2_like_tokenizer_json().dump());

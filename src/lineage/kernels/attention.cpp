@@ -55,7 +55,7 @@ void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, con
       attend_one(q + i * hd, p0 + t + 1, k + h * head_stride, v + h * head_stride, hd, scale, out + i * hd,
                  acc.data());
     }
-  });
+  }, grain_for(2 * (p0 + T) * hd));
 }
 
 }  // namespace lineage::kernels

@@ -43,7 +43,7 @@ void gemv(const float* x, const Weight& W, float* y) {
     const int64_t o0 = b0 * 64, o1 = std::min(out, b1 * 64);
     if (W.layout == Layout::OutIn) k.out_in[dt](x, w, in, o0, o1, y);
     else k.in_out[dt](x, w, in, out, o0, o1, y);
-  });
+  }, grain_for(64 * in));
 }
 
 // f32 weights: one sgemm straight on the stored matrix.
@@ -80,7 +80,7 @@ void gemm_widened(const float* x, int64_t T, const Weight& W, float* y) {
                     y + o0, out);
       }
     }
-  });
+  }, grain_for(kPanel * in * T));
 }
 
 }  // namespace

@@ -9,16 +9,18 @@
 #include <vector>
 
 #include "lineage/layers/common.h"
+#include "lineage/layers/ffn/gated_mlp.h"
 #include "lineage/layers/ffn/mlp.h"
 #include "lineage/layers/mixers/attention.h"
+#include "lineage/layers/mixers/delta_rule.h"
 #include "lineage/layers/norm.h"
 
 namespace lineage::model {
 
 // Adding a mixer is a compile error at every std::visit that does not handle it.
-using TokenMixer = std::variant<layers::Attention>;
-using ChannelMixer = std::variant<layers::Mlp>;
-using MixerState = std::variant<layers::Attention::State>;
+using TokenMixer = std::variant<layers::Attention, layers::DeltaRule>;
+using ChannelMixer = std::variant<layers::Mlp, layers::GatedMlp>;
+using MixerState = std::variant<layers::Attention::State, layers::DeltaRule::State>;
 
 // Pre-norm residual block: x += mixer(norm1(x)); x += ffn(norm2(x)). The only place that knows
 // norm placement and residual wiring.

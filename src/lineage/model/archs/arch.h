@@ -25,5 +25,9 @@ const ArchBuilder* find_arch(const std::string& model_type);
 std::string known_model_types();  // "gpt2, ..." for error messages
 
 Model build_gpt2(const ArchInput& in);
+Model build_linear_attn(const ArchInput& in);
+Model build_delta_net(const ArchInput& in);
+Model build_gated_deltanet(const ArchInput& in);
+Model build_kda(const ArchInput& in);
 
 }  // namespace lineage::model

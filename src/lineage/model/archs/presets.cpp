@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
@@ -21,10 +22,37 @@ std::string gpt2_config(int layers, int heads, int width) {
       .dump();
 }
 
+// The seeds' rows of the lineage at one common size (12 layers, width 768, 12 heads of 64, GPT-2's
+// vocabulary), each as the fla configuration that computes it.
+std::string fla_config(const std::string& type, nlohmann::json extra) {
+  nlohmann::json j = {{"model_type", type},      {"vocab_size", 50257},       {"hidden_size", 768},
+                      {"num_hidden_layers", 12}, {"num_heads", 12},           {"intermediate_size", 2048},
+                      {"norm_eps", 1e-6},        {"tie_word_embeddings", true}, {"bos_token_id", 50256},
+                      {"eos_token_id", 50256}};
+  if (extra.is_object()) j.update(extra);
+  return j.dump();
+}
+
 uint64_t hash_name(const std::string& s) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
   return h;
+}
+
+// Decay parameters as fla initializes them: A_log = log U(1, 16); dt_bias = softplus⁻¹(dt) with
+// dt log-uniform in [1e-3, 0.1].
+float custom_init(const std::string& name, Rng& rng) {
+  const auto ends_with = [&](const char* s) {
+    const std::string t(s);
+    return name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
+  };
+  if (ends_with("A_log")) return float(std::log(1.0 + 15.0 * rng.uniform()));
+  if (ends_with("dt_bias")) {
+    const double dt = std::exp(std::log(1e-3) + rng.uniform() * (std::log(0.1) - std::log(1e-3)));
+    return float(dt + std::log(-std::expm1(-dt)));
+  }
+  LINEAGE_CHECK(false, "no custom initialization for ", name);
+  return 0.0f;
 }
 
 }  // namespace
@@ -35,6 +63,15 @@ const std::vector<Preset>& presets() {
       {"gpt2-medium", "GPT-2 medium shape (24 layers, 1024 wide, 16 heads)", gpt2_config(24, 16, 1024)},
       {"gpt2-large", "GPT-2 large shape (36 layers, 1280 wide, 20 heads)", gpt2_config(36, 20, 1280)},
       {"gpt2-xl", "GPT-2 XL shape (48 layers, 1600 wide, 25 heads)", gpt2_config(48, 25, 1600)},
+      {"linear-attention", "linear attention: ELU+1 feature map, (S, z) normalizer, additive write",
+       fla_config("linear_attn", {{"feature_map", "elu"}, {"norm_feature_map", true}}), true},
+      {"mamba2-decay", "scalar decay per head, additive write (Mamba-2 style)",
+       fla_config("gated_deltanet", {{"head_dim", 64}, {"expand_v", 1.0}, {"lineage_delta_rule", false}}), true},
+      {"deltanet", "DeltaNet: delta-rule overwrite, no decay", fla_config("delta_net", {}), true},
+      {"gated-deltanet", "Gated DeltaNet: delta rule + scalar decay per head",
+       fla_config("gated_deltanet", {{"head_dim", 64}, {"expand_v", 1.0}}), true},
+      {"kda", "Kimi Delta Attention: delta rule + decay per key channel",
+       fla_config("kda", {{"head_dim", 64}, {"expand_v", 1.0}}), true},
   };
   return p;
 }
@@ -57,7 +94,10 @@ void init_random(Model& m, uint64_t seed, DType dtype) {
       for (int64_t b = b0; b < b1; ++b) {
         Rng rng(stream + uint64_t(b) * 0x9e3779b97f4a7c15ull);
         for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i)
-          d[i] = init == layers::Init::Ones ? 1.0f : init == layers::Init::Zeros ? 0.0f : 0.02f * rng.normal();
+          d[i] = init == layers::Init::Ones    ? 1.0f
+                 : init == layers::Init::Zeros ? 0.0f
+                 : init == layers::Init::Normal ? 0.02f * rng.normal()
+                                                : custom_init(name, rng);
       }
     });
     t = dtype == DType::F32 ? std::move(f) : convert(f, dtype);

@@ -8,6 +8,10 @@ namespace {
 const std::map<std::string, ArchBuilder>& registry() {
   static const std::map<std::string, ArchBuilder> r = {
       {"gpt2", build_gpt2},
+      {"linear_attn", build_linear_attn},
+      {"delta_net", build_delta_net},
+      {"gated_deltanet", build_gated_deltanet},
+      {"kda", build_kda},
   };
   return r;
 }

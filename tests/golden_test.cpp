@@ -1,5 +1,5 @@
-// GPT-2 against the PyTorch reference (reference/gpt2.py, float64): every named intermediate and the
-// logits, reporting the first intermediate that diverges.
+// Every architecture against the PyTorch reference (reference/, float64): each named intermediate
+// and the logits, reporting the first intermediate that diverges; and split invariance.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -8,6 +8,7 @@
 
 #include "lineage/io/load_model.h"
 #include "lineage/io/npy.h"
+#include "lineage/layers/mixers/delta_rule.h"
 #include "lineage/runtime/session.h"
 #include "test_support.h"
 
@@ -36,6 +37,14 @@ std::vector<fs::path> cases(const std::string& family) {
   std::sort(v.begin(), v.end());
   return v;
 }
+
+const char* const kDeltaFamilies[] = {"linear_attn", "delta_net", "gated_deltanet", "kda"};
+
+// Forces the delta-rule kernel path for the lifetime of the object.
+struct ForcePath {
+  explicit ForcePath(layers::DeltaRulePath p) { layers::set_delta_rule_path(p); }
+  ~ForcePath() { layers::set_delta_rule_path(layers::DeltaRulePath::Auto); }
+};
 
 void check_case(const fs::path& dir) {
   SCOPED_TRACE(dir.string());
@@ -71,10 +80,61 @@ void check_case(const fs::path& dir) {
   EXPECT_TRUE(got.count("logits"));
 }
 
+std::vector<int32_t> golden_tokens(const fs::path& dir) {
+  const Tensor toks = io::load_npy(dir / "golden" / "tokens.npy");
+  return std::vector<int32_t>(toks.data<int32_t>(), toks.data<int32_t>() + toks.numel());
+}
+
+// Logits of the golden tokens fed in pieces of `piece` tokens (1 = decode).
+std::vector<float> logits_in_pieces(const model::Model& m, const std::vector<int32_t>& ids, int64_t piece) {
+  runtime::Session s(m);
+  std::vector<float> got;
+  for (size_t i = 0; i < ids.size(); i += piece) {
+    const size_t n = std::min<size_t>(piece, ids.size() - i);
+    const auto l = piece == 1 ? s.decode(ids[i]) : s.prefill(std::span<const int32_t>(ids.data() + i, n), true);
+    got.insert(got.end(), l.begin(), l.end());
+  }
+  return got;
+}
+
 TEST(GoldenGpt2, EveryIntermediateMatchesPyTorch) {
   const auto all = cases("gpt2");
   ASSERT_GE(all.size(), 4u) << "expected the reference's GPT-2 cases under " << test::testdata() / "gpt2";
   for (const auto& dir : all) check_case(dir);
+}
+
+TEST(GoldenDeltaFamily, EveryIntermediateMatchesPyTorchOnBothKernelPaths) {
+  for (const char* family : kDeltaFamilies) {
+    const auto all = cases(family);
+    ASSERT_GE(all.size(), 2u) << "expected reference cases under " << test::testdata() / family;
+    for (const auto& dir : all) {
+      for (auto path : {layers::DeltaRulePath::Recurrent, layers::DeltaRulePath::Chunked}) {
+        SCOPED_TRACE(path == layers::DeltaRulePath::Recurrent ? "recurrent kernel" : "chunked kernel");
+        ForcePath force(path);
+        check_case(dir);
+      }
+    }
+  }
+}
+
+TEST(GoldenDeltaFamily, SplitInvarianceAcrossConvTailAndChunks) {
+  for (const char* family : kDeltaFamilies)
+    for (const auto& dir : cases(family)) {
+      SCOPED_TRACE(dir.string());
+      io::LoadedModel lm = io::load_model(dir, false);
+      const auto ids = golden_tokens(dir);
+      const std::vector<float> ref = logits_in_pieces(lm.model, ids, int64_t(ids.size()));
+      for (int64_t piece : {1, 2, 3, 7, 64}) {
+        const std::vector<float> got = logits_in_pieces(lm.model, ids, piece);
+        ASSERT_EQ(got.size(), ref.size());
+        EXPECT_LE(test::rel_rms(got.data(), ref.data(), int64_t(ref.size())), 1e-5) << "pieces of " << piece;
+      }
+      runtime::Session a(lm.model), b(lm.model);
+      a.prefill(std::span<const int32_t>(ids.data(), 10));
+      b.prefill(ids);
+      EXPECT_EQ(a.state().bytes(), b.state().bytes()) << "recurrent state must not grow with the context";
+      EXPECT_GT(a.state().bytes(), 0u);
+    }
 }
 
 TEST(GoldenGpt2, SplitInvariance) {

@@ -1,0 +1,32 @@
+#include "lineage/layers/ffn/gated_mlp.h"
+
+#include <cmath>
+
+#include "lineage/kernels/linear.h"
+
+namespace lineage::layers {
+
+void GatedMlp::for_each_tensor(const std::string& p, const TensorVisitor& f) {
+  const int64_t D = config.d_model, F = config.hidden;
+  f(p + ".gate_proj.weight", weights.gate_proj, {F, D}, Init::Normal);
+  f(p + ".up_proj.weight", weights.up_proj, {F, D}, Init::Normal);
+  f(p + ".down_proj.weight", weights.down_proj, {D, F}, Init::Normal);
+}
+
+std::string GatedMlp::describe() const {
+  return "SwiGLU MLP " + std::to_string(config.d_model) + " -> " + std::to_string(config.hidden) + " -> " +
+         std::to_string(config.d_model);
+}
+
+void forward(const GatedMlp& m, const float* x, int64_t T, float* y, Scratch& scratch, const Trace& trace) {
+  const int64_t F = m.config.hidden;
+  float* g = scratch.get(3, size_t(T) * F);
+  float* u = scratch.get(4, size_t(T) * F);
+  kernels::linear(x, T, {&m.weights.gate_proj, kernels::Layout::OutIn}, nullptr, g);
+  kernels::linear(x, T, {&m.weights.up_proj, kernels::Layout::OutIn}, nullptr, u);
+  for (int64_t i = 0; i < T * F; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  kernels::linear(g, T, {&m.weights.down_proj, kernels::Layout::OutIn}, nullptr, y);
+  trace("mlp.out", y, {T, m.config.d_model});
+}
+
+}  // namespace lineage::layers

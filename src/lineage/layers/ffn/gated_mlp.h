@@ -1,0 +1,27 @@
+// Gated MLP (GLU): down(act(gate(x)) ⊙ up(x)), nn.Linear weights [out, in], no biases.
+// fla GatedMLP and Llama-style MLPs use SiLU ("swish").
+#pragma once
+
+#include "lineage/layers/common.h"
+
+namespace lineage::layers {
+
+struct GatedMlp {
+  struct Config {
+    int64_t d_model = 0, hidden = 0;  // D, F
+  };
+  struct Weights {
+    Tensor gate_proj;  // [F, D]
+    Tensor up_proj;    // [F, D]
+    Tensor down_proj;  // [D, F]
+  };
+  Config config;
+  Weights weights;
+  void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
+  std::string describe() const;
+};
+
+// y[T, D] = down(silu(gate(x)) ⊙ up(x)). y must not alias x. Traces mlp.out.
+void forward(const GatedMlp& m, const float* x, int64_t T, float* y, Scratch& scratch, const Trace& trace);
+
+}  // namespace lineage::layers

@@ -1,0 +1,322 @@
+#include "lineage/layers/mixers/delta_rule.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "lineage/core/error.h"
+#include "lineage/kernels/linear.h"
+#include "lineage/kernels/short_conv.h"
+
+namespace lineage::layers {
+
+namespace {
+
+std::atomic<DeltaRulePath> g_path{DeltaRulePath::Auto};
+
+// Scratch slots of this mixer (the model uses 10–12; other mixers 0–9).
+enum Slot { kQ = 20, kK, kV, kRaw, kBeta, kDecay, kLowRank, kCore, kGate, kFeature, kFeature2 };
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // torch threshold 20
+
+kernels::Weight lin(const Tensor& w) { return {&w, kernels::Layout::OutIn}; }
+
+void apply_map(DeltaRule::FeatureMap m, float* x, int64_t n) {
+  switch (m) {
+    case DeltaRule::FeatureMap::Identity:
+    case DeltaRule::FeatureMap::ElementwiseProduct: break;  // the product map needs weights: see below
+    case DeltaRule::FeatureMap::Silu:
+      for (int64_t i = 0; i < n; ++i) x[i] = x[i] * sigmoid(x[i]);
+      break;
+    case DeltaRule::FeatureMap::Relu:
+      for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0 ? x[i] : 0.0f;
+      break;
+    case DeltaRule::FeatureMap::Elu1:
+      for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0 ? x[i] + 1.0f : std::exp(x[i]);
+      break;
+  }
+}
+
+// fla HadamardFeatureMap on rows of K: x ← (x·W2ᵀ + b2) ⊙ (x·W1ᵀ + b1).
+void product_map(float* x, int64_t rows, int64_t K, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                 const Tensor& b2, Scratch& scratch) {
+  float* a = scratch.get(kFeature, size_t(rows) * K);
+  float* b = scratch.get(kFeature2, size_t(rows) * K);
+  kernels::linear(x, rows, lin(w1), &b1, a);
+  kernels::linear(x, rows, lin(w2), &b2, b);
+  for (int64_t i = 0; i < rows * K; ++i) x[i] = a[i] * b[i];
+}
+
+void normalize_heads(DeltaRule::QkNorm n, float* x, int64_t rows, int64_t K) {
+  if (n == DeltaRule::QkNorm::None) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * K;
+    double acc = 0;
+    if (n == DeltaRule::QkNorm::L2) {
+      for (int64_t i = 0; i < K; ++i) acc += double(v[i]) * v[i];
+      const float inv = float(1.0 / std::sqrt(acc + 1e-6));
+      for (int64_t i = 0; i < K; ++i) v[i] *= inv;
+    } else {
+      for (int64_t i = 0; i < K; ++i) acc += v[i];
+      const float inv = float(1.0 / (acc + (n == DeltaRule::QkNorm::SumEps ? 1e-4 : 0.0)));
+      for (int64_t i = 0; i < K; ++i) v[i] *= inv;
+    }
+  }
+}
+
+// Repeats each of `groups` source heads G times consecutively: [T, KVH, d] → [T, KVH*G, d].
+void repeat_heads(const float* src, int64_t T, int64_t KVH, int64_t G, int64_t d, float* dst) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < KVH; ++h)
+      for (int64_t g = 0; g < G; ++g)
+        std::memcpy(dst + ((t * KVH + h) * G + g) * d, src + (t * KVH + h) * d, d * sizeof(float));
+}
+
+}  // namespace
+
+void set_delta_rule_path(DeltaRulePath p) { g_path = p; }
+
+kernels::Gate DeltaRule::Config::gate() const {
+  switch (decay) {
+    case DecayInput::None: return kernels::Gate::None;
+    case DecayInput::PerHeadProj: return kernels::Gate::PerHead;
+    case DecayInput::PerChannelLowRank: return kernels::Gate::PerChannel;
+  }
+  return kernels::Gate::None;
+}
+
+void DeltaRule::for_each_tensor(const std::string& p, const TensorVisitor& f) {
+  const Config& c = config;
+  const int64_t D = c.d_model, H = c.n_heads, KVH = c.n_kv_heads, HV = c.n_v_heads, K = c.head_k, V = c.head_v;
+  const int64_t v_rows = c.delta ? HV * V : KVH * V;
+  const auto proj = [&](const std::string& name, Tensor& t, Shape s) { f(p + "." + name, t, s, Init::Normal); };
+  if (c.qk_map == FeatureMap::ElementwiseProduct) {
+    for (auto [which, w1, b1, w2, b2] :
+         {std::tuple{"q", &weights.fm_q1_w, &weights.fm_q1_b, &weights.fm_q2_w, &weights.fm_q2_b},
+          std::tuple{"k", &weights.fm_k1_w, &weights.fm_k1_b, &weights.fm_k2_w, &weights.fm_k2_b}}) {
+      const std::string fm = std::string("feature_map_") + which;
+      proj(fm + ".layer1.weight", *w1, {K, K});
+      f(p + "." + fm + ".layer1.bias", *b1, {K}, Init::Zeros);
+      proj(fm + ".layer2.weight", *w2, {K, K});
+      f(p + "." + fm + ".layer2.bias", *b2, {K}, Init::Zeros);
+    }
+  }
+  proj("q_proj.weight", weights.q_proj, {H * K, D});
+  proj("k_proj.weight", weights.k_proj, {KVH * K, D});
+  proj("v_proj.weight", weights.v_proj, {v_rows, D});
+  if (c.conv_size > 0) {
+    proj("q_conv1d.weight", weights.q_conv, {H * K, 1, c.conv_size});
+    proj("k_conv1d.weight", weights.k_conv, {H * K, 1, c.conv_size});
+    proj("v_conv1d.weight", weights.v_conv, {HV * V, 1, c.conv_size});
+  }
+  if (c.has_beta) proj("b_proj.weight", weights.b_proj, {HV, D});
+  if (c.decay == DecayInput::PerHeadProj) {
+    proj("a_proj.weight", weights.a_proj, {HV, D});
+    f(p + ".A_log", weights.A_log, {HV}, Init::Custom);
+    f(p + ".dt_bias", weights.dt_bias, {HV}, Init::Custom);
+  } else if (c.decay == DecayInput::PerChannelLowRank) {
+    proj(c.names.f_a + ".weight", weights.f_a, {V, D});
+    proj(c.names.f_b + ".weight", weights.f_b, {HV * K, V});
+    f(p + ".A_log", weights.A_log, {HV}, Init::Custom);
+    f(p + ".dt_bias", weights.dt_bias, {HV * K}, Init::Custom);
+  }
+  if (c.out_gate == OutGate::Swish) proj("g_proj.weight", weights.g_proj, {HV * V, D});
+  if (c.out_gate == OutGate::SigmoidLowRank) {
+    proj(c.names.g_a + ".weight", weights.g_a, {V, D});
+    proj(c.names.g_b + ".weight", weights.g_b, {HV * V, V});
+    if (g_b_has_bias) f(p + "." + c.names.g_b + ".bias", weights.g_b_bias, {HV * V}, Init::Zeros);
+  }
+  if (c.out_norm_weight) f(p + "." + c.names.o_norm + ".weight", weights.o_norm, {V}, Init::Ones);
+  proj("o_proj.weight", weights.o_proj, {D, HV * V});
+}
+
+DeltaRule::State DeltaRule::new_state() const {
+  const Config& c = config;
+  State s;
+  s.S = Tensor::zeros(DType::F32, {c.n_v_heads, c.head_k, c.head_v});
+  if (c.normalize) s.z = Tensor::zeros(DType::F32, {c.n_v_heads, c.head_k});
+  if (c.conv_size > 0)
+    s.conv_tail = Tensor::zeros(DType::F32, {c.conv_size - 1, 2 * c.n_heads * c.head_k + c.n_v_heads * c.head_v});
+  return s;
+}
+
+size_t DeltaRule::state_bytes_fixed() const {
+  const Config& c = config;
+  size_t n = size_t(c.n_v_heads * c.head_k * c.head_v);
+  if (c.normalize) n += size_t(c.n_v_heads * c.head_k);
+  if (c.conv_size > 0) n += size_t((c.conv_size - 1) * (2 * c.n_heads * c.head_k + c.n_v_heads * c.head_v));
+  return n * sizeof(float);
+}
+
+std::string DeltaRule::describe() const {
+  const Config& c = config;
+  std::string s = c.kind + ", " + std::to_string(c.n_heads) + " heads";
+  if (c.n_v_heads != c.n_heads) s += " / " + std::to_string(c.n_v_heads) + " v-heads";
+  s += ", S " + std::to_string(c.head_k) + "x" + std::to_string(c.head_v);
+  if (c.conv_size) s += ", conv " + std::to_string(c.conv_size);
+  return s;
+}
+
+void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s, float* y, Scratch& scratch,
+             const Trace& trace) {
+  const DeltaRule::Config& c = m.config;
+  const DeltaRule::Weights& w = m.weights;
+  const int64_t H = c.n_heads, KVH = c.n_kv_heads, HV = c.n_v_heads, K = c.head_k, V = c.head_v;
+  const int64_t v_heads_proj = c.delta ? HV : KVH;  // heads that v_proj produces
+  const int64_t Cq = H * K, Ck = KVH * K, Cv = v_heads_proj * V;
+
+  // 1. Projections q | k | v side by side in one buffer, so the short conv runs over all channels.
+  const int64_t C = Cq + Ck + Cv;
+  float* raw = scratch.get(kRaw, size_t(T) * C);
+  {
+    float* tmp = scratch.get(kCore, size_t(T) * std::max({Cq, Ck, Cv}));
+    const std::pair<const Tensor*, int64_t> parts[] = {{&w.q_proj, 0}, {&w.k_proj, Cq}, {&w.v_proj, Cq + Ck}};
+    for (const auto& [wt, off] : parts) {
+      const int64_t n = wt->dim(0);
+      kernels::linear(x, T, lin(*wt), nullptr, tmp);
+      for (int64_t t = 0; t < T; ++t) std::memcpy(raw + t * C + off, tmp + t * n, n * sizeof(float));
+    }
+  }
+  float* q = scratch.get(kQ, size_t(T) * H * K);
+  float* kk = scratch.get(kK, size_t(T) * H * K);
+  float* v = scratch.get(kV, size_t(T) * HV * V);
+  float* qkv = scratch.get(kLowRank, size_t(T) * C);
+  if (c.conv_size > 0) {
+    // One tail for all channels; q/k and v differ only in whether SiLU follows.
+    float* tail = s.conv_tail.data<float>();
+    const int64_t P = c.conv_size - 1;
+    std::vector<float> tq(P * Cq), tk(P * Ck), tv(P * Cv);
+    for (int64_t r = 0; r < P; ++r) {
+      std::memcpy(tq.data() + r * Cq, tail + r * C, Cq * 4);
+      std::memcpy(tk.data() + r * Ck, tail + r * C + Cq, Ck * 4);
+      std::memcpy(tv.data() + r * Cv, tail + r * C + Cq + Ck, Cv * 4);
+    }
+    kernels::short_conv(raw, T, Cq, C, w.q_conv, tq.data(), c.qk_conv_silu, qkv, C);
+    kernels::short_conv(raw + Cq, T, Ck, C, w.k_conv, tk.data(), c.qk_conv_silu, qkv + Cq, C);
+    kernels::short_conv(raw + Cq + Ck, T, Cv, C, w.v_conv, tv.data(), true, qkv + Cq + Ck, C);
+    for (int64_t r = 0; r < P; ++r) {
+      std::memcpy(tail + r * C, tq.data() + r * Cq, Cq * 4);
+      std::memcpy(tail + r * C + Cq, tk.data() + r * Ck, Ck * 4);
+      std::memcpy(tail + r * C + Cq + Ck, tv.data() + r * Cv, Cv * 4);
+    }
+  } else {
+    std::memcpy(qkv, raw, size_t(T) * C * 4);
+    if (c.delta) {  // fla applies the activation directly when there is no short conv
+      for (int64_t t = 0; t < T; ++t) {
+        if (c.qk_conv_silu) apply_map(DeltaRule::FeatureMap::Silu, qkv + t * C, Cq + Ck);
+        apply_map(DeltaRule::FeatureMap::Silu, qkv + t * C + Cq + Ck, Cv);
+      }
+    }
+  }
+  // 2. Split into heads; linear attention repeats its k/v heads up to H (GQA).
+  const int64_t G = H / KVH;
+  {
+    float* kv_tmp = scratch.get(kFeature2, size_t(T) * std::max(Ck, Cv));
+    for (int64_t t = 0; t < T; ++t) {
+      std::memcpy(q + t * Cq, qkv + t * C, Cq * 4);
+      std::memcpy(kv_tmp + t * Ck, qkv + t * C + Cq, Ck * 4);
+    }
+    repeat_heads(kv_tmp, T, KVH, G, K, kk);
+    for (int64_t t = 0; t < T; ++t) std::memcpy(kv_tmp + t * Cv, qkv + t * C + Cq + Ck, Cv * 4);
+    repeat_heads(kv_tmp, T, v_heads_proj, c.delta ? 1 : G, V, v);
+  }
+  // 3. q/k feature map or activation, traced before the normalization.
+  if (c.qk_map == DeltaRule::FeatureMap::ElementwiseProduct) {
+    product_map(q, T * H, K, w.fm_q1_w, w.fm_q1_b, w.fm_q2_w, w.fm_q2_b, scratch);
+    product_map(kk, T * H, K, w.fm_k1_w, w.fm_k1_b, w.fm_k2_w, w.fm_k2_b, scratch);
+  } else {
+    apply_map(c.qk_map, q, T * H * K);
+    apply_map(c.qk_map, kk, T * H * K);
+  }
+  trace("attn.q", q, {T, H * K});
+  trace("attn.k", kk, {T, H * K});
+  trace("attn.v", v, {T, HV * V});
+  normalize_heads(c.q_norm, q, T * H, K);
+  normalize_heads(c.k_norm, kk, T * H, K);
+
+  // 4. β and the log decay.
+  float* beta = nullptr;
+  if (c.delta) {
+    beta = scratch.get(kBeta, size_t(T) * HV);
+    if (c.has_beta) {
+      kernels::linear(x, T, lin(w.b_proj), nullptr, beta);
+      for (int64_t i = 0; i < T * HV; ++i) beta[i] = sigmoid(beta[i]);
+    } else {
+      std::fill(beta, beta + T * HV, 1.0f);
+    }
+    if (c.neg_eigval)
+      for (int64_t i = 0; i < T * HV; ++i) beta[i] *= 2.0f;
+    trace("attn.beta", beta, {T, HV});
+  }
+  float* decay = nullptr;
+  if (c.decay != DeltaRule::DecayInput::None) {
+    const bool per_channel = c.decay == DeltaRule::DecayInput::PerChannelLowRank;
+    const int64_t width = per_channel ? HV * K : HV;
+    decay = scratch.get(kDecay, size_t(T) * width);
+    if (per_channel) {
+      float* low = scratch.get(kGate, size_t(T) * V);
+      kernels::linear(x, T, lin(w.f_a), nullptr, low);
+      kernels::linear(low, T, lin(w.f_b), nullptr, decay);
+    } else {
+      kernels::linear(x, T, lin(w.a_proj), nullptr, decay);
+    }
+    std::vector<float> A(HV), dt(width);
+    kernels::widen_row(w.A_log, 0, HV, A.data());
+    kernels::widen_row(w.dt_bias, 0, width, dt.data());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < width; ++i) {
+        const int64_t h = per_channel ? i / K : i;
+        float& a = decay[t * width + i];
+        a = -std::exp(A[h]) * softplus(a + dt[i]);
+      }
+    trace("attn.log_decay", decay, {T, width});
+  }
+
+  // 5. The recurrence.
+  float* core = scratch.get(kCore, size_t(T) * HV * V);
+  kernels::DeltaRuleArgs args;
+  args.T = T, args.H = H, args.HV = HV, args.K = K, args.V = V;
+  args.gate = c.gate();
+  args.delta = c.delta;
+  args.normalize = c.normalize;
+  args.scale = 1.0f / std::sqrt(float(K));
+  args.q = q, args.k = kk, args.v = v, args.beta = beta, args.log_decay = decay;
+  args.state = s.S.data<float>();
+  args.z = c.normalize ? s.z.data<float>() : nullptr;
+  args.out = core;
+  const DeltaRulePath path = g_path.load();
+  if (path == DeltaRulePath::Chunked || (path == DeltaRulePath::Auto && T >= kChunkThreshold))
+    kernels::delta_rule_chunked(args, kChunkSize);
+  else
+    kernels::delta_rule_recurrent(args);
+  trace("attn.core", core, {T, HV * V});
+  trace("attn.state", s.S.data<float>(), {HV, K, V});
+
+  // 6. Per-head RMSNorm and output gate, then o_proj.
+  std::vector<float> onw(V, 1.0f);
+  if (c.out_norm_weight) kernels::widen_row(w.o_norm, 0, V, onw.data());
+  float* gate = nullptr;
+  if (c.out_gate == DeltaRule::OutGate::Swish) {
+    gate = scratch.get(kGate, size_t(T) * HV * V);
+    kernels::linear(x, T, lin(w.g_proj), nullptr, gate);
+    for (int64_t i = 0; i < T * HV * V; ++i) gate[i] = gate[i] * sigmoid(gate[i]);
+  } else if (c.out_gate == DeltaRule::OutGate::SigmoidLowRank) {
+    float* low = scratch.get(kFeature, size_t(T) * V);
+    gate = scratch.get(kGate, size_t(T) * HV * V);
+    kernels::linear(x, T, lin(w.g_a), nullptr, low);
+    kernels::linear(low, T, lin(w.g_b), m.g_b_has_bias ? &w.g_b_bias : nullptr, gate);
+    for (int64_t i = 0; i < T * HV * V; ++i) gate[i] = sigmoid(gate[i]);
+  }
+  for (int64_t r = 0; r < T * HV; ++r) {
+    float* o = core + r * V;
+    double ss = 0;
+    for (int64_t i = 0; i < V; ++i) ss += double(o[i]) * o[i];
+    const float inv = float(1.0 / std::sqrt(ss / V + c.norm_eps));
+    for (int64_t i = 0; i < V; ++i) o[i] = o[i] * inv * onw[i] * (gate ? gate[r * V + i] : 1.0f);
+  }
+  kernels::linear(core, T, lin(w.o_proj), nullptr, y);
+  trace("attn.out", y, {T, c.d_model});
+}
+
+}  // namespace lineage::layers

@@ -1,0 +1,103 @@
+// The delta-rule family as one token mixer: linear attention (fla LinearAttention), DeltaNet,
+// Gated DeltaNet and Kimi Delta Attention differ only in the switches of Config. One recurrent
+// kernel (decode, short prompts) and one chunked kernel (prefill) serve all of them.
+// Spec: shared/spec/linear-attention-family.md §1–§5; reference/delta_family.py.
+#pragma once
+
+#include "lineage/kernels/delta_rule.h"
+#include "lineage/layers/common.h"
+
+namespace lineage::layers {
+
+struct DeltaRule {
+  // What is applied to q and k after the projection (and short conv): fla's qk_activation or
+  // linear attention's feature_map. ElementwiseProduct is fla's HadamardFeatureMap (two biased
+  // Linear(K, K) per q and k, multiplied).
+  enum class FeatureMap : uint8_t { Identity, Silu, Relu, Elu1, ElementwiseProduct };
+  // Normalization of each q / k head vector: L2 (eps 1e-6 inside the sqrt), x / Σx (DeltaNet's
+  // "sum"), x / (Σx + 1e-4) (linear attention's norm_q / norm_k), or none.
+  enum class QkNorm : uint8_t { None, L2, Sum, SumEps };
+  // Output gate applied after the per-head RMSNorm: swish(g_proj(x)), sigmoid(g_b(g_a(x)) + bias).
+  enum class OutGate : uint8_t { None, Swish, SigmoidLowRank };
+  // How the decay is parametrized: GDN −exp(A_log)·softplus(a_proj(x) + dt_bias) per value head;
+  // KDA −exp(A_log[h])·softplus(f_b(f_a(x)) + dt_bias) per value head and key channel.
+  enum class DecayInput : uint8_t { None, PerHeadProj, PerChannelLowRank };
+
+  // Checkpoint names of the tensors whose names differ between families (fla vs Kimi).
+  struct Names {
+    std::string f_a = "f_proj.0", f_b = "f_proj.1", g_a = "g_proj.0", g_b = "g_proj.1", o_norm = "o_norm";
+  };
+
+  struct Config {
+    std::string kind;            // "linear attention", "DeltaNet", ... (for describe())
+    int64_t d_model = 0;         // D
+    int64_t n_heads = 0;         // H (q/k heads)
+    int64_t n_kv_heads = 0;      // heads of k_proj / v_proj before the GQA repeat (linear attention); = H otherwise
+    int64_t n_v_heads = 0;       // HV (value heads; > H is GVA)
+    int64_t head_k = 0, head_v = 0;  // K, V
+    int64_t conv_size = 0;       // W; 0 = no short convolution
+    bool qk_conv_silu = true;    // SiLU after the q/k short conv (v's always has it)
+    FeatureMap qk_map = FeatureMap::Identity;
+    QkNorm q_norm = QkNorm::L2, k_norm = QkNorm::L2;
+    bool has_beta = true;        // β = sigmoid(b_proj(x)); false: β = 1 (delta) or no β (linear attention)
+    bool neg_eigval = false;     // β ∈ (0, 2)
+    bool delta = true;           // delta write vs additive write
+    bool normalize = false;      // linear attention's (S, z) normalizer
+    DecayInput decay = DecayInput::None;
+    OutGate out_gate = OutGate::None;
+    bool out_norm_weight = true;  // the output RMSNorm has a weight (fla elementwise_affine)
+    float norm_eps = 1e-6f;
+    Names names;
+
+    kernels::Gate gate() const;
+  };
+
+  struct Weights {
+    Tensor q_proj, k_proj, v_proj;           // [H*K, D], [KVH*K, D], [KVH*V or HV*V, D]
+    Tensor q_conv, k_conv, v_conv;           // [channels, 1, W]
+    Tensor fm_q1_w, fm_q1_b, fm_q2_w, fm_q2_b;  // feature_map_q.layer{1,2}: [K, K], [K]
+    Tensor fm_k1_w, fm_k1_b, fm_k2_w, fm_k2_b;  // feature_map_k.layer{1,2}
+    Tensor b_proj;                           // [HV, D] (DeltaNet: [H, D], H = HV)
+    Tensor a_proj;                           // [HV, D] (GDN)
+    Tensor f_a, f_b;                         // [V, D], [HV*K, V] (KDA low-rank gate input)
+    Tensor A_log;                            // [HV]
+    Tensor dt_bias;                          // [HV] (GDN) or [HV*K] (KDA)
+    Tensor g_proj;                           // [HV*V, D] (swish gate)
+    Tensor g_a, g_b, g_b_bias;               // [V, D], [HV*V, V], [HV*V] (sigmoid gate; bias may be absent)
+    Tensor o_norm;                           // [V]
+    Tensor o_proj;                           // [D, HV*V]
+  };
+
+  // Per-sequence memory, fixed size whatever the context length.
+  struct State {
+    Tensor S;          // [HV, K, V] f32, row-major: value head j's state maps key channel d to row d
+    Tensor z;          // [H, K] f32, the normalizer's key sum (linear attention with normalize)
+    Tensor conv_tail;  // [W − 1, Cq + Ck + Cv] f32: the last raw q | k | v projections (oldest first)
+    size_t bytes() const { return S.nbytes() + z.nbytes() + conv_tail.nbytes(); }
+    State clone() const { return {S.clone(), z.clone(), conv_tail.clone()}; }
+  };
+
+  Config config;
+  Weights weights;
+  bool g_b_has_bias = true;  // Kimi's g_b_proj has none
+
+  void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
+  State new_state() const;
+  size_t state_bytes_per_token() const { return 0; }
+  size_t state_bytes_fixed() const;
+  std::string describe() const;
+};
+
+// y[T, D] = the mixer on x[T, D] (already normalized), continuing from and updating the state.
+// Traces attn.q, attn.k, attn.v, attn.beta, attn.log_decay, attn.core, attn.state, attn.out.
+void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s, float* y, Scratch& scratch,
+             const Trace& trace);
+
+// Which kernel a forward uses: Auto picks the recurrent one for T < kChunkThreshold and the
+// chunked one otherwise. Tests force either to compare them through whole models.
+enum class DeltaRulePath : uint8_t { Auto, Recurrent, Chunked };
+void set_delta_rule_path(DeltaRulePath p);
+inline constexpr int64_t kChunkThreshold = 64;
+inline constexpr int kChunkSize = 16;  // fastest of 16 / 32 / 64 on this CPU (docs/math/delta_rule.md)
+
+}  // namespace lineage::layers
