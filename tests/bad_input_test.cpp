@@ -185,3 +185,45 @@ TEST(BadInput, ShardIndexProblems) {
 
 }  // namespace
 }  // namespace lineage
+
+namespace lineage {
+namespace {
+
+// An fla config.json next to a placeholder checkpoint: the config is rejected before any tensor is bound.
+fs::path fla_dir(const std::string& config) {
+  const fs::path dir = test::temp_dir();
+  test::write_text(dir / "config.json", config);
+  test::write_safetensors(dir / "model.safetensors", {{"placeholder", Tensor::zeros(DType::F32, {1})}});
+  return dir;
+}
+
+TEST(BadInput, FlaConfigsThatDoNotDivide) {
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "delta_net", "hidden_size": 48, "num_heads": 5, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"config.json", "\"expand_k\"", "divisible by 5 heads"});
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "gated_deltanet", "hidden_size": 48, "num_heads": 4, "num_v_heads": 6, "head_dim": 8, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"\"num_v_heads\"", "a multiple of num_heads = 4", "6"});
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "linear_attn", "hidden_size": 48, "num_heads": 4, "num_kv_heads": 3, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"\"num_kv_heads\"", "divisor of num_heads = 4"});
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "kda", "hidden_size": 48, "num_heads": 4, "head_dim": 8, "expand_v": 1.3, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"\"expand_v\"", "whole value head dim"});
+}
+
+TEST(BadInput, FlaUnknownFeatureMapActivationAndGate) {
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "linear_attn", "feature_map": "hedgehog", "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"\"feature_map\"", "\"hedgehog\"", "elementwise_product"});
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "delta_net", "qk_activation": "tanh", "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"\"qk_activation\"", "\"tanh\""});
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "delta_net", "qk_norm": "max", "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"\"qk_norm\"", "\"l2\" or \"sum\""});
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "kda", "lower_bound": -5, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"\"lower_bound\"", "not supported"});
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "gated_deltanet", "attn": {"layers": [1]}, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"\"attn\"", "hybrid softmax-attention layers are not supported"});
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "kda", "attnres_block_size": 2, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"\"attnres_block_size\""});
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "kda", "hidden_act": "gelu", "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"\"hidden_act\"", "swish"});
+}
+
+}  // namespace
+}  // namespace lineage

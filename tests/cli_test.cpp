@@ -101,6 +101,37 @@ TEST(Cli, LogitsMatchGoldenForEveryChunkSize) {
   }
 }
 
+TEST(Cli, DeltaFamilyLogitsMatchGoldenForEveryChunkSize) {
+  for (const char* c : {"linear_attn/f32_elu_normalized", "delta_net/f32", "gated_deltanet/f32_gva", "kda/f32_gva", "kda/bf16"}) {
+    const fs::path dir = test::testdata() / c;
+    const Tensor want = io::load_npy(dir / "golden" / "logits.npy");
+    for (const char* chunk : {"", " --chunk 1", " --chunk 3", " --chunk 64"}) {
+      const fs::path out = test::temp_dir() / "l.npy";
+      const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" + tokens_arg(dir) +
+                                 "' --out " + shell_quote(out.string()) + chunk);
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      const Tensor got = io::load_npy(out);
+      ASSERT_EQ(got.shape(), want.shape());
+      EXPECT_LE(test::rel_rms(got.data<float>(), want.data<float>(), want.numel()), 1e-5) << c << chunk;
+    }
+  }
+}
+
+TEST(Cli, InfoOfDeltaPresetsReportsFixedState) {
+  for (const char* p : {"linear-attention", "mamba2-decay", "deltanet", "gated-deltanet", "kda"}) {
+    const auto r = run_lineage(std::string("info --preset ") + p + " --json --context 16384");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["state_bytes_per_token"], 0) << p;
+    EXPECT_GT(j["state_bytes_fixed"].get<int64_t>(), 0) << p;
+    EXPECT_EQ(j["state_bytes_at_context"], j["state_bytes_fixed"]) << p;
+    EXPECT_EQ(j["n_layers"], 12) << p;
+  }
+  // KDA at 12 layers, 12 heads of 64: S = 12·64·64 f32 per layer plus the conv tails (3 rows of q|k|v).
+  const auto j = nlohmann::json::parse(run_lineage("info --preset kda --json").out);
+  EXPECT_EQ(j["state_bytes_fixed"], 12 * 4 * (12 * 64 * 64 + 3 * 3 * 768));
+}
+
 TEST(Cli, LogitsOfAPreset) {
   const fs::path out = test::temp_dir() / "l.npy";
   const auto r = run_lineage("logits --preset gpt2-124m --seed 3 --tokens '464 3797 3332' --out " + shell_quote(out.string()));
