@@ -37,13 +37,14 @@ void gemv(const float* x, const Weight& W, float* y) {
   const int dt = dtype_index(W.w->dtype());
   const int64_t in = W.in(), out = W.out();
   const void* w = W.w->raw();
-  // Split output rows over threads in multiples of 64 so every thread streams whole cache lines.
-  const int64_t blocks = (out + 63) / 64;
+  // Split output rows over threads in multiples of 128 so every thread streams whole cache lines
+  // and the [in, out] kernel keeps full 8-vector column blocks.
+  const int64_t blocks = (out + 127) / 128;
   parallel_for(blocks, [&](int64_t b0, int64_t b1) {
-    const int64_t o0 = b0 * 64, o1 = std::min(out, b1 * 64);
+    const int64_t o0 = b0 * 128, o1 = std::min(out, b1 * 128);
     if (W.layout == Layout::OutIn) k.out_in[dt](x, w, in, o0, o1, y);
     else k.in_out[dt](x, w, in, out, o0, o1, y);
-  }, grain_for(64 * in));
+  }, grain_for(128 * in));
 }
 
 // f32 weights: one sgemm straight on the stored matrix.

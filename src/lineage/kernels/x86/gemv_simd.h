@@ -48,22 +48,20 @@ void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, f
 template <class S, int DT>
 void in_out(const float* x, const void* w, int64_t in, int64_t out, int64_t o0, int64_t o1, float* y) {
   constexpr int W = S::kWidth;
-  constexpr int64_t kBlock = 4 * W;  // columns kept in registers while streaming down the rows
+  // Eight vectors of columns stay in registers while the rows stream by, so each row contributes
+  // a run of 8·W contiguous weights (whole cache lines) before the walk jumps to the next row.
+  constexpr int kAcc = 8;
+  constexpr int64_t kBlock = kAcc * W;
   int64_t o = o0;
   for (; o + kBlock <= o1; o += kBlock) {
-    typename S::Vec a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
+    typename S::Vec a[kAcc];
+    for (int j = 0; j < kAcc; ++j) a[j] = S::zero();
     for (int64_t i = 0; i < in; ++i) {
       const typename S::Vec xv = S::broadcast(x[i]);
       const int64_t base = i * out + o;
-      a0 = S::fma(xv, load<S, DT>(w, base), a0);
-      a1 = S::fma(xv, load<S, DT>(w, base + W), a1);
-      a2 = S::fma(xv, load<S, DT>(w, base + 2 * W), a2);
-      a3 = S::fma(xv, load<S, DT>(w, base + 3 * W), a3);
+      for (int j = 0; j < kAcc; ++j) a[j] = S::fma(xv, load<S, DT>(w, base + j * W), a[j]);
     }
-    S::store(y + o, a0);
-    S::store(y + o + W, a1);
-    S::store(y + o + 2 * W, a2);
-    S::store(y + o + 3 * W, a3);
+    for (int j = 0; j < kAcc; ++j) S::store(y + o + j * W, a[j]);
   }
   for (; o + W <= o1; o += W) {
     typename S::Vec a = S::zero();
