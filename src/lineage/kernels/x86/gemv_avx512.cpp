@@ -1,17 +1,10 @@
 // AVX-512 GEMV (16 lanes): f16 widened with vcvtph2ps, bf16 with a 16-bit shift.
 #include <immintrin.h>
 
-#include "lineage/core/dtype.h"
 #include "lineage/kernels/x86/gemv.h"
 #include "lineage/kernels/x86/gemv_simd.h"
 
 namespace lineage::kernels {
-namespace simd {
-template <> inline float load_scalar<0>(const void* w, int64_t i) { return static_cast<const float*>(w)[i]; }
-template <> inline float load_scalar<1>(const void* w, int64_t i) { return f16_to_f32(static_cast<const uint16_t*>(w)[i]); }
-template <> inline float load_scalar<2>(const void* w, int64_t i) { return bf16_to_f32(static_cast<const uint16_t*>(w)[i]); }
-}  // namespace simd
-
 namespace {
 struct Avx512 {
   using Vec = __m512;

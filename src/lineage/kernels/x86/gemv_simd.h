@@ -1,11 +1,18 @@
 // The GEMV loops written once over a SIMD traits type; included by one .cpp per instruction set,
-// each compiled with its own target flags. Every reduction has a fixed order (lane-wise partial sums
-// combined in a fixed tree), so results are deterministic for a given ISA.
+// each compiled with its own target flags. Everything here has internal linkage (anonymous
+// namespace), so the linker can never hand an AVX-512 copy of a helper to the portable code.
+// Every reduction has a fixed order (lane-wise partial sums combined in a fixed tree), so results
+// are deterministic for a given ISA.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+
+#include "lineage/core/dtype.h"
+#include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels::simd {
+namespace {
 
 template <class S, int DT>
 inline typename S::Vec load(const void* w, int64_t i) {
@@ -15,7 +22,18 @@ inline typename S::Vec load(const void* w, int64_t i) {
 }
 
 template <int DT>
-inline float load_scalar(const void* w, int64_t i);
+inline float load_scalar(const void* w, int64_t i) {
+  if constexpr (DT == 0) {
+    return static_cast<const float*>(w)[i];
+  } else if constexpr (DT == 1) {
+    return f16_to_f32(static_cast<const uint16_t*>(w)[i]);  // out of line, portable code
+  } else {
+    const uint32_t u = uint32_t(static_cast<const uint16_t*>(w)[i]) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+}
 
 template <class S, int DT>
 void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, float* y) {
@@ -91,4 +109,5 @@ GemvTable make_table(const char* isa) {
                    {widen<S, 0>, widen<S, 1>, widen<S, 2>}};
 }
 
+}  // namespace
 }  // namespace lineage::kernels::simd
