@@ -3,10 +3,13 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <vector>
 
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
+#include "lineage/kernels/x86/gemm.h"
 #include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels {
@@ -47,6 +50,7 @@ void gemv(const float* x, const Weight& W, float* y) {
   }, grain_for(128 * in));
 }
 
+// Where this ISA has no own GEMM (AVX2, scalar), OpenBLAS.
 // f32 weights: one sgemm straight on the stored matrix.
 void gemm_f32(const float* x, int64_t T, const Weight& W, float* y) {
   const int64_t in = W.in(), out = W.out();
@@ -84,7 +88,61 @@ void gemm_widened(const float* x, int64_t T, const Weight& W, float* y) {
   }, grain_for(kPanel * in * T));
 }
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A 64-byte aligned view of a growing per-thread buffer.
+void* aligned_scratch(std::vector<char>& buf, size_t bytes) {
+  buf.resize(bytes + 64);
+  return buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+}
+
+// Our own blocked GEMM (x86/gemm*.cpp). Columns are cut into whole nr-wide panels, in a number of
+// blocks that is a multiple of the thread count (each thread packs only its own weights); with fewer
+// panels than threads, rows are split too. Every y element is computed by one fixed-order reduction,
+// so results do not depend on the split or the thread count.
+void gemm_blocked(const GemmPath& path, const GemmProblem& p) {
+  if (p.in == 0) {
+    std::fill(p.y, p.y + p.T * p.out, 0.0f);
+    return;
+  }
+  thread_local std::vector<char> prepared_buf;
+  void* prepared = nullptr;
+  if (path.prepare) {
+    prepared = aligned_scratch(prepared_buf, path.prepared_bytes(p.T, p.in));
+    parallel_for(p.T, [&](int64_t t0, int64_t t1) { path.prepare(p, t0, t1, prepared); }, grain_for(p.in));
+  }
+  const int64_t threads = num_threads(), panels = ceil_div(p.out, path.nr);
+  const int64_t col_blocks = std::min(panels, ceil_div(ceil_div(panels * path.nr, path.nc_max), threads) * threads);
+  constexpr int64_t kRowUnit = 8;  // whole register tiles per row block
+  const int64_t row_units = ceil_div(p.T, kRowUnit);
+  const int64_t row_blocks = col_blocks >= threads ? 1 : std::min(row_units, ceil_div(threads, col_blocks));
+  const int64_t tasks = col_blocks * row_blocks;
+  parallel_for(tasks, [&](int64_t b0, int64_t b1) {
+    thread_local std::vector<char> buf;
+    void* scratch = aligned_scratch(buf, path.scratch_bytes);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t cb = b / row_blocks, rb = b % row_blocks;
+      const int64_t o0 = panels * cb / col_blocks * path.nr, o1 = std::min(p.out, panels * (cb + 1) / col_blocks * path.nr);
+      const int64_t t0 = row_units * rb / row_blocks * kRowUnit, t1 = std::min(p.T, row_units * (rb + 1) / row_blocks * kRowUnit);
+      path.block(p, prepared, t0, t1, o0, o1, scratch);
+    }
+  }, grain_for(p.T * p.in * p.out / tasks));
+}
+
+std::atomic<Bf16WeightGemm> g_bf16_weight_gemm{Bf16WeightGemm::Exact};
+
+// The GEMM this CPU and setting call for, or null for OpenBLAS.
+const GemmPath* own_gemm(DType weights) {
+  const GemmTable& t = gemm_table();
+  if (weights == DType::BF16 && t.bf16_dot && bf16_weight_gemm() == Bf16WeightGemm::RoundActivationsToBf16)
+    return t.bf16_dot;
+  return t.exact;
+}
+
 }  // namespace
+
+void set_bf16_weight_gemm(Bf16WeightGemm mode) { g_bf16_weight_gemm.store(mode); }
+Bf16WeightGemm bf16_weight_gemm() { return g_bf16_weight_gemm.load(); }
 
 void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
   if (t.dtype() == DType::F64) {
@@ -99,6 +157,8 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
   LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
   if (T <= 0) return;
   if (T == 1) gemv(x, W, y);
+  else if (const GemmPath* own = own_gemm(W.w->dtype()))
+    gemm_blocked(*own, {x, W.w->raw(), dtype_index(W.w->dtype()), W.layout == Layout::OutIn, T, W.in(), W.out(), y});
   else if (W.w->dtype() == DType::F32) gemm_f32(x, T, W, y);
   else gemm_widened(x, T, W, y);
   add_bias(bias, T, W.out(), y);

@@ -2,7 +2,11 @@
 // awkward sizes, all weight dtypes and layouts, 1 and 2 threads.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "lineage/core/parallel.h"
@@ -10,6 +14,7 @@
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/ref/ref.h"
 #include "lineage/kernels/threads.h"
+#include "lineage/kernels/x86/gemm.h"
 #include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels {
@@ -86,6 +91,115 @@ TEST(Linear, DeterministicForAThreadCount) {
     EXPECT_EQ(a, b);
   }
   set_threads(0);
+}
+
+// "worst element i: got a, want b" for failure messages.
+std::string worst(const std::vector<float>& got, const std::vector<float>& want) {
+  size_t w = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::fabs(double(got[i]) - want[i]) > std::fabs(double(got[w]) - want[w])) w = i;
+  std::ostringstream s;
+  s << "worst element " << w << ": got " << got[w] << ", want " << want[w];
+  return s.str();
+}
+
+// The GEMM shapes the fast paths are swept over: every combination of awkward sizes up to 2^20
+// multiply-adds (the f64 reference dominates the run time), plus large ones that cross several
+// reduction slices (KC = 384), column blocks, thread splits and row tiles at once.
+std::vector<std::array<int64_t, 3>> awkward_gemm_shapes() {
+  std::vector<std::array<int64_t, 3>> shapes;
+  const int64_t dims[] = {1, 15, 16, 17, 63, 64, 65, 130, 768, 770};
+  for (int64_t T : {2, 3, 17, 64, 65, 513})
+    for (int64_t in : dims)
+      for (int64_t out : dims)
+        if (T * in * out <= (1 << 20)) shapes.push_back({T, in, out});
+  for (auto s : {std::array<int64_t, 3>{65, 770, 770}, {513, 770, 65}, {513, 65, 770}}) shapes.push_back(s);
+  return shapes;
+}
+
+// Sets the BF16 GEMM mode for one test and restores the defaults (and the thread count) on the way
+// out, failed assertions included.
+struct Bf16GemmMode {
+  explicit Bf16GemmMode(Bf16WeightGemm mode) { set_bf16_weight_gemm(mode); }
+  ~Bf16GemmMode() {
+    set_bf16_weight_gemm(Bf16WeightGemm::Exact);
+    set_threads(0);
+  }
+};
+
+Tensor rounded_to_bf16(const Tensor& x) {
+  Tensor r = Tensor::empty(DType::F32, x.shape());
+  for (int64_t i = 0; i < x.numel(); ++i) r.data<float>()[i] = bf16_to_f32(f32_to_bf16(x.data<float>()[i]));
+  return r;
+}
+
+// Every GEMM path this CPU has (T > 1), against the f64 ref:: twin, at 1 and 2 threads:
+//   exact path, all dtypes:     relative RMS <= 1e-5;
+//   bf16 dot path, BF16 weights: against ref:: fed the same bf16-rounded x, <= 1e-5 (the products are
+//   exact in f32 and accumulate in f32, so only the rounding of x separates it from ref::).
+// Own GEMMs give bit-identical results at any thread count; OpenBLAS only per thread count.
+TEST(Linear, GemmPathsMatchRefOverAwkwardSizes) {
+  const bool own = gemm_table().exact != nullptr, dot = gemm_table().bf16_dot != nullptr;
+  Bf16GemmMode restore(Bf16WeightGemm::Exact);
+  for (DType dt : {DType::F32, DType::F16, DType::BF16})
+    for (Layout layout : {Layout::OutIn, Layout::InOut})
+      for (auto [T, in, out] : awkward_gemm_shapes()) {
+        const Tensor w = random_tensor(layout == Layout::OutIn ? Shape{out, in} : Shape{in, out}, dt, in * 31 + out);
+        const Tensor x = random_tensor({T, in}, DType::F32, T * 7 + in), xr = rounded_to_bf16(x);
+        const Weight W{&w, layout};
+        std::vector<float> want(T * out), want_rounded(T * out), one(T * out), got(T * out);
+        ref::linear(x.data<float>(), T, W, nullptr, want.data());
+        if (dt == DType::BF16 && dot) ref::linear(xr.data<float>(), T, W, nullptr, want_rounded.data());
+        for (bool rounds : {false, true}) {
+          if (rounds && !(dt == DType::BF16 && dot)) continue;
+          set_bf16_weight_gemm(rounds ? Bf16WeightGemm::RoundActivationsToBf16 : Bf16WeightGemm::Exact);
+          const std::vector<float>& ref = rounds ? want_rounded : want;
+          for (int threads : {1, 2}) {
+            set_threads(threads);
+            linear(x.data<float>(), T, W, nullptr, got.data());
+            ASSERT_LE(rel_rms(got, ref), 1e-5) << worst(got, ref) << "; dtype " << dtype_name(dt) << " layout " << int(layout)
+                                               << " T " << T << " in " << in << " out " << out << " threads " << threads
+                                               << (rounds ? " bf16 dot" : " exact");
+            if (threads == 1) {
+              one = got;
+            } else if (own) {
+              ASSERT_EQ(got, one) << "threads change the result: " << T << "x" << in << "x" << out;
+            }
+          }
+        }
+      }
+}
+
+// The bf16 dot path against the true f64 product. Rounding x to bf16 (8 significant bits) gives each
+// x·w term an independent relative error, so the sum's relative RMS error is the RMS rounding error
+// of x weighted by x²: 2^-7 / sqrt(28) ≈ 1.5e-3 for values spread evenly over an octave, 1.66e-3 for
+// normal x (simulated), 1.67e-3 measured here on GPT-2 shapes. Bound 2.5e-3: half again as much.
+TEST(Linear, Bf16DotPathErrorAgainstF64Ref) {
+  if (!gemm_table().bf16_dot) GTEST_SKIP() << "CPU lacks AVX512_BF16 (or LINEAGE_ISA forced a lower ISA)";
+  Bf16GemmMode mode(Bf16WeightGemm::RoundActivationsToBf16);
+  for (auto [T, in, out, layout] : {std::array<int64_t, 4>{64, 768, 2304, 1}, {33, 3072, 768, 1}, {40, 768, 4000, 0}}) {
+    const Layout l = layout ? Layout::InOut : Layout::OutIn;
+    const Tensor w = random_tensor(l == Layout::OutIn ? Shape{out, in} : Shape{in, out}, DType::BF16, 11);
+    const Tensor x = random_tensor({T, in}, DType::F32, 12);
+    std::vector<float> got(T * out), want(T * out), again(T * out);
+    linear(x.data<float>(), T, {&w, l}, nullptr, got.data());
+    ref::linear(x.data<float>(), T, {&w, l}, nullptr, want.data());
+    const double err = rel_rms(got, want);
+    std::printf("bf16 dot path %ldx%ldx%ld: relative RMS error %.3g\n", long(T), long(in), long(out), err);
+    EXPECT_LE(err, 2.5e-3) << worst(got, want) << "; " << T << "x" << in << "x" << out;
+    EXPECT_GE(err, 1e-4) << "the bf16 dot path did not run (error " << err << " looks like the exact path)";
+    linear(x.data<float>(), T, {&w, l}, nullptr, again.data());
+    EXPECT_EQ(got, again);
+  }
+  // The switch leaves F32 and F16 weights on the exact path.
+  for (DType dt : {DType::F32, DType::F16}) {
+    const Tensor w = random_tensor({770, 130}, dt, 13);
+    const Tensor x = random_tensor({17, 770}, DType::F32, 14);
+    std::vector<float> got(17 * 130), want(17 * 130);
+    linear(x.data<float>(), 17, {&w, Layout::InOut}, nullptr, got.data());
+    ref::linear(x.data<float>(), 17, {&w, Layout::InOut}, nullptr, want.data());
+    EXPECT_LE(rel_rms(got, want), 1e-5) << worst(got, want) << "; dtype " << dtype_name(dt);
+  }
 }
 
 TEST(DType, ConversionsRoundTripAndRound) {

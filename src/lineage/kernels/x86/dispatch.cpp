@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "lineage/kernels/x86/gemm.h"
 #include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels {
@@ -44,7 +45,25 @@ const GemvTable& detect() {
   return gemv_table_scalar();
 }
 
+// vdpbf16ps and vcvtne2ps2bf16: CPUID leaf 7 sub-leaf 1, EAX bit 5.
+bool has_avx512_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+}
+
 }  // namespace
+
+const GemmTable& gemm_table() {
+  static const GemmTable table = [] {
+    GemmTable t{gemv_table().isa, nullptr, nullptr};
+    if (!std::strcmp(t.isa, "avx512")) {
+      t.exact = &gemm_exact_avx512();
+      if (has_avx512_bf16()) t.bf16_dot = &gemm_bf16_dot_avx512bf16();
+    }
+    return t;
+  }();
+  return table;
+}
 
 const GemvTable& gemv_table() {
   static const GemvTable& table = detect();
