@@ -37,5 +37,6 @@ void add_logits(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_info(CLI::App& app);
 void add_tour(CLI::App& app);
+void add_bench(CLI::App& app);
 
 }  // namespace lineage::app

@@ -1,10 +1,13 @@
 #include "lineage/kernels/attention.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "lineage/core/parallel.h"
+#include "lineage/kernels/vmath.h"
 
 namespace lineage::kernels {
 
@@ -44,10 +47,64 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
   for (int64_t c = 0; c < hd; ++c) out[c] = acc[c] * inv;
 }
 
+// Prefill: a tile of up to kQTile queries of one head against key tiles of kKTile, the scores and
+// the weighted values as small matrix products, the softmax online across key tiles.
+constexpr int64_t kQTile = 64, kKTile = 256;
+
+void attend_tile(const float* q, int64_t ldq, int64_t nq, int64_t first_pos, const float* k, const float* v,
+                 int64_t hd, float scale, float* out, int64_t ldo) {
+  thread_local std::vector<float> S, O, m, l;
+  S.resize(kQTile * kKTile);
+  O.assign(nq * hd, 0.0f);
+  m.assign(nq, -INFINITY);
+  l.assign(nq, 0.0f);
+  const int64_t n_keys = first_pos + nq;  // keys visible to the tile's last query
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kKTile) {
+    const int64_t nk = std::min(kKTile, n_keys - j0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, q, ldq, k + j0 * hd, hd, 0.0f, S.data(), nk);
+    for (int64_t i = 0; i < nq; ++i) {
+      float* row = S.data() + i * nk;
+      const int64_t valid = std::clamp<int64_t>(first_pos + i + 1 - j0, 0, nk);  // causal: key ≤ query
+      if (valid == 0) {
+        std::fill(row, row + nk, 0.0f);
+        continue;
+      }
+      float mx = m[i];
+      for (int64_t c = 0; c < valid; ++c) mx = std::max(mx, row[c]);
+      const float correction = std::exp(m[i] - mx);  // exp(-inf) = 0 on the first tile
+      for (int64_t c = 0; c < valid; ++c) row[c] -= mx;
+      float tmp[kKTile];
+      exp_nonpositive(row, tmp, valid);
+      float sum = 0.0f;
+      for (int64_t c = 0; c < valid; ++c) sum += (row[c] = tmp[c]);
+      std::fill(row + valid, row + nk, 0.0f);
+      l[i] = l[i] * correction + sum;
+      m[i] = mx;
+      if (correction != 1.0f)
+        for (int64_t c = 0; c < hd; ++c) O[i * hd + c] *= correction;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, S.data(), nk, v + j0 * hd, hd, 1.0f,
+                O.data(), hd);
+  }
+  for (int64_t i = 0; i < nq; ++i)
+    for (int64_t c = 0; c < hd; ++c) out[i * ldo + c] = O[i * hd + c] / l[i];
+}
+
 }  // namespace
 
 void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, const float* v,
                       int64_t head_stride, int64_t H, int64_t hd, float scale, float* out) {
+  if (T >= 16) {
+    const int64_t tiles = (T + kQTile - 1) / kQTile;
+    parallel_for(H * tiles, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t h = i % H, t0 = (i / H) * kQTile, nq = std::min(kQTile, T - t0);
+        attend_tile(q + (t0 * H + h) * hd, H * hd, nq, p0 + t0, k + h * head_stride, v + h * head_stride, hd,
+                    scale, out + (t0 * H + h) * hd, H * hd);
+      }
+    });
+    return;
+  }
   parallel_for(T * H, [&](int64_t b, int64_t e) {
     std::vector<float> acc(hd);
     for (int64_t i = b; i < e; ++i) {

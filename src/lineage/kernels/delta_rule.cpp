@@ -1,4 +1,5 @@
 #include "lineage/kernels/delta_rule.h"
+#include "lineage/kernels/vmath.h"
 
 #include <cblas.h>
 
@@ -37,29 +38,6 @@ float beta_at(const DeltaRuleArgs& a, int64_t t, int64_t j) { return a.beta ? a.
 // whose factor is exactly 1, so "no gate" runs the same arithmetic with exact multiplications by 1).
 int64_t gate_width(const DeltaRuleArgs& a) { return a.gate == Gate::PerChannel ? a.K : 1; }
 
-// y = exp(x), within 1 ulp for −87 ≤ x ≤ 0 (Cephes expf polynomial); x < −87 gives exactly 0 rather
-// than a denormal. Three simd loops because the baseline build keeps a float compare that feeds
-// arithmetic as a branch; libm's expf was 10% of a per-channel prefill.
-void exp_nonpositive(const float* x, float* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] < -87.0f ? -87.0f : x[i];
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = y[i];
-    const float fn = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(v / ln 2)
-    const float r = (v - fn * 0.693359375f) + fn * 2.12194440e-4f;            // v − fn ln 2, in two parts
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    y[i] = p * std::bit_cast<float>((int32_t(fn) + 127) << 23);
-  }
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] < -87.0f ? 0.0f : y[i];
-}
 
 // e[0 .. gate_width) = exp(g) of token t, value head j.
 void step_factors(const DeltaRuleArgs& a, int64_t t, int64_t j, float* e) {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "lineage/kernels/activation.h"
 #include "lineage/kernels/linear.h"
 
 namespace lineage::layers {
@@ -24,7 +25,8 @@ void forward(const GatedMlp& m, const float* x, int64_t T, float* y, Scratch& sc
   float* u = scratch.get(4, size_t(T) * F);
   kernels::linear(x, T, {&m.weights.gate_proj, kernels::Layout::OutIn}, nullptr, g);
   kernels::linear(x, T, {&m.weights.up_proj, kernels::Layout::OutIn}, nullptr, u);
-  for (int64_t i = 0; i < T * F; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  kernels::activate(kernels::Activation::Silu, g, T * F);
+  for (int64_t i = 0; i < T * F; ++i) g[i] *= u[i];
   kernels::linear(g, T, {&m.weights.down_proj, kernels::Layout::OutIn}, nullptr, y);
   trace("mlp.out", y, {T, m.config.d_model});
 }

@@ -1,0 +1,308 @@
+// lineage bench: prefill and decode speed in the spirit of llama-bench, each figure next to its
+// roofline measured in the same run: decode against the streaming read bandwidth, prefill against
+// the peak FLOP/s of the weight dtype. Definitions and reproduce commands: docs/performance.md.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+#include "lineage/core/error.h"
+#include "lineage/core/parallel.h"
+#include "lineage/core/rng.h"
+#include "lineage/kernels/roofline.h"
+#include "lineage/model/archs/presets.h"
+#include "lineage/runtime/cost.h"
+#include "lineage/runtime/session.h"
+
+namespace lineage::app {
+
+namespace {
+
+struct Opts {
+  ModelSource src;
+  int64_t prompt = 512, gen = 32;
+  std::vector<int64_t> depths = {0};
+  int repetitions = 3;
+  bool json = false;
+};
+
+// What the run is measured against (measure_ceilings).
+struct Ceilings {
+  double bandwidth = 0, peak = 0;  // bytes/s, FLOP/s of the weight dtype
+  std::string read_kernel, peak_kernel;
+};
+
+// One row: "pp512" or "tg32" at one depth.
+struct Row {
+  std::string test;
+  int64_t depth = 0;
+  std::vector<double> samples;  // tokens/s of each repetition
+  double mean = 0, stddev = 0;
+  bool decode = false;
+  runtime::DecodeBytes bytes;    // decode rows
+  runtime::PrefillFlops flops;   // prefill rows
+  double roofline = 0;           // tokens/s
+};
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(rng.next_u64() % uint64_t(vocab));
+  return t;
+}
+
+void summarize(Row& r) {
+  double s = 0;
+  for (double x : r.samples) s += x;
+  r.mean = s / double(r.samples.size());
+  double ss = 0;
+  for (double x : r.samples) ss += (x - r.mean) * (x - r.mean);
+  r.stddev = r.samples.size() > 1 ? std::sqrt(ss / double(r.samples.size() - 1)) : 0.0;
+}
+
+// Refuses what cannot run before any weight is drawn: a prompt or depth + gen past the context limit.
+void check_limits(const model::Model& m, const Opts& o) {
+  const int64_t limit = m.config.max_positions;
+  if (!limit) return;
+  const std::string hint = cat(" the model's context limit of ", limit, " tokens (config.json field ",
+                               m.config.max_positions_field, ")");
+  if (o.prompt > limit) throw Error(cat("--prompt ", o.prompt, " exceeds", hint));
+  for (int64_t d : o.depths)
+    if (d + o.gen > limit)
+      throw Error(cat("--depth ", d, " + --gen ", o.gen, " = ", d + o.gen, " tokens exceeds", hint,
+                      "\nHINT: use depths up to ", limit - o.gen, " or a smaller --gen"));
+}
+
+// pp N: prefill of N random tokens from an empty state, one warm-up then R timed repetitions.
+Row bench_prefill(runtime::Session& s, const Opts& o) {
+  const model::Model& m = s.model();
+  const auto tokens = random_tokens(o.prompt, m.config.vocab_size, o.src.seed + 101);
+  Row r;
+  r.test = "pp" + std::to_string(o.prompt);
+  for (int rep = 0; rep <= o.repetitions; ++rep) {
+    s.reset();
+    const double t0 = now();
+    s.prefill(tokens);
+    if (rep > 0) r.samples.push_back(double(o.prompt) / (now() - t0));
+  }
+  return r;
+}
+
+// The state after `depth` random tokens, prefilled in pieces of 512 to bound the scratch.
+model::SequenceState build_context(runtime::Session& s, int64_t depth, uint64_t seed) {
+  s.reset();
+  const auto tokens = random_tokens(depth, s.model().config.vocab_size, seed);
+  for (size_t i = 0; i < tokens.size(); i += 512)
+    s.prefill(std::span<const int32_t>(tokens.data() + i, std::min<size_t>(512, tokens.size() - i)));
+  return s.state().clone();
+}
+
+// tg N at depth d: every repetition decodes N tokens from a clone of the same context snapshot.
+Row bench_decode(runtime::Session& s, const Opts& o, int64_t depth) {
+  const model::SequenceState context = build_context(s, depth, o.src.seed + 202 + uint64_t(depth));
+  const auto tokens = random_tokens(o.gen, s.model().config.vocab_size, o.src.seed + 303);
+  Row r;
+  r.test = "tg" + std::to_string(o.gen);
+  r.depth = depth;
+  r.decode = true;
+  for (int rep = 0; rep <= o.repetitions; ++rep) {
+    s.restore(context.clone());
+    const double t0 = now();
+    for (int32_t t : tokens) s.decode(t);
+    if (rep > 0) r.samples.push_back(double(o.gen) / (now() - t0));
+  }
+  return r;
+}
+
+// The dtype holding most of the weight bytes ("bf16"), which picks the peak FLOP/s.
+DType main_dtype(model::Model& m) {
+  const model::ParamCount pc = model::count_params(m);
+  DType best = DType::F32;
+  size_t most = 0;
+  for (const auto& [dt, bytes] : pc.bytes_by_dtype)
+    if (bytes > most) most = bytes, best = dt;
+  return best;
+}
+
+std::string lower(std::string_view s) {
+  std::string r(s);
+  for (auto& c : r) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return r;
+}
+
+std::string model_label(const ModelSource& src) {
+  if (!src.preset.empty()) return src.preset;
+  const std::filesystem::path p = std::filesystem::path(src.dir).lexically_normal();
+  return p.has_filename() ? p.filename().string() : p.parent_path().filename().string();
+}
+
+// "495.8 MB", "179.7 MFLOP": decimal prefixes, like GB/s and GFLOP/s in the header.
+std::string per_token_label(const Row& r) {
+  double v = r.decode ? r.bytes.total() : r.flops.total();
+  const char* prefixes[] = {"", "k", "M", "G", "T"};
+  int p = 0;
+  while (v >= 1000 && p < 4) v /= 1000, ++p;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.1f %s%s", v, prefixes[p], r.decode ? "B" : "FLOP");
+  return buf;
+}
+
+struct Context {
+  std::string model, dtype;
+  int threads = 0;
+  Ceilings ceil;
+};
+
+void print_header(const Context& c, const model::Model& m) {
+  std::printf("lineage bench: %s (%s), weights %s, threads %d\n", c.model.c_str(), m.config.model_type.c_str(),
+              c.dtype.c_str(), c.threads);
+  std::printf("roofline: read bandwidth %.2f GB/s (%s), peak %.1f GFLOP/s (%s)\n\n", c.ceil.bandwidth / 1e9,
+              c.ceil.read_kernel.c_str(), c.ceil.peak / 1e9, c.ceil.peak_kernel.c_str());
+  std::printf("| %-18s | %-5s | %7s | %6s | %6s | %20s | %12s | %10s | %12s |\n", "model", "dtype", "threads", "test",
+              "depth", "t/s", "roofline t/s", "% roofline", "per token");
+  std::printf("| %s | %s | %s: | %s: | %s: | %s: | %s: | %s: | %s: |\n", std::string(18, '-').c_str(),
+              std::string(5, '-').c_str(), std::string(6, '-').c_str(), std::string(5, '-').c_str(),
+              std::string(5, '-').c_str(), std::string(19, '-').c_str(), std::string(11, '-').c_str(),
+              std::string(9, '-').c_str(), std::string(11, '-').c_str());
+}
+
+void print_row(const Context& c, const Row& r) {
+  char tps[48];
+  std::snprintf(tps, sizeof tps, "%.2f ± %.2f", r.mean, r.stddev);
+  // "±" is two bytes in UTF-8 but one column: pad by hand.
+  std::printf("| %-18s | %-5s | %7d | %6s | %6lld | %*s | %12.2f | %8.1f %% | %12s |\n", c.model.c_str(),
+              c.dtype.c_str(), c.threads, r.test.c_str(), (long long)r.depth, 21, tps, r.roofline,
+              100.0 * r.mean / r.roofline, per_token_label(r).c_str());
+}
+
+nlohmann::json row_json(const Context& c, const Row& r, int repetitions) {
+  nlohmann::json j = {{"model", c.model},
+                      {"weights_dtype", c.dtype},
+                      {"threads", c.threads},
+                      {"test", r.test},
+                      {"depth", r.depth},
+                      {"repetitions", repetitions},
+                      {"tokens_per_s", r.mean},
+                      {"tokens_per_s_stddev", r.stddev},
+                      {"samples_tokens_per_s", r.samples},
+                      {"roofline_tokens_per_s", r.roofline},
+                      {"roofline_share", r.mean / r.roofline},
+                      {"bandwidth_bytes_per_s", c.ceil.bandwidth},
+                      {"peak_flops", c.ceil.peak},
+                      {"read_kernel", c.ceil.read_kernel},
+                      {"peak_kernel", c.ceil.peak_kernel}};
+  if (r.decode) {
+    j["bytes_per_token"] = r.bytes.total();
+    j["weight_bytes_per_token"] = r.bytes.weights;
+    j["state_bytes_per_token"] = r.bytes.state;
+  } else {
+    j["flops_per_token"] = r.flops.total();
+    j["weight_flops_per_token"] = r.flops.weights;
+    j["mixer_flops_per_token"] = r.flops.mixers;
+  }
+  return j;
+}
+
+// A whole number of tokens ≥ min, with a message that says so (CLI11's ranges print 1.8e308).
+CLI::Validator tokens_at_least(int64_t min) {
+  return CLI::Validator(
+      [min](std::string& s) -> std::string {
+        size_t used = 0;
+        long long v = 0;
+        try {
+          v = std::stoll(s, &used);
+        } catch (...) {
+          used = 0;
+        }
+        if (used == s.size() && v >= min) return "";
+        return cat("\"", s, "\" is not a whole number of tokens >= ", min);
+      },
+      min ? "N>=1" : "N>=0");
+}
+
+// The ceilings, measured before and after the tests; the higher of each is kept, since another
+// process on the cores can only lower a measurement, never raise it.
+Ceilings measure_ceilings(DType dtype, int threads, const Ceilings& earlier) {
+  return {std::max(earlier.bandwidth, kernels::measure_read_bandwidth(threads)),
+          std::max(earlier.peak, kernels::measure_peak_flops(dtype, threads)), kernels::read_bandwidth_kernel(),
+          kernels::peak_flops_kernel(dtype)};
+}
+
+void progress(const Row& r) {
+  if (isatty(STDERR_FILENO)) std::fprintf(stderr, "lineage bench: %s at depth %lld: %.2f t/s\n", r.test.c_str(),
+                                          (long long)r.depth, r.mean);
+}
+
+void run(const Opts& o) {
+  if (!o.src.preset.empty()) check_limits(model::preset_skeleton(o.src.preset), o);
+  io::LoadedModel lm = load(o.src, false);
+  model::Model& m = lm.model;
+  check_limits(m, o);
+
+  Context c;
+  c.model = model_label(o.src);
+  const DType dtype = main_dtype(m);
+  c.dtype = lower(dtype_name(dtype));
+  c.threads = num_threads();
+  c.ceil = measure_ceilings(dtype, c.threads, {});
+
+  runtime::Session s(m);
+  std::vector<Row> rows;
+  const auto done = [&](Row r) {
+    summarize(r);
+    progress(r);
+    rows.push_back(std::move(r));
+  };
+  done(bench_prefill(s, o));
+  for (int64_t d : o.depths) done(bench_decode(s, o, d));
+  c.ceil = measure_ceilings(dtype, c.threads, c.ceil);
+  for (Row& r : rows) {
+    if (r.decode) {
+      r.bytes = runtime::decode_bytes_per_token(m, runtime::mean_decode_context(r.depth, o.gen));
+      r.roofline = c.ceil.bandwidth / r.bytes.total();
+    } else {
+      r.flops = runtime::prefill_flops_per_token(m, o.prompt, 0);
+      r.roofline = c.ceil.peak / r.flops.total();
+    }
+  }
+
+  if (o.json) {
+    nlohmann::json all = nlohmann::json::array();
+    for (const Row& r : rows) all.push_back(row_json(c, r, o.repetitions));
+    std::printf("%s\n", all.dump(2).c_str());
+    return;
+  }
+  print_header(c, m);
+  for (const Row& r : rows) print_row(c, r);
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  static Opts o;
+  auto* cmd = app.add_subcommand("bench", "prefill (ppN) and decode (tgN at depth D) tokens/s next to the roofline "
+                                          "measured in the same run");
+  add_model_options(*cmd, o.src, true);
+  add_threads_option(*cmd);
+  cmd->add_option("--prompt", o.prompt, "pp test: tokens prefilled from an empty state (default 512)")
+      ->check(tokens_at_least(1));
+  cmd->add_option("--gen", o.gen, "tg test: tokens decoded after each depth (default 32)")
+      ->check(tokens_at_least(1));
+  cmd->add_option("--depth", o.depths, "comma-separated context depths for the tg test (default 0)")
+      ->delimiter(',')
+      ->check(tokens_at_least(0));
+  cmd->add_option("--repetitions", o.repetitions, "timed repetitions of each test after one warm-up (default 3)")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_flag("--json", o.json, "print one JSON array of result objects");
+  cmd->callback([] { run(o); });
+}
+
+}  // namespace lineage::app

@@ -1,0 +1,56 @@
+// kernels::linear on GPT-2 small's shapes: GEMV (T = 1, decode), bound by reading the weight once
+// from memory, and GEMM (T = 512, prefill), bound by the multiply-adds; F32 / F16 / BF16 weights,
+// both layouts. Each call takes the next of several copies of the weight (cold_weights).
+#include <string>
+
+#include "bench_support.h"
+#include "lineage/kernels/linear.h"
+
+namespace lineage::bench {
+namespace {
+
+struct LinearShape {
+  const char* name;
+  int64_t in, out;
+};
+constexpr LinearShape kShapes[] = {{"c_attn", 768, 2304},    {"attn_c_proj", 768, 768}, {"c_fc", 768, 3072},
+                                   {"mlp_c_proj", 3072, 768}, {"lm_head", 768, 50257}};
+
+void bm_linear(benchmark::State& state, LinearShape s, DType dtype, kernels::Layout layout, int64_t T) {
+  const bool out_in = layout == kernels::Layout::OutIn;
+  const std::vector<Tensor>& w = out_in ? cold_weights(s.out, s.in, dtype) : cold_weights(s.in, s.out, dtype);
+  const auto x = random_floats(T * s.in, 2);
+  std::vector<float> y(static_cast<size_t>(T * s.out));
+  size_t next = 0;
+  Work work;
+  work.bytes = double(w[0].nbytes());
+  work.flops = 2.0 * double(T) * double(s.in) * double(s.out);
+  work.memory_bound = T == 1;
+  work.weights = dtype;
+  run(state, work, [&] {
+    kernels::linear(x.data(), T, {&w[next], layout}, nullptr, y.data());
+    next = (next + 1) % w.size();
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  });
+}
+
+const bool registered = [] {
+  for (int64_t T : {1, 512})
+    for (const LinearShape& s : kShapes) {
+      if (T > 1 && std::string(s.name) == "lm_head") continue;  // prefill runs the head for one token only
+      for (DType dt : {DType::F32, DType::F16, DType::BF16})
+        for (kernels::Layout layout : {kernels::Layout::OutIn, kernels::Layout::InOut}) {
+          const std::string name = std::string("linear/") + (T == 1 ? "gemv" : "gemm_T512") + "/" + dtype_label(dt) +
+                                   (layout == kernels::Layout::OutIn ? "/out_in/" : "/in_out/") + s.name + "_" +
+                                   std::to_string(s.in) + "x" + std::to_string(s.out);
+          benchmark::RegisterBenchmark(name.c_str(), bm_linear, s, dt, layout, T)
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
+    }
+  return true;
+}();
+
+}  // namespace
+}  // namespace lineage::bench

@@ -1,0 +1,15 @@
+// Vectorizable elementwise math (plain loops the compiler turns into SIMD at any ISA level).
+#pragma once
+
+#include <cstdint>
+
+namespace lineage::kernels {
+
+// y = exp(x) for x ≤ 0, within 1 ulp for −87 ≤ x ≤ 0 (Cephes expf polynomial); x < −87 gives
+// exactly 0 rather than a denormal. y must not alias x.
+void exp_nonpositive(const float* x, float* y, int64_t n);
+
+// y = sigmoid(x), formed from exp(−|x|) so no exponent is ever positive. y may alias x.
+void sigmoid(const float* x, float* y, int64_t n);
+
+}  // namespace lineage::kernels

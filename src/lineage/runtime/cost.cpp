@@ -1,0 +1,72 @@
+#include "lineage/runtime/cost.h"
+
+#include <type_traits>
+
+namespace lineage::runtime {
+
+namespace {
+
+size_t stored_bytes(const Tensor& t, const Shape& shape, DType unallocated_dtype) {
+  const DType dt = t.defined() && t.shape() == shape ? t.dtype() : unallocated_dtype;
+  return size_t(shape_numel(shape)) * dtype_size(dt);
+}
+
+}  // namespace
+
+DecodeBytes decode_bytes_per_token(model::Model& m, double context, DType unallocated_dtype) {
+  DecodeBytes b;
+  m.for_each_tensor([&](const std::string&, Tensor& t, const Shape& shape, layers::Init) {
+    const double whole = double(stored_bytes(t, shape, unallocated_dtype));
+    const double row = whole / double(shape[0]);
+    if (&t == &m.embed) b.weights += m.config.tied_lm_head ? whole + row : row;
+    else if (&t == &m.pos_embed) b.weights += row;
+    else b.weights += whole;
+  });
+  for (const auto& block : m.blocks)
+    std::visit(
+        [&](const auto& mixer) {
+          b.state += double(mixer.state_bytes_per_token()) * context + 2.0 * double(mixer.state_bytes_fixed());
+        },
+        block.mixer);
+  return b;
+}
+
+double mixer_flops_per_token(const model::Model& m, double context) {
+  double f = 0;
+  for (const auto& block : m.blocks)
+    std::visit(
+        [&](const auto& mixer) {
+          using T = std::decay_t<decltype(mixer)>;
+          const auto& c = mixer.config;
+          if constexpr (std::is_same_v<T, layers::Attention>) {
+            f += 4.0 * double(c.d_model) * context;
+          } else {
+            static_assert(std::is_same_v<T, layers::DeltaRule>, "mixer_flops_per_token: count this mixer's work");
+            const double kv = double(c.n_v_heads) * double(c.head_k) * double(c.head_v);
+            f += kv * (4.0 + (c.delta ? 2.0 : 0.0) + (c.decay != layers::DeltaRule::DecayInput::None ? 1.0 : 0.0));
+            if (c.qk_map == layers::DeltaRule::FeatureMap::ElementwiseProduct) {
+              // Two [K, K] layers with biases for q and for k, applied to each of the H heads; the
+              // weight count covers one application.
+              const double K = double(c.head_k);
+              f += 2.0 * double(c.n_heads - 1) * 2.0 * (2.0 * K * K + 2.0 * K);
+            }
+          }
+        },
+        block.mixer);
+  return f;
+}
+
+PrefillFlops prefill_flops_per_token(model::Model& m, int64_t tokens, int64_t depth) {
+  PrefillFlops p;
+  const double n = double(tokens);
+  m.for_each_tensor([&](const std::string&, Tensor& t, const Shape& shape, layers::Init) {
+    const double params = double(shape_numel(shape));
+    const bool is_head = &t == &m.lm_head || (&t == &m.embed && m.config.tied_lm_head);
+    if (is_head) p.weights += 2.0 * params / n;
+    else if (&t != &m.embed && &t != &m.pos_embed) p.weights += 2.0 * params;
+  });
+  p.mixers = mixer_flops_per_token(m, double(depth) + (n + 1.0) / 2.0);
+  return p;
+}
+
+}  // namespace lineage::runtime

@@ -1,0 +1,47 @@
+// The least work one token costs, from the model's shapes alone: the bytes a decode step must move
+// and the FLOPs a prefilled token must do. The roofline arithmetic of `lineage bench`; the
+// definitions and their approximations are in docs/performance.md.
+#pragma once
+
+#include <cstdint>
+
+#include "lineage/model/model.h"
+
+namespace lineage::runtime {
+
+// Bytes one decode step moves at least. weights: every parameter once in its stored dtype, except
+// the token embedding (one gathered row) and the position embedding (one row); the LM head counts
+// whole, so a tied head is the embedding read whole plus the gathered row. state: the KV rows the
+// step attends (`context` positions, its own included, all layers, K and V, f32) plus each
+// recurrent state (S, z, conv tail) read and written back.
+struct DecodeBytes {
+  double weights = 0, state = 0;
+  double total() const { return weights + state; }
+};
+// Tensors not allocated yet (a preset's skeleton) count as `unallocated_dtype`. Non-const only
+// because the tensor list is walked through Model::for_each_tensor; nothing is modified.
+DecodeBytes decode_bytes_per_token(model::Model& m, double context, DType unallocated_dtype = DType::F32);
+
+// FLOPs per token of one prefill of `tokens` tokens after `depth` tokens of context. weights:
+// 2 per parameter per token for every block and the final norm; the LM head runs for the last
+// token only, so its 2·V·D is spread over the tokens; embedding gathers cost nothing. mixers: the
+// token mixers' own work at the mean attended context depth + (tokens + 1) / 2 (mixer_flops_per_token).
+struct PrefillFlops {
+  double weights = 0, mixers = 0;
+  double total() const { return weights + mixers; }
+};
+PrefillFlops prefill_flops_per_token(model::Model& m, int64_t tokens, int64_t depth);
+
+// FLOPs of the token mixers for one token that attends `context` positions, all layers. Softmax
+// attention: q·k and p·v over the context, 4·D·context. Delta-rule family, counted in its
+// recurrent form per value head: read qᵀS and write k uᵀ (2·K·V each), the delta rule's
+// prediction kᵀS (2·K·V), the decay (K·V multiplies); the chunked kernel does more than this.
+// A product feature map's [K, K] weights run once per q/k head, H − 1 times more than their
+// 2 FLOP per parameter in prefill_flops_per_token's weights term: the difference counts here.
+double mixer_flops_per_token(const model::Model& m, double context);
+
+// Mean context a decode step attends when `gen` tokens are decoded after `depth`: step i (from 0)
+// attends depth + i + 1 positions, so the mean is depth + (gen + 1) / 2.
+inline double mean_decode_context(int64_t depth, int64_t gen) { return double(depth) + double(gen + 1) / 2.0; }
+
+}  // namespace lineage::runtime

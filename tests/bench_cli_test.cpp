@@ -1,0 +1,95 @@
+// `lineage bench` as scripts drive it: the JSON rows, their roofline arithmetic, and bad values.
+// Each run draws a preset's random weights (~2 s) and measures the roofline (~1 s), so few runs.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "test_support.h"
+
+namespace lineage {
+namespace {
+
+using test::run_lineage;
+
+nlohmann::json run_bench_json(const std::string& args) {
+  const auto r = run_lineage("bench " + args + " --json");
+  EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.err;
+  if (r.exit_code != 0) return nlohmann::json::array();
+  return nlohmann::json::parse(r.out);
+}
+
+// Fields every row has, positive, and the share that follows from them.
+void expect_row(const nlohmann::json& row, const std::string& model) {
+  SCOPED_TRACE(row.dump());
+  EXPECT_EQ(row["model"], model);
+  EXPECT_EQ(row["weights_dtype"], "f32");
+  EXPECT_EQ(row["threads"], 1);
+  for (const char* key : {"tokens_per_s", "roofline_tokens_per_s", "roofline_share", "bandwidth_bytes_per_s",
+                          "peak_flops"}) {
+    ASSERT_TRUE(row.contains(key)) << key;
+    EXPECT_GT(row[key].get<double>(), 0.0) << key;
+  }
+  ASSERT_TRUE(row.contains("tokens_per_s_stddev"));
+  EXPECT_GE(row["tokens_per_s_stddev"].get<double>(), 0.0);
+  const double share = row["tokens_per_s"].get<double>() / row["roofline_tokens_per_s"].get<double>();
+  EXPECT_NEAR(row["roofline_share"].get<double>(), share, 1e-12 * share);
+  const bool decode = row["test"].get<std::string>().rfind("tg", 0) == 0;
+  const char* cost = decode ? "bytes_per_token" : "flops_per_token";
+  ASSERT_TRUE(row.contains(cost)) << cost;
+  EXPECT_GT(row[cost].get<double>(), 0.0);
+  // The roofline is the ceiling divided by the cost of one token.
+  const double ceiling = row[decode ? "bandwidth_bytes_per_s" : "peak_flops"].get<double>();
+  EXPECT_NEAR(row["roofline_tokens_per_s"].get<double>(), ceiling / row[cost].get<double>(),
+              1e-9 * row["roofline_tokens_per_s"].get<double>());
+}
+
+TEST(BenchCli, Gpt2RowsAndTheirRoofline) {
+  const auto j = run_bench_json("--preset gpt2-124m --prompt 8 --gen 2 --depth 0,16 --repetitions 1 --threads 1");
+  ASSERT_EQ(j.size(), 3u);
+  for (const auto& row : j) expect_row(row, "gpt2-124m");
+  EXPECT_EQ(j[0]["test"], "pp8");
+  EXPECT_EQ(j[0]["depth"], 0);
+  EXPECT_EQ(j[1]["test"], "tg2");
+  EXPECT_EQ(j[1]["depth"], 0);
+  EXPECT_EQ(j[2]["depth"], 16);
+  // tg2 from empty: every weight once (tied head whole, one embedding and one position row) plus the
+  // KV rows of a mean 1.5 positions attended.
+  const double weights = 4.0 * (124439808.0 - 1024 * 768 + 768 + 768);
+  EXPECT_DOUBLE_EQ(j[1]["bytes_per_token"].get<double>(), weights + 2 * 12 * 768 * 4 * 1.5);
+  EXPECT_DOUBLE_EQ(j[2]["bytes_per_token"].get<double>(), weights + 2 * 12 * 768 * 4 * 17.5);
+}
+
+TEST(BenchCli, DeltaNetStateCostIsTheSameAtEveryDepth) {
+  const auto j = run_bench_json("--preset deltanet --prompt 8 --gen 2 --depth 0,16 --repetitions 1 --threads 1");
+  ASSERT_EQ(j.size(), 3u);
+  for (const auto& row : j) expect_row(row, "deltanet");
+  EXPECT_DOUBLE_EQ(j[1]["bytes_per_token"].get<double>(), j[2]["bytes_per_token"].get<double>());
+  EXPECT_GT(j[1]["state_bytes_per_token"].get<double>(), 0.0);
+}
+
+TEST(BenchCli, BadValuesExitTwo) {
+  const struct {
+    std::string args, expect;
+  } cases[] = {
+      {"bench --preset gpt2-124m --depth 1,x", "--depth"},
+      {"bench --preset gpt2-124m --depth -4", "--depth"},
+      {"bench --preset gpt2-124m --prompt 0", "--prompt"},
+      {"bench --preset gpt2-124m --gen 0", "--gen"},
+      {"bench --preset gpt2-124m --repetitions 0", "--repetitions"},
+      {"bench --preset gpt2-124m --prompt 2048", "context limit of 1024"},
+      {"bench --preset gpt2-124m --depth 0,1000 --gen 32", "--depth 1000 + --gen 32 = 1032"},
+      {"bench", "--model DIR or --preset NAME"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_lineage(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << "\nstderr: " << r.err;
+  }
+  const auto help = run_lineage("bench --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("--threads"), std::string::npos);
+  EXPECT_NE(help.out.find("--weights-dtype"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lineage
