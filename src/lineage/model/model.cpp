@@ -34,6 +34,11 @@ SequenceState SequenceState::clone() const {
   return c;
 }
 
+void SequenceState::clear() {
+  position = 0;
+  for (auto& s : layers) std::visit([](auto& x) { x.clear(); }, s);
+}
+
 size_t SequenceState::bytes() const {
   size_t n = 0;
   for (const auto& s : layers) n += std::visit([](const auto& x) { return x.bytes(); }, s);

@@ -55,6 +55,7 @@ struct SequenceState {
   SequenceState(SequenceState&&) = default;
   SequenceState& operator=(SequenceState&&) = default;
   SequenceState clone() const;
+  void clear();          // back to position 0, keeping every buffer for reuse
   size_t bytes() const;  // state in use (KV rows written, recurrent S, conv tails)
 
  private:

@@ -22,6 +22,6 @@ void Session::restore(model::SequenceState snapshot) {
   state_ = std::move(snapshot);
 }
 
-void Session::reset() { state_ = model_.new_state(); }
+void Session::reset() { state_.clear(); }
 
 }  // namespace lineage::runtime

@@ -22,7 +22,7 @@ class Session {
   const model::SequenceState& state() const { return state_; }
   // Continues from a snapshot taken with state().clone() (on this model).
   void restore(model::SequenceState snapshot);
-  void reset();
+  void reset();  // an empty sequence again; buffers are kept, so no page is faulted in twice
   void set_trace(layers::Trace trace) { trace_ = std::move(trace); }
   const model::Model& model() const { return model_; }
 

@@ -26,6 +26,7 @@ struct Attention {
     size_t bytes() const;
     size_t reserved_bytes() const { return k.nbytes() + v.nbytes(); }
     State clone() const;
+    void clear() { length = 0; }  // keeps the buffers: a new sequence reuses their pages
   };
 
   Config config;

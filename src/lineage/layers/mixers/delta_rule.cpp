@@ -77,6 +77,11 @@ void repeat_heads(const float* src, int64_t T, int64_t KVH, int64_t G, int64_t d
 
 void set_delta_rule_path(DeltaRulePath p) { g_path = p; }
 
+void DeltaRule::State::clear() {
+  for (Tensor* t : {&S, &z, &conv_tail})
+    if (t->nbytes()) std::memset(t->raw_mut(), 0, t->nbytes());
+}
+
 kernels::Gate DeltaRule::Config::gate() const {
   switch (decay) {
     case DecayInput::None: return kernels::Gate::None;
