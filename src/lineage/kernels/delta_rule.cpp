@@ -7,10 +7,13 @@
 #include <bit>
 #include <cmath>
 #include <iterator>
+#include <string>
 #include <vector>
 
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
+#include "lineage/kernels/x86/delta_rule_avx512.h"
+#include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels {
 
@@ -129,6 +132,13 @@ void recurrent_head(const DeltaRuleArgs& a, int64_t j, std::vector<float>& buf) 
 void delta_rule_recurrent(const DeltaRuleArgs& a) {
   delta_rule_check_args(a);
   if (a.T == 0) return;
+  static const bool avx512 = std::string(gemv_table().isa) == "avx512";
+  if (avx512 && delta_rule_recurrent_avx512_supports(a)) {
+    parallel_for(
+        a.HV, [&](int64_t j0, int64_t j1) { delta_rule_recurrent_heads_avx512(a, j0, j1); },
+        grain_for(a.T * 3 * a.K * a.V));
+    return;
+  }
   parallel_for(
       a.HV,
       [&](int64_t j0, int64_t j1) {
@@ -356,6 +366,13 @@ void delta_rule_chunked(const DeltaRuleArgs& a, int chunk) {
   delta_rule_check_args(a);
   LINEAGE_CHECK(chunk >= 1 && chunk <= kMaxChunk, "chunk must be in [1, ", kMaxChunk, "], got ", chunk);
   if (a.T == 0) return;
+  static const bool avx512 = std::string(gemv_table().isa) == "avx512";
+  if (avx512 && delta_rule_chunked_avx512_supports(a)) {
+    parallel_for(
+        a.HV, [&](int64_t j0, int64_t j1) { delta_rule_chunked_heads_avx512(a, j0, j1, chunk); },
+        grain_for(a.T * (3 * a.K * a.V + chunk * (a.K + a.V))));
+    return;
+  }
   parallel_for(
       a.HV,
       [&](int64_t j0, int64_t j1) {

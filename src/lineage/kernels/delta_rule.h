@@ -47,8 +47,8 @@ void delta_rule_check_args(const DeltaRuleArgs& a);
 void delta_rule_recurrent(const DeltaRuleArgs& a);
 
 // Same results as delta_rule_recurrent (to f32 rounding), computed C = chunk tokens at a time with
-// the WY / UT transform: small dense matmuls over the chunk (OpenBLAS sgemm) plus a forward
-// substitution for (I + N)⁻¹. Every decay factor is a product of per-step factors exp(g) ≤ 1, i.e.
+// the WY / UT transform: small dense matmuls over the chunk (an AVX-512 register-tiled routine
+// where the CPU has it, OpenBLAS otherwise) plus a forward substitution for (I + N)⁻¹. Every decay factor is a product of per-step factors exp(g) ≤ 1, i.e.
 // exp of a chunk-local cumulative log-decay difference ≤ 0; nothing > 1 is ever formed.
 // chunk ∈ [1, 64] (16, 32, 64 are the intended sizes); a partial last chunk is handled exactly.
 // Threaded over value heads; deterministic for a given thread count.
