@@ -54,10 +54,10 @@ void check_case(const fs::path& dir) {
   std::map<std::string, std::vector<float>> got;
   std::map<std::string, Shape> shapes;
   runtime::Session s(lm.model);
-  s.set_trace({[&](const std::string& name, const float* d, const Shape& shape) {
+  s.set_trace(layers::Trace{[&](const std::string& name, const float* d, const Shape& shape) {
     got[name].assign(d, d + shape_numel(shape));
     shapes[name] = shape;
-  }});
+  }, ""});
   s.prefill(ids, true);
 
   std::ifstream in(dir / "golden" / "manifest.json");
