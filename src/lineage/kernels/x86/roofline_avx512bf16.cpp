@@ -4,19 +4,13 @@
 #include <immintrin.h>
 
 #include "lineage/kernels/roofline.h"
+#include "lineage/kernels/x86/avx512_util.h"
 
 namespace lineage::kernels::roofline {
 
 namespace {
 
-// Horizontal sum through memory: GCC 12's _mm512_reduce_add_ps trips -Wmaybe-uninitialized.
-float hsum(__m512 v) {
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  float s = 0;
-  for (float x : t) s += x;
-  return s;
-}
+using avx512::hsum;
 
 constexpr int kChains = 16;
 
