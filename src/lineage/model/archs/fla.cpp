@@ -47,6 +47,17 @@ void check_divides(const ConfigFields& c, const std::string& field, int64_t dim,
   if (heads <= 0 || dim % heads) c.fail(field, cat("a value giving a ", what, " (", dim, ") divisible by ", heads, " heads"));
 }
 
+// linear_attn and delta_net size their heads from the width: key_dim = hidden·expand_k,
+// value_dim = hidden·expand_v, split over n_heads.
+void expanded_heads(const ConfigFields& c, DeltaRule::Config& x) {
+  const int64_t key_dim = int64_t(double(x.d_model) * c.number("expand_k", 1.0));
+  const int64_t value_dim = int64_t(double(x.d_model) * c.number("expand_v", 1.0));
+  check_divides(c, "expand_k", key_dim, x.n_heads, "key dim");
+  check_divides(c, "expand_v", value_dim, x.n_heads, "value dim");
+  x.head_k = key_dim / x.n_heads;
+  x.head_v = value_dim / x.n_heads;
+}
+
 // The fla skeleton around one mixer config per layer.
 Model build_fla(const ArchInput& in, const std::string& type, const DeltaRule::Config& mixer, const std::string& summary) {
   const ConfigFields& c = in.config;
@@ -65,20 +76,17 @@ Model build_fla(const ArchInput& in, const std::string& type, const DeltaRule::C
   m.names = {"model.embeddings.weight", "", "model.layers.", "model.norm", "lm_head.weight"};
   const layers::Norm rms{layers::Norm::Kind::Rms, D, eps, {}, {}};
   m.final_norm = rms;
-  for (int64_t i = 0; i < L; ++i) {
-    Block b;
-    b.names = {"attn_norm", "attn", "mlp_norm", "mlp"};
-    b.norm1 = rms;
-    b.norm2 = rms;
-    DeltaRule d;
-    d.config = mixer;
-    d.config.norm_eps = eps;
-    b.mixer = std::move(d);
-    layers::GatedMlp mlp;
-    mlp.config = {D, F};
-    b.ffn = std::move(mlp);
-    m.blocks.push_back(std::move(b));
-  }
+  Block b;  // every layer is this block, weights still empty
+  b.names = {"attn_norm", "attn", "mlp_norm", "mlp"};
+  b.norm1 = b.norm2 = rms;
+  DeltaRule d;
+  d.config = mixer;
+  d.config.norm_eps = eps;
+  b.mixer = std::move(d);
+  layers::GatedMlp mlp;
+  mlp.config = {D, F};
+  b.ffn = std::move(mlp);
+  m.blocks.assign(size_t(L), b);
   return m;
 }
 
@@ -93,13 +101,8 @@ Model build_linear_attn(const ArchInput& in) {
   x.n_heads = get_int(c, "num_heads", 4);
   x.n_kv_heads = get_int(c, "num_kv_heads", x.n_heads);
   x.n_v_heads = x.n_heads;
-  const int64_t key_dim = int64_t(double(x.d_model) * c.number("expand_k", 1.0));
-  const int64_t value_dim = int64_t(double(x.d_model) * c.number("expand_v", 1.0));
-  check_divides(c, "expand_k", key_dim, x.n_heads, "key dim");
-  check_divides(c, "expand_v", value_dim, x.n_heads, "value dim");
+  expanded_heads(c, x);
   if (x.n_heads % x.n_kv_heads) c.fail("num_kv_heads", cat("a divisor of num_heads = ", x.n_heads));
-  x.head_k = key_dim / x.n_heads;
-  x.head_v = value_dim / x.n_heads;
   x.qk_map = parse_map(c, "feature_map", "elementwise_product", true);
   if (x.qk_map == DeltaRule::FeatureMap::ElementwiseProduct && c.boolean("tie_feature_map_qk", false))
     c.fail("tie_feature_map_qk", "false (a shared elementwise_product feature map is not supported yet)");
@@ -120,12 +123,7 @@ Model build_delta_net(const ArchInput& in) {
   x.kind = "DeltaNet";
   x.d_model = get_int(c, "hidden_size", 2048);
   x.n_heads = x.n_kv_heads = x.n_v_heads = get_int(c, "num_heads", 16);
-  const int64_t key_dim = int64_t(double(x.d_model) * c.number("expand_k", 1.0));
-  const int64_t value_dim = int64_t(double(x.d_model) * c.number("expand_v", 1.0));
-  check_divides(c, "expand_k", key_dim, x.n_heads, "key dim");
-  check_divides(c, "expand_v", value_dim, x.n_heads, "value dim");
-  x.head_k = key_dim / x.n_heads;
-  x.head_v = value_dim / x.n_heads;
+  expanded_heads(c, x);
   x.conv_size = c.boolean("use_short_conv", true) ? get_int(c, "conv_size", 4) : 0;
   const DeltaRule::FeatureMap act = parse_map(c, "qk_activation", "silu", false);
   x.qk_conv_silu = act == DeltaRule::FeatureMap::Silu;

@@ -46,19 +46,16 @@ Model build_gpt2(const ArchInput& in) {
 
   const layers::Norm ln{layers::Norm::Kind::Layer, D, eps, {}, {}};
   m.final_norm = ln;
-  for (int64_t i = 0; i < L; ++i) {
-    Block b;
-    b.names = {"ln_1", "attn", "ln_2", "mlp"};
-    b.norm1 = ln;
-    b.norm2 = ln;
-    layers::Attention a;
-    a.config = {D, H, D / H, c.boolean("scale_attn_weights", true)};
-    b.mixer = std::move(a);
-    layers::Mlp mlp;
-    mlp.config = {D, F, act};
-    b.ffn = std::move(mlp);
-    m.blocks.push_back(std::move(b));
-  }
+  Block b;  // every layer is this block, weights still empty
+  b.names = {"ln_1", "attn", "ln_2", "mlp"};
+  b.norm1 = b.norm2 = ln;
+  layers::Attention a;
+  a.config = {D, H, D / H, c.boolean("scale_attn_weights", true)};
+  b.mixer = std::move(a);
+  layers::Mlp mlp;
+  mlp.config = {D, F, act};
+  b.ffn = std::move(mlp);
+  m.blocks.assign(size_t(L), b);
   return m;
 }
 
