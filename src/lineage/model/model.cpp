@@ -55,7 +55,8 @@ namespace {
 
 void embed_tokens(const Model& m, std::span<const int32_t> tokens, int64_t p0, float* x) {
   const int64_t D = m.config.d_model;
-  std::vector<float> pos(D);
+  thread_local std::vector<float> pos;
+  pos.resize(D);
   for (size_t t = 0; t < tokens.size(); ++t) {
     kernels::widen_row(m.embed, int64_t(tokens[t]) * D, D, x + t * D);
     if (m.pos_embed.defined() && m.pos_embed.numel()) {

@@ -191,7 +191,8 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
     // One tail for all channels; q/k and v differ only in whether SiLU follows.
     float* tail = s.conv_tail.data<float>();
     const int64_t P = c.conv_size - 1;
-    std::vector<float> tq(P * Cq), tk(P * Ck), tv(P * Cv);
+    thread_local std::vector<float> tq, tk, tv;  // reused: no allocation per decode step
+    tq.resize(P * Cq), tk.resize(P * Ck), tv.resize(P * Cv);
     for (int64_t r = 0; r < P; ++r) {
       std::memcpy(tq.data() + r * Cq, tail + r * C, Cq * 4);
       std::memcpy(tk.data() + r * Ck, tail + r * C + Cq, Ck * 4);
@@ -266,7 +267,8 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
     } else {
       kernels::linear(x, T, lin(w.a_proj), nullptr, decay);
     }
-    std::vector<float> A(HV), dt(width);
+    thread_local std::vector<float> A, dt;
+    A.resize(HV), dt.resize(width);
     kernels::widen_row(w.A_log, 0, HV, A.data());
     kernels::widen_row(w.dt_bias, 0, width, dt.data());
     for (int64_t t = 0; t < T; ++t)
@@ -299,7 +301,8 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
   trace("attn.state", s.S.data<float>(), {HV, K, V});
 
   // 6. Per-head RMSNorm and output gate, then o_proj.
-  std::vector<float> onw(V, 1.0f);
+  thread_local std::vector<float> onw;
+  onw.assign(V, 1.0f);
   if (c.out_norm_weight) kernels::widen_row(w.o_norm, 0, V, onw.data());
   float* gate = nullptr;
   if (c.out_gate == DeltaRule::OutGate::Swish) {
