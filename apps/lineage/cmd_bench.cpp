@@ -215,14 +215,8 @@ nlohmann::json row_json(const Context& c, const Row& r, int repetitions) {
 CLI::Validator tokens_at_least(int64_t min) {
   return CLI::Validator(
       [min](std::string& s) -> std::string {
-        size_t used = 0;
-        long long v = 0;
-        try {
-          v = std::stoll(s, &used);
-        } catch (...) {
-          used = 0;
-        }
-        if (used == s.size() && v >= min) return "";
+        const auto v = parse_integer(s);
+        if (v && *v >= min) return "";
         return cat("\"", s, "\" is not a whole number of tokens >= ", min);
       },
       min ? "N>=1" : "N>=0");

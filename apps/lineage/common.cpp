@@ -41,21 +41,25 @@ io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
   return m;
 }
 
+std::optional<long long> parse_integer(const std::string& s) {
+  size_t used = 0;
+  try {
+    const long long v = std::stoll(s, &used);
+    if (used == s.size()) return v;
+  } catch (...) {
+  }
+  return std::nullopt;
+}
+
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag) {
   std::vector<int32_t> ids;
   std::istringstream in(text);
   std::string word;
   while (in >> word) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(word, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used != word.size() || v < 0 || v > INT32_MAX)
+    const auto v = parse_integer(word);
+    if (!v || *v < 0 || *v > INT32_MAX)
       throw Error(cat(flag, ": \"", word, "\" is not a token id (expected non-negative integers separated by spaces)"));
-    ids.push_back(int32_t(v));
+    ids.push_back(int32_t(*v));
   }
   if (ids.empty()) throw Error(cat(flag, ": expected at least one token id"));
   return ids;

@@ -24,6 +24,8 @@ void add_threads_option(CLI::App& cmd);
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer);
 
+// The whole string as a base-10 integer, or nothing (no partial parses, no exceptions).
+std::optional<long long> parse_integer(const std::string& s);
 // "12 5 7" → ids; a non-integer is an Error naming the flag.
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag);
 const io::Tokenizer& require_tokenizer(const io::LoadedModel& m, const std::string& why);
