@@ -33,4 +33,17 @@ void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, in
   }
 }
 
+void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  chunk = std::max<int64_t>(1, chunk);
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  const int parts = int(std::min<int64_t>(num_threads(), chunks));
+  if (parts <= 1 || omp_in_parallel()) {
+    fn(0, n);
+    return;
+  }
+#pragma omp parallel for num_threads(parts) schedule(dynamic, 1)
+  for (int64_t k = 0; k < chunks; ++k) fn(k * chunk, std::min(n, (k + 1) * chunk));
+}
+
 }  // namespace lineage

@@ -15,6 +15,13 @@ int num_threads();
 // on n and the thread count, so reductions inside a range are deterministic.
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_grain = 1);
 
+// Calls fn(begin, end) on the fixed chunks [k·chunk, min(n, (k+1)·chunk)) of [0, n), handed out to
+// the threads one at a time as they become free. The chunk boundaries depend only on n and chunk,
+// not on which thread runs a chunk; use it where each item's result does not depend on the range it
+// is computed in (GEMV rows, attention heads). A thread that is slowed down (another process on its
+// core, a descheduled vCPU) then costs its chunk, not half of the work.
+void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn);
+
 // The smallest number of items worth handing to one thread when each costs `work_per_item`
 // multiply-adds: waking a thread costs about as much as 32k of them (more on a loaded machine).
 inline int64_t grain_for(int64_t work_per_item) {

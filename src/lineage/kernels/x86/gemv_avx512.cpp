@@ -17,6 +17,7 @@ struct Avx512 {
     const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
   }
+  static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
   static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
   static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
   static float sum(Vec v) { return _mm512_reduce_add_ps(v); }

@@ -12,6 +12,7 @@ struct Scalar {
   static Vec load_f32(const float* p) { return *p; }
   static Vec load_f16(const uint16_t* p) { return simd::load_scalar<1>(p, 0); }
   static Vec load_bf16(const uint16_t* p) { return simd::load_scalar<2>(p, 0); }
+  static Vec add(Vec a, Vec b) { return a + b; }
   static Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
   static void store(float* p, Vec v) { *p = v; }
   static float sum(Vec v) { return v; }

@@ -37,28 +37,24 @@ inline float load_scalar(const void* w, int64_t i) {
 
 template <class S, int DT>
 void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, float* y) {
+  // One row at a time, front to back: each thread reads its rows as a single sequential stream,
+  // which the hardware prefetchers follow at full bandwidth (interleaving two or four rows halves
+  // the bandwidth on Zen 5). Four accumulators hide the FMA latency; fixed combine order.
   constexpr int W = S::kWidth;
-  const int64_t vec_end = in / W * W;
-  int64_t o = o0;
-  for (; o + 4 <= o1; o += 4) {  // four rows at a time: x is loaded once per four weight rows
+  const int64_t unroll_end = in / (4 * W) * (4 * W), vec_end = in / W * W;
+  for (int64_t o = o0; o < o1; ++o) {
+    const int64_t row = o * in;
     typename S::Vec a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
-    for (int64_t i = 0; i < vec_end; i += W) {
-      const typename S::Vec xv = S::load_f32(x + i);
-      a0 = S::fma(xv, load<S, DT>(w, (o + 0) * in + i), a0);
-      a1 = S::fma(xv, load<S, DT>(w, (o + 1) * in + i), a1);
-      a2 = S::fma(xv, load<S, DT>(w, (o + 2) * in + i), a2);
-      a3 = S::fma(xv, load<S, DT>(w, (o + 3) * in + i), a3);
+    int64_t i = 0;
+    for (; i < unroll_end; i += 4 * W) {
+      a0 = S::fma(S::load_f32(x + i), load<S, DT>(w, row + i), a0);
+      a1 = S::fma(S::load_f32(x + i + W), load<S, DT>(w, row + i + W), a1);
+      a2 = S::fma(S::load_f32(x + i + 2 * W), load<S, DT>(w, row + i + 2 * W), a2);
+      a3 = S::fma(S::load_f32(x + i + 3 * W), load<S, DT>(w, row + i + 3 * W), a3);
     }
-    float r[4] = {S::sum(a0), S::sum(a1), S::sum(a2), S::sum(a3)};
-    for (int64_t i = vec_end; i < in; ++i)
-      for (int k = 0; k < 4; ++k) r[k] += x[i] * load_scalar<DT>(w, (o + k) * in + i);
-    for (int k = 0; k < 4; ++k) y[o + k] = r[k];
-  }
-  for (; o < o1; ++o) {
-    typename S::Vec a = S::zero();
-    for (int64_t i = 0; i < vec_end; i += W) a = S::fma(S::load_f32(x + i), load<S, DT>(w, o * in + i), a);
-    float r = S::sum(a);
-    for (int64_t i = vec_end; i < in; ++i) r += x[i] * load_scalar<DT>(w, o * in + i);
+    for (; i < vec_end; i += W) a0 = S::fma(S::load_f32(x + i), load<S, DT>(w, row + i), a0);
+    float r = S::sum(S::add(S::add(a0, a1), S::add(a2, a3)));
+    for (; i < in; ++i) r += x[i] * load_scalar<DT>(w, row + i);
     y[o] = r;
   }
 }
@@ -67,14 +63,23 @@ template <class S, int DT>
 void in_out(const float* x, const void* w, int64_t in, int64_t out, int64_t o0, int64_t o1, float* y) {
   constexpr int W = S::kWidth;
   // Eight vectors of columns stay in registers while the rows stream by, so each row contributes
-  // a run of 8·W contiguous weights (whole cache lines) before the walk jumps to the next row.
+  // a run of 8·W contiguous weights (whole cache lines) before the walk jumps a row down. The
+  // prefetchers do not follow that stride far enough ahead, so the block's next 4 KiB (kPrefetchRows
+  // rows below) is requested explicitly.
   constexpr int kAcc = 8;
   constexpr int64_t kBlock = kAcc * W;
+  constexpr int64_t kElem = DT == 0 ? 4 : 2;
+  constexpr int64_t kPrefetchRows = 4096 / (kBlock * kElem);
+  const char* bytes = static_cast<const char*>(w);
   int64_t o = o0;
   for (; o + kBlock <= o1; o += kBlock) {
     typename S::Vec a[kAcc];
     for (int j = 0; j < kAcc; ++j) a[j] = S::zero();
     for (int64_t i = 0; i < in; ++i) {
+      if (i + kPrefetchRows < in) {
+        const char* ahead = bytes + ((i + kPrefetchRows) * out + o) * kElem;
+        for (int64_t line = 0; line < kBlock * kElem; line += 64) __builtin_prefetch(ahead + line);
+      }
       const typename S::Vec xv = S::broadcast(x[i]);
       const int64_t base = i * out + o;
       for (int j = 0; j < kAcc; ++j) a[j] = S::fma(xv, load<S, DT>(w, base + j * W), a[j]);
