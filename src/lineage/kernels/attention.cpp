@@ -96,23 +96,26 @@ void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, con
                       int64_t head_stride, int64_t H, int64_t hd, float scale, float* out) {
   if (T >= 16) {
     const int64_t tiles = (T + kQTile - 1) / kQTile;
-    parallel_for(H * tiles, [&](int64_t b, int64_t e) {
+    // Later query tiles see more keys: hand them out first, one (tile, head) at a time, so the
+    // threads finish together.
+    parallel_chunks(H * tiles, 1, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
-        const int64_t h = i % H, t0 = (i / H) * kQTile, nq = std::min(kQTile, T - t0);
+        const int64_t h = i % H, t0 = (tiles - 1 - i / H) * kQTile, nq = std::min(kQTile, T - t0);
         attend_tile(q + (t0 * H + h) * hd, H * hd, nq, p0 + t0, k + h * head_stride, v + h * head_stride, hd,
                     scale, out + (t0 * H + h) * hd, H * hd);
       }
     });
     return;
   }
-  parallel_for(T * H, [&](int64_t b, int64_t e) {
-    std::vector<float> acc(hd);
+  parallel_chunks(T * H, grain_for(2 * (p0 + T) * hd), [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> acc;
+    acc.resize(hd);
     for (int64_t i = b; i < e; ++i) {
       const int64_t t = i / H, h = i % H;
       attend_one(q + i * hd, p0 + t + 1, k + h * head_stride, v + h * head_stride, hd, scale, out + i * hd,
                  acc.data());
     }
-  }, grain_for(2 * (p0 + T) * hd));
+  });
 }
 
 }  // namespace lineage::kernels

@@ -31,8 +31,11 @@ void add_bias(const Tensor* bias, int64_t T, int64_t out, float* y) {
   thread_local std::vector<float> b;
   b.resize(out);
   widen_row(*bias, 0, out, b.data());
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t o = 0; o < out; ++o) y[t * out + o] += b[o];
+  const float* bp = b.data();
+  parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t o = 0; o < out; ++o) y[t * out + o] += bp[o];
+  }, grain_for(out));
 }
 
 void gemv(const float* x, const Weight& W, float* y) {
@@ -40,14 +43,13 @@ void gemv(const float* x, const Weight& W, float* y) {
   const int dt = dtype_index(W.w->dtype());
   const int64_t in = W.in(), out = W.out();
   const void* w = W.w->raw();
-  // Split output rows over threads in multiples of 128 so every thread streams whole cache lines
-  // and the [in, out] kernel keeps full 8-vector column blocks.
-  const int64_t blocks = (out + 127) / 128;
-  parallel_for(blocks, [&](int64_t b0, int64_t b1) {
-    const int64_t o0 = b0 * 128, o1 = std::min(out, b1 * 128);
+  // Output rows (or columns) in chunks of whole 128s, so every chunk streams whole cache lines and
+  // the [in, out] kernel keeps full 8-vector column blocks; chunks go to whichever thread is free.
+  const int64_t chunk = (std::max<int64_t>(128, grain_for(in)) + 127) / 128 * 128;
+  parallel_chunks(out, chunk, [&](int64_t o0, int64_t o1) {
     if (W.layout == Layout::OutIn) k.out_in[dt](x, w, in, o0, o1, y);
     else k.in_out[dt](x, w, in, out, o0, o1, y);
-  }, grain_for(128 * in));
+  });
 }
 
 // Where this ISA has no own GEMM (AVX2, scalar), OpenBLAS.
@@ -97,12 +99,14 @@ void* aligned_scratch(std::vector<char>& buf, size_t bytes) {
 }
 
 // Our own blocked GEMM (x86/gemm*.cpp). Columns are cut into whole nr-wide panels, in a number of
-// blocks that is a multiple of the thread count (each thread packs only its own weights); with fewer
-// panels than threads, rows are split too. Every y element is computed by one fixed-order reduction,
-// so results do not depend on the split or the thread count.
+// blocks that is a multiple of the thread count (each block packs only its own weights; blocks go
+// to whichever thread is free); with fewer panels than threads, rows are split too. Every y element
+// is computed by one fixed-order reduction, so results do not depend on the split or the thread
+// count.
 void gemm_blocked(const GemmPath& path, const GemmProblem& p) {
   if (p.in == 0) {
-    std::fill(p.y, p.y + p.T * p.out, 0.0f);
+    for (int64_t t = 0; t < p.T; ++t)
+      for (int64_t o = 0; o < p.out; ++o) p.y[t * p.out + o] = p.bias ? p.bias[o] : 0.0f;
     return;
   }
   thread_local std::vector<char> prepared_buf;
@@ -117,7 +121,8 @@ void gemm_blocked(const GemmPath& path, const GemmProblem& p) {
   const int64_t row_units = ceil_div(p.T, kRowUnit);
   const int64_t row_blocks = col_blocks >= threads ? 1 : std::min(row_units, ceil_div(threads, col_blocks));
   const int64_t tasks = col_blocks * row_blocks;
-  parallel_for(tasks, [&](int64_t b0, int64_t b1) {
+  const int64_t grain = grain_for(p.T * p.in * p.out / tasks);
+  parallel_chunks(tasks, grain, [&](int64_t b0, int64_t b1) {
     thread_local std::vector<char> buf;
     void* scratch = aligned_scratch(buf, path.scratch_bytes);
     for (int64_t b = b0; b < b1; ++b) {
@@ -126,7 +131,7 @@ void gemm_blocked(const GemmPath& path, const GemmProblem& p) {
       const int64_t t0 = row_units * rb / row_blocks * kRowUnit, t1 = std::min(p.T, row_units * (rb + 1) / row_blocks * kRowUnit);
       path.block(p, prepared, t0, t1, o0, o1, scratch);
     }
-  }, grain_for(p.T * p.in * p.out / tasks));
+  });
 }
 
 std::atomic<Bf16WeightGemm> g_bf16_weight_gemm{Bf16WeightGemm::Exact};
@@ -156,9 +161,20 @@ void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y) {
   LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
   if (T <= 0) return;
+  if (T > 1) {
+    if (const GemmPath* own = own_gemm(W.w->dtype())) {  // adds the bias as it stores y
+      const float* b = nullptr;
+      thread_local std::vector<float> widened;
+      if (bias) {
+        widened.resize(W.out());
+        widen_row(*bias, 0, W.out(), widened.data());
+        b = widened.data();
+      }
+      gemm_blocked(*own, {x, W.w->raw(), dtype_index(W.w->dtype()), W.layout == Layout::OutIn, T, W.in(), W.out(), y, b});
+      return;
+    }
+  }
   if (T == 1) gemv(x, W, y);
-  else if (const GemmPath* own = own_gemm(W.w->dtype()))
-    gemm_blocked(*own, {x, W.w->raw(), dtype_index(W.w->dtype()), W.layout == Layout::OutIn, T, W.in(), W.out(), y});
   else if (W.w->dtype() == DType::F32) gemm_f32(x, T, W, y);
   else gemm_widened(x, T, W, y);
   add_bias(bias, T, W.out(), y);

@@ -1,48 +1,28 @@
 #include "lineage/kernels/vmath.h"
 
-#include <algorithm>
-#include <bit>
-#include <cmath>
+#include <cstring>
+
+#include "lineage/kernels/x86/gemv.h"
+#include "lineage/kernels/x86/vmath.h"
+#include "lineage/kernels/x86/vmath_loops.h"
 
 namespace lineage::kernels {
 
-// Three simd loops because the baseline build keeps a float compare that feeds arithmetic as a
-// branch; libm's expf was 10% of a per-channel delta-rule prefill.
+namespace {
+bool use_avx512() {
+  static const bool yes = !std::strcmp(isa_name(), "avx512");
+  return yes;
+}
+}  // namespace
+
 void exp_nonpositive(const float* x, float* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] < -87.0f ? -87.0f : x[i];
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = y[i];
-    const float fn = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(v / ln 2)
-    const float r = (v - fn * 0.693359375f) + fn * 2.12194440e-4f;            // v − fn ln 2, in two parts
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    y[i] = p * std::bit_cast<float>((int32_t(fn) + 127) << 23);
-  }
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] < -87.0f ? 0.0f : y[i];
+  if (use_avx512()) exp_nonpositive_avx512(x, y, n);
+  else vmath_loops::exp_nonpositive(x, y, n);
 }
 
 void sigmoid(const float* x, float* y, int64_t n) {
-  constexpr int64_t kBlock = 256;
-  float t[kBlock], e[kBlock];
-  for (int64_t b = 0; b < n; b += kBlock) {
-    const int64_t m = std::min(kBlock, n - b);
-#pragma omp simd
-    for (int64_t i = 0; i < m; ++i) t[i] = -std::abs(x[b + i]);
-    exp_nonpositive(t, e, m);
-#pragma omp simd
-    for (int64_t i = 0; i < m; ++i) {
-      const float r = 1.0f / (1.0f + e[i]);
-      y[b + i] = x[b + i] >= 0.0f ? r : e[i] * r;
-    }
-  }
+  if (use_avx512()) sigmoid_avx512(x, y, n);
+  else vmath_loops::sigmoid(x, y, n);
 }
 
 }  // namespace lineage::kernels

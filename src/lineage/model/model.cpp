@@ -5,6 +5,7 @@
 #include <map>
 
 #include "lineage/core/error.h"
+#include "lineage/core/parallel.h"
 #include "lineage/kernels/linear.h"
 
 namespace lineage::model {
@@ -66,6 +67,13 @@ void embed_tokens(const Model& m, std::span<const int32_t> tokens, int64_t p0, f
   }
 }
 
+// x += y over n elements, split over the threads for long prompts.
+void add_residual(float* x, const float* y, int64_t n) {
+  parallel_for(n, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) x[i] += y[i];
+  }, grain_for(1));
+}
+
 void check_input(const Model& m, std::span<const int32_t> tokens, int64_t p0) {
   for (size_t t = 0; t < tokens.size(); ++t)
     if (tokens[t] < 0 || tokens[t] >= m.config.vocab_size)
@@ -103,12 +111,12 @@ void forward(const Model& m, std::span<const int32_t> tokens, SequenceState& sta
           forward(mixer, a, T, std::get<S>(state.layers[i]), y, scratch, tr);
         },
         b.mixer);
-    for (int64_t j = 0; j < T * D; ++j) x[j] += y[j];
+    add_residual(x, y, T * D);
     tr("resid_mid", x, {T, D});
     layers::forward(b.norm2, x, T, a);
     tr(b.names.norm2, a, {T, D});
     std::visit([&](const auto& ffn) { forward(ffn, a, T, y, scratch, tr); }, b.ffn);
-    for (int64_t j = 0; j < T * D; ++j) x[j] += y[j];
+    add_residual(x, y, T * D);
     tr("out", x, {T, D});
   }
   state.position = p0 + T;

@@ -8,7 +8,7 @@
 
 namespace lineage::kernels {
 
-// One product y[t, o] = Σ_i x[t, i]·W(i, o), summed over the whole reduction.
+// One product y[t, o] = Σ_i x[t, i]·W(i, o) (+ bias[o]), summed over the whole reduction.
 struct GemmProblem {
   const float* x;  // [T, in] f32, row-major
   const void* w;   // out_in ? [out, in] : [in, out], element type `dtype`, row-major
@@ -16,6 +16,7 @@ struct GemmProblem {
   bool out_in;
   int64_t T, in, out;
   float* y;  // [T, out] f32, row-major; must not alias x
+  const float* bias = nullptr;  // [out] f32 added to y after the whole reduction, or null
 };
 
 // One GEMM implementation. `prepare`, where not null, converts rows [t0, t1) of x into the shared

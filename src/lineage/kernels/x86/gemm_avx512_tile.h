@@ -61,8 +61,18 @@ inline void load_tile(__m512 acc[M][3], const float* c, int64_t ldc, int64_t nv,
   }
 }
 
+// After the last slice of the reduction, `bias` (the tile's nv columns of it, or null) is added.
 template <int M>
-inline void store_tile(__m512 acc[M][3], float* c, int64_t ldc, int64_t nv) {
+inline void store_tile(__m512 acc[M][3], float* c, int64_t ldc, int64_t nv, const float* bias) {
+  if (bias) {
+    const __m512 b0 = _mm512_maskz_loadu_ps(mask16(nv), bias), b1 = _mm512_maskz_loadu_ps(mask16(nv - 16), bias + 16),
+                 b2 = _mm512_maskz_loadu_ps(mask16(nv - 32), bias + 32);
+    for (int m = 0; m < M; ++m) {
+      acc[m][0] = _mm512_add_ps(acc[m][0], b0);
+      acc[m][1] = _mm512_add_ps(acc[m][1], b1);
+      acc[m][2] = _mm512_add_ps(acc[m][2], b2);
+    }
+  }
   if (nv == kNR) {
     for (int m = 0; m < M; ++m)
       for (int v = 0; v < 3; ++v) _mm512_storeu_ps(c + m * ldc + 16 * v, acc[m][v]);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "lineage/core/parallel.h"
 #include "lineage/kernels/attention.h"
 
 namespace lineage::layers {
@@ -67,13 +68,15 @@ void forward(const Attention& a, const float* x, int64_t T, Attention::State& s,
   const int64_t p0 = s.length;
   grow(s, H, hd, p0 + T);
   float* q = scratch.get(2, size_t(T) * D);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < H; ++h) {
-      const float* row = qkv + t * 3 * D + h * hd;
-      std::memcpy(q + (t * H + h) * hd, row, hd * 4);
-      std::memcpy(s.k.data<float>() + (h * s.capacity + p0 + t) * hd, row + D, hd * 4);
-      std::memcpy(s.v.data<float>() + (h * s.capacity + p0 + t) * hd, row + 2 * D, hd * 4);
-    }
+  parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const float* row = qkv + t * 3 * D + h * hd;
+        std::memcpy(q + (t * H + h) * hd, row, hd * 4);
+        std::memcpy(s.k.data<float>() + (h * s.capacity + p0 + t) * hd, row + D, hd * 4);
+        std::memcpy(s.v.data<float>() + (h * s.capacity + p0 + t) * hd, row + 2 * D, hd * 4);
+      }
+  }, grain_for(3 * D));
   s.length = p0 + T;
 
   const float scale = a.config.scale_attn_weights ? 1.0f / std::sqrt(float(hd)) : 1.0f;

@@ -1,0 +1,54 @@
+// The elementwise math loops of vmath.h, written once: included by vmath.cpp (the portable build)
+// and by vmath_avx512.cpp (compiled with AVX-512 flags, so the same loops become 16-lane code).
+// Internal linkage, so the linker can never hand the AVX-512 copy to the portable code.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+namespace lineage::kernels::vmath_loops {
+namespace {
+
+// Three simd loops because the baseline build keeps a float compare that feeds arithmetic as a
+// branch; libm's expf was 10% of a per-channel delta-rule prefill.
+inline void exp_nonpositive(const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] < -87.0f ? -87.0f : x[i];
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = y[i];
+    const float fn = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(v / ln 2)
+    const float r = (v - fn * 0.693359375f) + fn * 2.12194440e-4f;            // v − fn ln 2, in two parts
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    y[i] = p * std::bit_cast<float>((int32_t(fn) + 127) << 23);
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] < -87.0f ? 0.0f : y[i];
+}
+
+inline void sigmoid(const float* x, float* y, int64_t n) {
+  constexpr int64_t kBlock = 256;
+  float t[kBlock], e[kBlock];
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t m = std::min(kBlock, n - b);
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) t[i] = -std::abs(x[b + i]);
+    exp_nonpositive(t, e, m);
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) {
+      const float r = 1.0f / (1.0f + e[i]);
+      y[b + i] = x[b + i] >= 0.0f ? r : e[i] * r;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lineage::kernels::vmath_loops
