@@ -8,6 +8,7 @@
 
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/vmath.h"
+#include "lineage/kernels/x86/gemm.h"
 
 namespace lineage::kernels {
 
@@ -51,17 +52,37 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
 // the weighted values as small matrix products, the softmax online across key tiles.
 constexpr int64_t kQTile = 64, kKTile = 256;
 
+// y[T, out] = x[T, in] · W, W stored [out, in] (out_in) or [in, out], all contiguous f32: through
+// this ISA's own GEMM blocks where it has them (AVX-512), else OpenBLAS. The caller's thread runs it.
+void small_gemm(const float* x, int64_t T, int64_t in, const float* w, bool out_in, int64_t out, float* y) {
+  if (const GemmPath* path = gemm_table().exact) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(path->scratch_bytes / sizeof(float) + 16);
+    float* aligned = scratch.data() + (16 - reinterpret_cast<uintptr_t>(scratch.data()) / sizeof(float) % 16) % 16;
+    const GemmProblem p{x, w, 0, out_in, T, in, out, y};
+    for (int64_t o0 = 0; o0 < out; o0 += path->nc_max)
+      path->block(p, nullptr, 0, T, o0, std::min(out, o0 + path->nc_max), aligned);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, out_in ? CblasTrans : CblasNoTrans, T, out, in, 1.0f, x, in, w,
+              out_in ? in : out, 0.0f, y, out);
+}
+
 void attend_tile(const float* q, int64_t ldq, int64_t nq, int64_t first_pos, const float* k, const float* v,
                  int64_t hd, float scale, float* out, int64_t ldo) {
-  thread_local std::vector<float> S, O, m, l;
+  thread_local std::vector<float> Q, S, O, PV, m, l;
+  Q.resize(nq * hd);  // the tile's queries, contiguous and pre-scaled
+  for (int64_t i = 0; i < nq; ++i)
+    for (int64_t c = 0; c < hd; ++c) Q[i * hd + c] = q[i * ldq + c] * scale;
   S.resize(kQTile * kKTile);
+  PV.resize(nq * hd);
   O.assign(nq * hd, 0.0f);
   m.assign(nq, -INFINITY);
   l.assign(nq, 0.0f);
   const int64_t n_keys = first_pos + nq;  // keys visible to the tile's last query
   for (int64_t j0 = 0; j0 < n_keys; j0 += kKTile) {
     const int64_t nk = std::min(kKTile, n_keys - j0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, q, ldq, k + j0 * hd, hd, 0.0f, S.data(), nk);
+    small_gemm(Q.data(), nq, hd, k + j0 * hd, true, nk, S.data());
     for (int64_t i = 0; i < nq; ++i) {
       float* row = S.data() + i * nk;
       const int64_t valid = std::clamp<int64_t>(first_pos + i + 1 - j0, 0, nk);  // causal: key ≤ query
@@ -83,8 +104,8 @@ void attend_tile(const float* q, int64_t ldq, int64_t nq, int64_t first_pos, con
       if (correction != 1.0f)
         for (int64_t c = 0; c < hd; ++c) O[i * hd + c] *= correction;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, S.data(), nk, v + j0 * hd, hd, 1.0f,
-                O.data(), hd);
+    small_gemm(S.data(), nq, nk, v + j0 * hd, false, hd, PV.data());
+    for (int64_t i = 0; i < nq * hd; ++i) O[i] += PV[i];
   }
   for (int64_t i = 0; i < nq; ++i)
     for (int64_t c = 0; c < hd; ++c) out[i * ldo + c] = O[i * hd + c] / l[i];

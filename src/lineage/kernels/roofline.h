@@ -17,6 +17,24 @@ namespace lineage::kernels {
 // the measurement and restores the previous count.
 double measure_read_bandwidth(int threads, size_t bytes = size_t(1) << 30, int passes = 5);
 
+// The same streaming read on a buffer kept between measurements, for a ceiling taken right next to
+// each repetition of a benchmark (a shared memory bus can change its bandwidth several-fold within
+// seconds). The buffer (`bytes`, first-touched by the reading threads) is allocated once here.
+class ReadBandwidthProbe {
+ public:
+  ReadBandwidthProbe(int threads, size_t bytes);
+  ~ReadBandwidthProbe();
+  ReadBandwidthProbe(const ReadBandwidthProbe&) = delete;
+  ReadBandwidthProbe& operator=(const ReadBandwidthProbe&) = delete;
+  // Bytes/s of the best of `passes` reads of the whole buffer (no warm-up pass).
+  double measure(int passes) const;
+
+ private:
+  int threads_;
+  int64_t blocks_;
+  float* buf_;
+};
+
 // FLOP/s of independent multiply-add chains held in registers, `threads` threads each running the
 // same count; best of 5 passes after a warm-up. F32 and F16 (widened to f32 before the multiply)
 // → f32 FMA, 2 FLOP per lane; BF16 → vdpbf16ps, 4 FLOP per f32 lane, where cpuid reports

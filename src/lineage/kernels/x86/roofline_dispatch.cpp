@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <memory>
 
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
@@ -59,45 +58,56 @@ roofline::PeakKernel peak_kernel(DType weights) {
   return roofline::fma_scalar();
 }
 
-struct FreeDeleter {
-  void operator()(float* p) const { std::free(p); }
-};
-
 }  // namespace
 
 const char* peak_flops_kernel(DType weights) { return peak_kernel(weights).name; }
 const char* read_bandwidth_kernel() { return read_kernel().name; }
 
+namespace {
+// 1 MiB per work item; 2 MiB alignment lets the kernel back the buffer with huge pages, so the walk
+// measures DRAM, not TLB misses.
+constexpr size_t kBlock = size_t(1) << 20, kAlign = size_t(2) << 20;
+constexpr int64_t kBlockFloats = int64_t(kBlock / sizeof(float));
+}  // namespace
+
+ReadBandwidthProbe::ReadBandwidthProbe(int threads, size_t bytes)
+    : threads_(threads), blocks_(int64_t(std::max(bytes / kBlock, size_t(1)))), buf_(nullptr) {
+  LINEAGE_CHECK(threads > 0, "threads ", threads);
+  const size_t total = size_t(blocks_) * kBlock;
+  buf_ = static_cast<float*>(std::aligned_alloc(kAlign, (total + kAlign - 1) / kAlign * kAlign));
+  LINEAGE_CHECK(buf_, "cannot allocate ", total, " bytes for the bandwidth measurement");
+#ifdef MADV_HUGEPAGE
+  madvise(buf_, total, MADV_HUGEPAGE);
+#endif
+  // First touch with the same split as the reads: each thread's pages are local to it.
+  const ThreadScope scope(threads_);
+  parallel_for(blocks_, [&](int64_t b0, int64_t b1) {
+    std::memset(buf_ + b0 * kBlockFloats, 0, size_t(b1 - b0) * kBlock);
+  });
+}
+
+ReadBandwidthProbe::~ReadBandwidthProbe() { std::free(buf_); }
+
+double ReadBandwidthProbe::measure(int passes) const {
+  LINEAGE_CHECK(passes > 0, "passes ", passes);
+  const ThreadScope scope(threads_);
+  const roofline::ReadKernel k = read_kernel();
+  double best = std::numeric_limits<double>::infinity();
+  for (int pass = 0; pass < passes; ++pass) {
+    const double t0 = now();
+    parallel_for(blocks_, [&](int64_t b0, int64_t b1) {
+      g_sink.store(k.sum(buf_ + b0 * kBlockFloats, (b1 - b0) * kBlockFloats), std::memory_order_relaxed);
+    });
+    best = std::min(best, now() - t0);
+  }
+  return double(size_t(blocks_) * kBlock) / best;
+}
+
 double measure_read_bandwidth(int threads, size_t bytes, int passes) {
   LINEAGE_CHECK(threads > 0 && passes > 0, "threads ", threads, ", passes ", passes);
-  const ThreadScope scope(threads);
-  const roofline::ReadKernel k = read_kernel();
-  // 1 MiB per work item; 2 MiB alignment lets the kernel back the buffer with huge pages, so the
-  // walk measures DRAM, not TLB misses.
-  constexpr size_t kBlock = size_t(1) << 20, kAlign = size_t(2) << 20;
-  const int64_t blocks = int64_t(std::max(bytes / kBlock, size_t(1)));
-  const size_t total = size_t(blocks) * kBlock;
-  std::unique_ptr<float, FreeDeleter> buf(
-      static_cast<float*>(std::aligned_alloc(kAlign, (total + kAlign - 1) / kAlign * kAlign)));
-  LINEAGE_CHECK(buf, "cannot allocate ", total, " bytes for the bandwidth measurement");
-#ifdef MADV_HUGEPAGE
-  madvise(buf.get(), total, MADV_HUGEPAGE);
-#endif
-  float* p = buf.get();
-  constexpr int64_t kFloats = int64_t(kBlock / sizeof(float));
-  // First touch with the same split as the reads: each thread's pages are local to it.
-  parallel_for(blocks, [&](int64_t b0, int64_t b1) {
-    std::memset(p + b0 * kFloats, 0, size_t(b1 - b0) * kBlock);
-  });
-  double best = std::numeric_limits<double>::infinity();
-  for (int pass = 0; pass <= passes; ++pass) {  // pass 0 warms up
-    const double t0 = now();
-    parallel_for(blocks, [&](int64_t b0, int64_t b1) {
-      g_sink.store(k.sum(p + b0 * kFloats, (b1 - b0) * kFloats), std::memory_order_relaxed);
-    });
-    if (pass > 0) best = std::min(best, now() - t0);
-  }
-  return double(total) / best;
+  const ReadBandwidthProbe probe(threads, bytes);
+  probe.measure(1);  // warm-up
+  return probe.measure(passes);
 }
 
 double measure_peak_flops(DType weights, int threads) {
