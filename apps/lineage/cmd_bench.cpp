@@ -47,8 +47,17 @@ struct Row {
   bool decode = false;
   runtime::DecodeBytes bytes;    // decode rows
   runtime::PrefillFlops flops;   // prefill rows
-  double roofline = 0;           // tokens/s
+  // Decode rows: the read bandwidth measured around each repetition (mean of the probes just
+  // before and just after it), bytes/s, one per sample.
+  std::vector<double> bandwidth;
+  double roofline = 0;         // tokens/s at the best bandwidth (or peak) seen anywhere in the run
+  double roofline_paired = 0;  // decode: tokens/s at the mean of `bandwidth`
+  double share_paired = 0;     // decode: mean over repetitions of t/s ÷ that repetition's roofline
 };
+
+// The per-repetition bandwidth probe: 256 MiB read twice (≈ 10 ms), far past the caches.
+constexpr size_t kProbeBytes = size_t(256) << 20;
+constexpr int kProbePasses = 2;
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -59,10 +68,14 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   return t;
 }
 
-void summarize(Row& r) {
+double mean(const std::vector<double>& v) {
   double s = 0;
-  for (double x : r.samples) s += x;
-  r.mean = s / double(r.samples.size());
+  for (double x : v) s += x;
+  return v.empty() ? 0.0 : s / double(v.size());
+}
+
+void summarize(Row& r) {
+  r.mean = mean(r.samples);
   double ss = 0;
   for (double x : r.samples) ss += (x - r.mean) * (x - r.mean);
   r.stddev = r.samples.size() > 1 ? std::sqrt(ss / double(r.samples.size() - 1)) : 0.0;
@@ -105,19 +118,27 @@ model::SequenceState build_context(runtime::Session& s, int64_t depth, uint64_t 
   return s.state().clone();
 }
 
-// tg N at depth d: every repetition decodes N tokens from a clone of the same context snapshot.
-Row bench_decode(runtime::Session& s, const Opts& o, int64_t depth) {
+// tg N at depth d: every repetition decodes N tokens from a clone of the same context snapshot,
+// with the read bandwidth probed just before and just after it.
+Row bench_decode(runtime::Session& s, const Opts& o, int64_t depth, const kernels::ReadBandwidthProbe& probe) {
   const model::SequenceState context = build_context(s, depth, o.src.seed + 202 + uint64_t(depth));
   const auto tokens = random_tokens(o.gen, s.model().config.vocab_size, o.src.seed + 303);
   Row r;
   r.test = "tg" + std::to_string(o.gen);
   r.depth = depth;
   r.decode = true;
+  double before = 0;
   for (int rep = 0; rep <= o.repetitions; ++rep) {
     s.restore(context.clone());
+    if (rep == 1) before = probe.measure(kProbePasses);
     const double t0 = now();
     for (int32_t t : tokens) s.decode(t);
-    if (rep > 0) r.samples.push_back(double(o.gen) / (now() - t0));
+    const double t1 = now();
+    if (rep == 0) continue;
+    const double after = probe.measure(kProbePasses);
+    r.samples.push_back(double(o.gen) / (t1 - t0));
+    r.bandwidth.push_back(0.5 * (before + after));
+    before = after;
   }
   return r;
 }
@@ -161,32 +182,46 @@ struct Context {
   Ceilings ceil;
 };
 
-void print_header(const Context& c, const model::Model& m) {
-  std::printf("lineage bench: %s (%s), weights %s, threads %d\n", c.model.c_str(), m.config.model_type.c_str(),
-              c.dtype.c_str(), c.threads);
-  std::printf("roofline: read bandwidth %.2f GB/s (%s), peak %.1f GFLOP/s (%s)\n\n", c.ceil.bandwidth / 1e9,
+void print_header(const Context& c, const model::Model& m, const std::vector<Row>& rows) {
+  std::printf("lineage bench: %s (%s), weights %s, threads %d%s\n", c.model.c_str(), m.config.model_type.c_str(),
+              c.dtype.c_str(), c.threads, bf16_dot_in_effect() ? ", bf16 dot products (--bf16-dot)" : "");
+  std::printf("roofline: read bandwidth %.2f GB/s best (%s), peak %.1f GFLOP/s (%s)\n", c.ceil.bandwidth / 1e9,
               c.ceil.read_kernel.c_str(), c.ceil.peak / 1e9, c.ceil.peak_kernel.c_str());
-  std::printf("| %-18s | %-5s | %7s | %6s | %6s | %20s | %12s | %10s | %12s |\n", "model", "dtype", "threads", "test",
-              "depth", "t/s", "roofline t/s", "% roofline", "per token");
-  std::printf("| %s | %s | %s: | %s: | %s: | %s: | %s: | %s: | %s: |\n", std::string(18, '-').c_str(),
+  double lo = 0, hi = 0;
+  for (const Row& r : rows)
+    for (double bw : r.bandwidth) {
+      lo = lo == 0 ? bw : std::min(lo, bw);
+      hi = std::max(hi, bw);
+    }
+  if (hi > 0)
+    std::printf("%% paired: each decode repetition against the read bandwidth probed just before and after "
+                "it (%.1f-%.1f GB/s in this run)\n",
+                lo / 1e9, hi / 1e9);
+  std::printf("\n");
+  std::printf("| %-18s | %-5s | %7s | %6s | %6s | %20s | %12s | %10s | %8s | %12s |\n", "model", "dtype", "threads",
+              "test", "depth", "t/s", "roofline t/s", "% roofline", "% paired", "per token");
+  std::printf("| %s | %s | %s: | %s: | %s: | %s: | %s: | %s: | %s: | %s: |\n", std::string(18, '-').c_str(),
               std::string(5, '-').c_str(), std::string(6, '-').c_str(), std::string(5, '-').c_str(),
               std::string(5, '-').c_str(), std::string(19, '-').c_str(), std::string(11, '-').c_str(),
-              std::string(9, '-').c_str(), std::string(11, '-').c_str());
+              std::string(9, '-').c_str(), std::string(7, '-').c_str(), std::string(11, '-').c_str());
 }
 
 void print_row(const Context& c, const Row& r) {
   char tps[48];
   std::snprintf(tps, sizeof tps, "%.2f ± %.2f", r.mean, r.stddev);
   // "±" is two bytes in UTF-8 but one column: pad by hand.
-  std::printf("| %-18s | %-5s | %7d | %6s | %6lld | %*s | %12.2f | %8.1f %% | %12s |\n", c.model.c_str(),
+  char paired[16] = "";
+  if (r.decode) std::snprintf(paired, sizeof paired, "%.1f %%", 100.0 * r.share_paired);
+  std::printf("| %-18s | %-5s | %7d | %6s | %6lld | %*s | %12.2f | %8.1f %% | %8s | %12s |\n", c.model.c_str(),
               c.dtype.c_str(), c.threads, r.test.c_str(), (long long)r.depth, 21, tps, r.roofline,
-              100.0 * r.mean / r.roofline, per_token_label(r).c_str());
+              100.0 * r.mean / r.roofline, paired, per_token_label(r).c_str());
 }
 
 nlohmann::json row_json(const Context& c, const Row& r, int repetitions) {
   nlohmann::json j = {{"model", c.model},
                       {"weights_dtype", c.dtype},
                       {"threads", c.threads},
+                      {"bf16_dot", bf16_dot_in_effect()},
                       {"test", r.test},
                       {"depth", r.depth},
                       {"repetitions", repetitions},
@@ -200,6 +235,9 @@ nlohmann::json row_json(const Context& c, const Row& r, int repetitions) {
                       {"read_kernel", c.ceil.read_kernel},
                       {"peak_kernel", c.ceil.peak_kernel}};
   if (r.decode) {
+    j["roofline_paired_tokens_per_s"] = r.roofline_paired;
+    j["roofline_share_paired"] = r.share_paired;
+    j["samples_bandwidth_bytes_per_s"] = r.bandwidth;
     j["bytes_per_token"] = r.bytes.total();
     j["weight_bytes_per_token"] = r.bytes.weights;
     j["state_bytes_per_token"] = r.bytes.state;
@@ -256,12 +294,22 @@ void run(const Opts& o) {
     rows.push_back(std::move(r));
   };
   done(bench_prefill(s, o));
-  for (int64_t d : o.depths) done(bench_decode(s, o, d));
+  {
+    const kernels::ReadBandwidthProbe probe(c.threads, kProbeBytes);
+    for (int64_t d : o.depths) done(bench_decode(s, o, d, probe));
+  }
   c.ceil = measure_ceilings(dtype, c.threads, c.ceil);
+  for (const Row& r : rows)
+    for (double bw : r.bandwidth) c.ceil.bandwidth = std::max(c.ceil.bandwidth, bw);
   for (Row& r : rows) {
     if (r.decode) {
       r.bytes = runtime::decode_bytes_per_token(m, runtime::mean_decode_context(r.depth, o.gen));
-      r.roofline = c.ceil.bandwidth / r.bytes.total();
+      const double bytes = r.bytes.total();
+      r.roofline = c.ceil.bandwidth / bytes;
+      r.roofline_paired = mean(r.bandwidth) / bytes;
+      std::vector<double> shares;
+      for (size_t i = 0; i < r.samples.size(); ++i) shares.push_back(r.samples[i] / (r.bandwidth[i] / bytes));
+      r.share_paired = mean(shares);
     } else {
       r.flops = runtime::prefill_flops_per_token(m, o.prompt, 0);
       r.roofline = c.ceil.peak / r.flops.total();
@@ -274,7 +322,7 @@ void run(const Opts& o) {
     std::printf("%s\n", all.dump(2).c_str());
     return;
   }
-  print_header(c, m);
+  print_header(c, m, rows);
   for (const Row& r : rows) print_row(c, r);
 }
 
@@ -286,6 +334,7 @@ void add_bench(CLI::App& app) {
                                           "measured in the same run");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
+  add_bf16_dot_option(*cmd);
   cmd->add_option("--prompt", o.prompt, "pp test: tokens prefilled from an empty state (default 512)")
       ->check(tokens_at_least(1));
   cmd->add_option("--gen", o.gen, "tg test: tokens decoded after each depth (default 32)")

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "lineage/core/error.h"
+#include "lineage/kernels/linear.h"
 #include "lineage/kernels/threads.h"
 #include "lineage/model/archs/presets.h"
 
@@ -31,6 +32,26 @@ void add_threads_option(CLI::App& cmd) {
   cmd.preparse_callback([](size_t) { kernels::set_threads(0); });
   cmd.parse_complete_callback([] { kernels::set_threads(threads); });
 }
+
+namespace {
+bool g_bf16_dot = false;
+}
+
+void add_bf16_dot_option(CLI::App& cmd) {
+  // A flag callback, not the subcommand's parse callbacks: those belong to add_threads_option.
+  cmd.add_flag_callback(
+      "--bf16-dot",
+      [] {
+        g_bf16_dot = kernels::use_bf16_dot_products(true);
+        if (!g_bf16_dot)
+          std::fprintf(stderr, "lineage: --bf16-dot: this CPU (or LINEAGE_ISA) has no AVX512_BF16; using exact f32 "
+                               "products\n");
+      },
+      "BF16 weights: round activations to bf16 and multiply with vdpbf16ps (decode and prefill alike; "
+      "~1.7e-3 relative error per product; needs AVX512_BF16)");
+}
+
+bool bf16_dot_in_effect() { return g_bf16_dot; }
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
   if (src.dir.empty() && src.preset.empty()) throw Error("one of --model DIR or --preset NAME is required");

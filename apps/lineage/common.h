@@ -21,6 +21,11 @@ struct ModelSource {
 void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset);
 // Adds --threads N and applies it before the command runs.
 void add_threads_option(CLI::App& cmd);
+// Adds --bf16-dot (BF16 weights multiplied by bf16 dot products) and applies it before the command
+// runs; where the CPU cannot, says so on stderr and keeps the exact products.
+void add_bf16_dot_option(CLI::App& cmd);
+// Whether --bf16-dot is in effect for this run.
+bool bf16_dot_in_effect();
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer);
 

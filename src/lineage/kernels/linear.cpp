@@ -38,6 +38,30 @@ void add_bias(const Tensor* bias, int64_t T, int64_t out, float* y) {
   }, grain_for(out));
 }
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A 64-byte aligned view of a growing per-thread buffer.
+void* aligned_scratch(std::vector<char>& buf, size_t bytes) {
+  buf.resize(bytes + 64);
+  return buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+}
+
+// The bf16 dot mode's GEMV: x rounded to bf16 pairs by the GEMM's own `prepare`, so one token
+// decoded gives what the same token gives inside a prefill.
+void gemv_rounded_to_bf16(const GemmPath& path, const GemvBf16Dot& k, const float* x, const Weight& W, float* y) {
+  const int64_t in = W.in(), out = W.out();
+  const auto* w = static_cast<const uint16_t*>(W.w->raw());
+  const GemmProblem p{x, w, 2, W.layout == Layout::OutIn, 1, in, out, y};
+  thread_local std::vector<char> buf;
+  auto* xp = static_cast<uint32_t*>(aligned_scratch(buf, path.prepared_bytes(1, in)));
+  path.prepare(p, 0, 1, xp);
+  const int64_t chunk = (std::max<int64_t>(128, grain_for(in)) + 127) / 128 * 128;
+  parallel_chunks(out, chunk, [&](int64_t o0, int64_t o1) {
+    if (W.layout == Layout::OutIn) k.out_in(xp, w, in, o0, o1, y);
+    else k.in_out(xp, w, in, out, o0, o1, y);
+  });
+}
+
 void gemv(const float* x, const Weight& W, float* y) {
   const GemvTable& k = gemv_table();
   const int dt = dtype_index(W.w->dtype());
@@ -90,14 +114,6 @@ void gemm_widened(const float* x, int64_t T, const Weight& W, float* y) {
   }, grain_for(kPanel * in * T));
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// A 64-byte aligned view of a growing per-thread buffer.
-void* aligned_scratch(std::vector<char>& buf, size_t bytes) {
-  buf.resize(bytes + 64);
-  return buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
-}
-
 // Our own blocked GEMM (x86/gemm*.cpp). Columns are cut into whole nr-wide panels, in a number of
 // blocks that is a multiple of the thread count (each block packs only its own weights; blocks go
 // to whichever thread is free); with fewer panels than threads, rows are split too. Every y element
@@ -147,6 +163,12 @@ const GemmPath* own_gemm(DType weights) {
 }  // namespace
 
 void set_bf16_weight_gemm(Bf16WeightGemm mode) { g_bf16_weight_gemm.store(mode); }
+
+bool use_bf16_dot_products(bool on) {
+  const bool can = gemm_table().bf16_dot != nullptr;
+  set_bf16_weight_gemm(on && can ? Bf16WeightGemm::RoundActivationsToBf16 : Bf16WeightGemm::Exact);
+  return on && can;
+}
 Bf16WeightGemm bf16_weight_gemm() { return g_bf16_weight_gemm.load(); }
 
 void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
@@ -161,20 +183,20 @@ void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y) {
   LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
   if (T <= 0) return;
-  if (T > 1) {
-    if (const GemmPath* own = own_gemm(W.w->dtype())) {  // adds the bias as it stores y
-      const float* b = nullptr;
-      thread_local std::vector<float> widened;
-      if (bias) {
-        widened.resize(W.out());
-        widen_row(*bias, 0, W.out(), widened.data());
-        b = widened.data();
-      }
-      gemm_blocked(*own, {x, W.w->raw(), dtype_index(W.w->dtype()), W.layout == Layout::OutIn, T, W.in(), W.out(), y, b});
-      return;
+  const GemmPath* own = own_gemm(W.w->dtype());
+  if (T > 1 && own) {  // adds the bias as it stores y
+    const float* b = nullptr;
+    thread_local std::vector<float> widened;
+    if (bias) {
+      widened.resize(W.out());
+      widen_row(*bias, 0, W.out(), widened.data());
+      b = widened.data();
     }
+    gemm_blocked(*own, {x, W.w->raw(), dtype_index(W.w->dtype()), W.layout == Layout::OutIn, T, W.in(), W.out(), y, b});
+    return;
   }
-  if (T == 1) gemv(x, W, y);
+  if (T == 1 && own && own == gemm_table().bf16_dot) gemv_rounded_to_bf16(*own, *gemv_bf16_dot(), x, W, y);
+  else if (T == 1) gemv(x, W, y);
   else if (W.w->dtype() == DType::F32) gemm_f32(x, T, W, y);
   else gemm_widened(x, T, W, y);
   add_bias(bias, T, W.out(), y);

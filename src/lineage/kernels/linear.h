@@ -23,6 +23,13 @@ struct Weight {
 // over output rows); T > 1 runs GEMM. Threaded over the engine's pool.
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y);
 
+// BF16 weights only: multiply with bf16 dot products (vdpbf16ps) instead of widening W to f32. x is
+// rounded to bf16 once per product, in decode (T = 1) and prefill alike, so the two stay
+// interchangeable; the price is a relative error of ~1.7e-3 per product (llama.cpp rounds its
+// activations the same way for bf16 weights). Process-wide, off by default. Returns whether the
+// mode is on: false where the CPU lacks AVX512_BF16 (or LINEAGE_ISA forced a lower ISA).
+bool use_bf16_dot_products(bool on);
+
 // Widens `n` consecutive elements of a float tensor starting at element `offset` into dst.
 void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst);
 

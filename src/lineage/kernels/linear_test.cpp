@@ -103,13 +103,13 @@ std::string worst(const std::vector<float>& got, const std::vector<float>& want)
   return s.str();
 }
 
-// The GEMM shapes the fast paths are swept over: every combination of awkward sizes up to 2^20
+// The shapes the fast paths are swept over (T = 1 takes the GEMV, T > 1 the GEMM): every combination of awkward sizes up to 2^20
 // multiply-adds (the f64 reference dominates the run time), plus large ones that cross several
 // reduction slices (KC = 384), column blocks, thread splits and row tiles at once.
 std::vector<std::array<int64_t, 3>> awkward_gemm_shapes() {
   std::vector<std::array<int64_t, 3>> shapes;
   const int64_t dims[] = {1, 15, 16, 17, 63, 64, 65, 130, 768, 770};
-  for (int64_t T : {2, 3, 17, 64, 65, 513})
+  for (int64_t T : {1, 2, 3, 17, 64, 65, 513})
     for (int64_t in : dims)
       for (int64_t out : dims)
         if (T * in * out <= (1 << 20)) shapes.push_back({T, in, out});
@@ -170,6 +170,31 @@ TEST(Linear, GemmPathsMatchRefOverAwkwardSizes) {
       }
 }
 
+// One token alone (GEMV) gives what the same token gives inside a longer input (GEMM), in both BF16
+// modes: the bf16 dot GEMV rounds x exactly as the GEMM does, so only the order of the f32 additions
+// differs (~1e-6 over 3072 terms; rounding x differently would show as ~1.7e-3). This is what keeps
+// decode and prefill interchangeable (split invariance).
+TEST(Linear, OneRowMatchesTheSameRowOfAGemm) {
+  Bf16GemmMode restore(Bf16WeightGemm::Exact);
+  for (bool rounds : {false, true}) {
+    set_bf16_weight_gemm(rounds ? Bf16WeightGemm::RoundActivationsToBf16 : Bf16WeightGemm::Exact);
+    for (Layout layout : {Layout::OutIn, Layout::InOut})
+      for (auto [in, out] : {std::array<int64_t, 2>{768, 2304}, {3072, 768}, {65, 130}, {1, 17}}) {
+        constexpr int64_t T = 7;
+        const Tensor w = random_tensor(layout == Layout::OutIn ? Shape{out, in} : Shape{in, out}, DType::BF16, in + out);
+        const Tensor x = random_tensor({T, in}, DType::F32, 21);
+        std::vector<float> all(T * out), one(out);
+        linear(x.data<float>(), T, {&w, layout}, nullptr, all.data());
+        for (int64_t t = 0; t < T; ++t) {
+          linear(x.data<float>() + t * in, 1, {&w, layout}, nullptr, one.data());
+          const std::vector<float> row(all.begin() + t * out, all.begin() + (t + 1) * out);
+          ASSERT_LE(rel_rms(one, row), 1e-5) << worst(one, row) << (rounds ? "; bf16 dot" : "; exact") << " layout "
+                                             << int(layout) << " " << in << "x" << out << " row " << t;
+        }
+      }
+  }
+}
+
 // The bf16 dot path against the true f64 product. Rounding x to bf16 (8 significant bits) gives each
 // x·w term an independent relative error, so the sum's relative RMS error is the RMS rounding error
 // of x weighted by x²: 2^-7 / sqrt(28) ≈ 1.5e-3 for values spread evenly over an octave, 1.66e-3 for
@@ -177,7 +202,8 @@ TEST(Linear, GemmPathsMatchRefOverAwkwardSizes) {
 TEST(Linear, Bf16DotPathErrorAgainstF64Ref) {
   if (!gemm_table().bf16_dot) GTEST_SKIP() << "CPU lacks AVX512_BF16 (or LINEAGE_ISA forced a lower ISA)";
   Bf16GemmMode mode(Bf16WeightGemm::RoundActivationsToBf16);
-  for (auto [T, in, out, layout] : {std::array<int64_t, 4>{64, 768, 2304, 1}, {33, 3072, 768, 1}, {40, 768, 4000, 0}}) {
+  for (auto [T, in, out, layout] : {std::array<int64_t, 4>{64, 768, 2304, 1}, {33, 3072, 768, 1}, {40, 768, 4000, 0},
+                                    {1, 768, 2304, 1}, {1, 768, 4000, 0}}) {
     const Layout l = layout ? Layout::InOut : Layout::OutIn;
     const Tensor w = random_tensor(l == Layout::OutIn ? Shape{out, in} : Shape{in, out}, DType::BF16, 11);
     const Tensor x = random_tensor({T, in}, DType::F32, 12);

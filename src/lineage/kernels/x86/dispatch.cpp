@@ -65,6 +65,10 @@ const GemmTable& gemm_table() {
   return table;
 }
 
+const GemvBf16Dot* gemv_bf16_dot() {
+  return gemm_table().bf16_dot ? &gemv_bf16_dot_avx512bf16() : nullptr;
+}
+
 const GemvTable& gemv_table() {
   static const GemvTable& table = detect();
   return table;

@@ -16,6 +16,17 @@ struct GemvTable {
   void (*widen[3])(const void* src, int64_t n, float* dst);
 };
 
+// BF16 weights in the bf16 dot mode (gemm.h, Bf16WeightGemm::RoundActivationsToBf16): xp holds x
+// as bf16 pairs (x[2p], x[2p+1]) exactly as the bf16 GEMM's `prepare` writes one row of them (zero
+// past `in`, 64-byte aligned, whole 16-pair vectors), so decode and prefill round x identically.
+struct GemvBf16Dot {
+  void (*out_in)(const uint32_t* xp, const uint16_t* w, int64_t in, int64_t o0, int64_t o1, float* y);
+  void (*in_out)(const uint32_t* xp, const uint16_t* w, int64_t in, int64_t out, int64_t o0, int64_t o1, float* y);
+};
+const GemvBf16Dot& gemv_bf16_dot_avx512bf16();
+// The bf16 dot GEMV where this CPU (and the chosen ISA) has the bf16 dot GEMM, else null.
+const GemvBf16Dot* gemv_bf16_dot();
+
 const GemvTable& gemv_table_scalar();
 const GemvTable& gemv_table_avx2();
 const GemvTable& gemv_table_avx512();
