@@ -1,6 +1,8 @@
 // kernels::linear on GPT-2 small's shapes: GEMV (T = 1, decode), bound by reading the weight once
 // from memory, and GEMM (T = 512, prefill), bound by the multiply-adds; F32 / F16 / BF16 weights,
-// both layouts. Each call takes the next of several copies of the weight (cold_weights).
+// both layouts, and BF16 in the --bf16-dot mode ("bf16dot": vdpbf16ps on activations rounded to bf16)
+// where the CPU has AVX512_BF16. Each call takes the next of several copies of the weight
+// (cold_weights).
 #include <string>
 
 #include "bench_support.h"
@@ -16,7 +18,8 @@ struct LinearShape {
 constexpr LinearShape kShapes[] = {{"c_attn", 768, 2304},    {"attn_c_proj", 768, 768}, {"c_fc", 768, 3072},
                                    {"mlp_c_proj", 3072, 768}, {"lm_head", 768, 50257}};
 
-void bm_linear(benchmark::State& state, LinearShape s, DType dtype, kernels::Layout layout, int64_t T) {
+void bm_linear(benchmark::State& state, LinearShape s, DType dtype, kernels::Layout layout, int64_t T, bool dot) {
+  kernels::use_bf16_dot_products(dot);
   const bool out_in = layout == kernels::Layout::OutIn;
   const std::vector<Tensor>& w = out_in ? cold_weights(s.out, s.in, dtype) : cold_weights(s.in, s.out, dtype);
   const auto x = random_floats(T * s.in, 2);
@@ -33,20 +36,27 @@ void bm_linear(benchmark::State& state, LinearShape s, DType dtype, kernels::Lay
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   });
+  kernels::use_bf16_dot_products(false);
 }
 
 const bool registered = [] {
+  const bool dot_available = kernels::use_bf16_dot_products(true);
+  kernels::use_bf16_dot_products(false);
   for (int64_t T : {1, 512})
     for (const LinearShape& s : kShapes) {
       if (T > 1 && std::string(s.name) == "lm_head") continue;  // prefill runs the head for one token only
       for (DType dt : {DType::F32, DType::F16, DType::BF16})
-        for (kernels::Layout layout : {kernels::Layout::OutIn, kernels::Layout::InOut}) {
-          const std::string name = std::string("linear/") + (T == 1 ? "gemv" : "gemm_T512") + "/" + dtype_label(dt) +
+        for (bool dot : {false, true}) {
+          if (dot && (dt != DType::BF16 || !dot_available)) continue;
+          for (kernels::Layout layout : {kernels::Layout::OutIn, kernels::Layout::InOut}) {
+          const std::string name = std::string("linear/") + (T == 1 ? "gemv" : "gemm_T512") + "/" +
+                                   (dot ? std::string("bf16dot") : dtype_label(dt)) +
                                    (layout == kernels::Layout::OutIn ? "/out_in/" : "/in_out/") + s.name + "_" +
                                    std::to_string(s.in) + "x" + std::to_string(s.out);
-          benchmark::RegisterBenchmark(name.c_str(), bm_linear, s, dt, layout, T)
+          benchmark::RegisterBenchmark(name.c_str(), bm_linear, s, dt, layout, T, dot)
               ->UseRealTime()
               ->Unit(benchmark::kMicrosecond);
+          }
         }
     }
   return true;
