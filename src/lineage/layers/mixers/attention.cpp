@@ -11,15 +11,22 @@ namespace lineage::layers {
 
 namespace {
 
+// k and v holding the first s.length positions of every head, in a cache of `cap` positions.
+void copy_cache(const Attention::State& s, int64_t H, int64_t hd, int64_t cap, Tensor& k, Tensor& v) {
+  k = Tensor::empty(DType::F32, {H, cap, hd});
+  v = Tensor::empty(DType::F32, {H, cap, hd});
+  if (!s.length) return;
+  for (int64_t h = 0; h < H; ++h) {
+    std::memcpy(k.data<float>() + h * cap * hd, s.k.data<float>() + h * s.capacity * hd, s.length * hd * 4);
+    std::memcpy(v.data<float>() + h * cap * hd, s.v.data<float>() + h * s.capacity * hd, s.length * hd * 4);
+  }
+}
+
 void grow(Attention::State& s, int64_t H, int64_t hd, int64_t needed) {
   if (needed <= s.capacity) return;
   const int64_t cap = std::max<int64_t>({needed, 2 * s.capacity, 16});
-  Tensor k = Tensor::empty(DType::F32, {H, cap, hd}), v = Tensor::empty(DType::F32, {H, cap, hd});
-  for (int64_t h = 0; h < H; ++h)
-    if (s.length) {
-      std::memcpy(k.data<float>() + h * cap * hd, s.k.data<float>() + h * s.capacity * hd, s.length * hd * 4);
-      std::memcpy(v.data<float>() + h * cap * hd, s.v.data<float>() + h * s.capacity * hd, s.length * hd * 4);
-    }
+  Tensor k, v;
+  copy_cache(s, H, hd, cap, k, v);
   s.k = std::move(k);
   s.v = std::move(v);
   s.capacity = cap;
@@ -33,13 +40,13 @@ size_t Attention::State::bytes() const {
   return 2 * size_t(H * length * hd) * sizeof(float);
 }
 
+// A compact snapshot: only the filled positions are copied (and held), not the spare capacity.
 Attention::State Attention::State::clone() const {
   State c;
   c.length = length;
-  c.capacity = capacity;
-  if (capacity) {
-    c.k = k.clone();
-    c.v = v.clone();
+  if (length) {
+    c.capacity = length;
+    copy_cache(*this, k.dim(0), k.dim(2), length, c.k, c.v);
   }
   return c;
 }

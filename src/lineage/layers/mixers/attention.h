@@ -25,7 +25,7 @@ struct Attention {
     int64_t length = 0, capacity = 0;
     size_t bytes() const;
     size_t reserved_bytes() const { return k.nbytes() + v.nbytes(); }
-    State clone() const;
+    State clone() const;  // compact: holds only the `length` filled positions
     void clear() { length = 0; }  // keeps the buffers: a new sequence reuses their pages
   };
 
