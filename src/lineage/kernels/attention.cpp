@@ -91,12 +91,15 @@ void attend_tile(const float* q, int64_t ldq, int64_t nq, int64_t first_pos, con
         continue;
       }
       float mx = m[i];
+#pragma omp simd reduction(max : mx)
       for (int64_t c = 0; c < valid; ++c) mx = std::max(mx, row[c]);
       const float correction = std::exp(m[i] - mx);  // exp(-inf) = 0 on the first tile
+#pragma omp simd
       for (int64_t c = 0; c < valid; ++c) row[c] -= mx;
       float tmp[kKTile];
       exp_nonpositive(row, tmp, valid);
       float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
       for (int64_t c = 0; c < valid; ++c) sum += (row[c] = tmp[c]);
       std::fill(row + valid, row + nk, 0.0f);
       l[i] = l[i] * correction + sum;
