@@ -5,7 +5,10 @@
 #include <cstring>
 
 #include "lineage/core/error.h"
+#include "lineage/core/parallel.h"
+#include "lineage/kernels/activation.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/vmath.h"
 #include "lineage/kernels/short_conv.h"
 
 namespace lineage::layers {
@@ -17,7 +20,6 @@ std::atomic<DeltaRulePath> g_path{DeltaRulePath::Auto};
 // Scratch slots of this mixer (the model uses 10–12; other mixers 0–9).
 enum Slot { kQ = 20, kK, kV, kRaw, kBeta, kDecay, kLowRank, kCore, kGate, kFeature, kFeature2 };
 
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // torch threshold 20
 
 kernels::Weight lin(const Tensor& w) { return {&w, kernels::Layout::OutIn}; }
@@ -27,7 +29,7 @@ void apply_map(DeltaRule::FeatureMap m, float* x, int64_t n) {
     case DeltaRule::FeatureMap::Identity:
     case DeltaRule::FeatureMap::ElementwiseProduct: break;  // the product map needs weights: see below
     case DeltaRule::FeatureMap::Silu:
-      for (int64_t i = 0; i < n; ++i) x[i] = x[i] * sigmoid(x[i]);
+      kernels::activate(kernels::Activation::Silu, x, n);
       break;
     case DeltaRule::FeatureMap::Relu:
       for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0 ? x[i] : 0.0f;
@@ -48,21 +50,31 @@ void product_map(float* x, int64_t rows, int64_t K, const Tensor& w1, const Tens
   for (int64_t i = 0; i < rows * K; ++i) x[i] = a[i] * b[i];
 }
 
+// Runs fn(r0, r1) over rows split across the threads once there are enough of them (prefill); each
+// row costs about `work` operations.
+void over_rows(int64_t rows, int64_t work, const std::function<void(int64_t, int64_t)>& fn) {
+  parallel_for(rows, fn, grain_for(work));
+}
+
 void normalize_heads(DeltaRule::QkNorm n, float* x, int64_t rows, int64_t K) {
   if (n == DeltaRule::QkNorm::None) return;
-  for (int64_t r = 0; r < rows; ++r) {
-    float* v = x + r * K;
-    double acc = 0;
-    if (n == DeltaRule::QkNorm::L2) {
-      for (int64_t i = 0; i < K; ++i) acc += double(v[i]) * v[i];
-      const float inv = float(1.0 / std::sqrt(acc + 1e-6));
-      for (int64_t i = 0; i < K; ++i) v[i] *= inv;
-    } else {
-      for (int64_t i = 0; i < K; ++i) acc += v[i];
-      const float inv = float(1.0 / (acc + (n == DeltaRule::QkNorm::SumEps ? 1e-4 : 0.0)));
-      for (int64_t i = 0; i < K; ++i) v[i] *= inv;
+  over_rows(rows, 3 * K, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* v = x + r * K;
+      double acc = 0;
+      if (n == DeltaRule::QkNorm::L2) {
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < K; ++i) acc += double(v[i]) * v[i];
+        const float inv = float(1.0 / std::sqrt(acc + 1e-6));
+        for (int64_t i = 0; i < K; ++i) v[i] *= inv;
+      } else {
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < K; ++i) acc += v[i];
+        const float inv = float(1.0 / (acc + (n == DeltaRule::QkNorm::SumEps ? 1e-4 : 0.0)));
+        for (int64_t i = 0; i < K; ++i) v[i] *= inv;
+      }
     }
-  }
+  });
 }
 
 // Repeats each of `groups` source heads G times consecutively: [T, KVH, d] → [T, KVH*G, d].
@@ -247,7 +259,7 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
     beta = scratch.get(kBeta, size_t(T) * HV);
     if (c.has_beta) {
       kernels::linear(x, T, lin(w.b_proj), nullptr, beta);
-      for (int64_t i = 0; i < T * HV; ++i) beta[i] = sigmoid(beta[i]);
+      kernels::sigmoid(beta, beta, T * HV);
     } else {
       std::fill(beta, beta + T * HV, 1.0f);
     }
@@ -271,12 +283,16 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
     A.resize(HV), dt.resize(width);
     kernels::widen_row(w.A_log, 0, HV, A.data());
     kernels::widen_row(w.dt_bias, 0, width, dt.data());
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < width; ++i) {
-        const int64_t h = per_channel ? i / K : i;
-        float& a = decay[t * width + i];
-        a = -std::exp(A[h]) * softplus(a + dt[i]);
-      }
+    const float* Ap = A.data();  // thread_local: the workers must see the caller's copies
+    const float* dtp = dt.data();
+    over_rows(T, 40 * width, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t i = 0; i < width; ++i) {
+          const int64_t h = per_channel ? i / K : i;
+          float& a = decay[t * width + i];
+          a = -std::exp(Ap[h]) * softplus(a + dtp[i]);
+        }
+    });
     trace("attn.log_decay", decay, {T, width});
   }
 
@@ -308,21 +324,27 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
   if (c.out_gate == DeltaRule::OutGate::Swish) {
     gate = scratch.get(kGate, size_t(T) * HV * V);
     kernels::linear(x, T, lin(w.g_proj), nullptr, gate);
-    for (int64_t i = 0; i < T * HV * V; ++i) gate[i] = gate[i] * sigmoid(gate[i]);
+    kernels::activate(kernels::Activation::Silu, gate, T * HV * V);
   } else if (c.out_gate == DeltaRule::OutGate::SigmoidLowRank) {
     float* low = scratch.get(kFeature, size_t(T) * V);
     gate = scratch.get(kGate, size_t(T) * HV * V);
     kernels::linear(x, T, lin(w.g_a), nullptr, low);
     kernels::linear(low, T, lin(w.g_b), m.g_b_has_bias ? &w.g_b_bias : nullptr, gate);
-    for (int64_t i = 0; i < T * HV * V; ++i) gate[i] = sigmoid(gate[i]);
+    over_rows(T, 16 * HV * V, [&](int64_t t0, int64_t t1) {
+      kernels::sigmoid(gate + t0 * HV * V, gate + t0 * HV * V, (t1 - t0) * HV * V);
+    });
   }
-  for (int64_t r = 0; r < T * HV; ++r) {
-    float* o = core + r * V;
-    double ss = 0;
-    for (int64_t i = 0; i < V; ++i) ss += double(o[i]) * o[i];
-    const float inv = float(1.0 / std::sqrt(ss / V + c.norm_eps));
-    for (int64_t i = 0; i < V; ++i) o[i] = o[i] * inv * onw[i] * (gate ? gate[r * V + i] : 1.0f);
-  }
+  const float* onw_p = onw.data();  // thread_local, as above
+  over_rows(T * HV, 4 * V, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* o = core + r * V;
+      double ss = 0;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < V; ++i) ss += double(o[i]) * o[i];
+      const float inv = float(1.0 / std::sqrt(ss / V + c.norm_eps));
+      for (int64_t i = 0; i < V; ++i) o[i] = o[i] * inv * onw_p[i] * (gate ? gate[r * V + i] : 1.0f);
+    }
+  });
   kernels::linear(core, T, lin(w.o_proj), nullptr, y);
   trace("attn.out", y, {T, c.d_model});
 }
