@@ -1,11 +1,11 @@
 #include "lineage/kernels/short_conv.h"
 
-#include <cmath>
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "lineage/core/parallel.h"
+#include "lineage/kernels/activation.h"
 #include "lineage/kernels/linear.h"
 
 namespace lineage::kernels {
@@ -13,10 +13,13 @@ namespace lineage::kernels {
 void short_conv(const float* x, int64_t T, int64_t C, int64_t ldx, const Tensor& w, float* tail, bool silu,
                 float* y, int64_t ldy) {
   const int64_t W = w.dim(-1), P = W - 1;
-  thread_local std::vector<float> wf, next;  // reused: no allocation per decode step
+  thread_local std::vector<float> wf, wt, next;  // reused: no allocation per decode step
   wf.resize(C * W);
   widen_row(w, 0, C * W, wf.data());
-  const float* taps = wf.data();  // a thread_local named inside the lambda would be the worker's own
+  wt.resize(W * C);  // tap-major [W, C], so the channel loops below run over contiguous taps
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t j = 0; j < W; ++j) wt[j * C + c] = wf[c * W + j];
+  const float* taps = wt.data();  // a thread_local named inside the lambda would be the worker's own
   // Input row r of the padded sequence [tail; x]: r < P comes from the tail, otherwise x[r − P].
   const auto row = [&](int64_t r) { return r < P ? tail + r * C : x + (r - P) * ldx; };
   parallel_for(C, [&](int64_t c0, int64_t c1) {
@@ -25,10 +28,10 @@ void short_conv(const float* x, int64_t T, int64_t C, int64_t ldx, const Tensor&
       for (int64_t c = c0; c < c1; ++c) yt[c] = 0.0f;
       for (int64_t j = 0; j < W; ++j) {
         const float* xr = row(t + j);
-        for (int64_t c = c0; c < c1; ++c) yt[c] += taps[c * W + j] * xr[c];
+        const float* tj = taps + j * C;
+        for (int64_t c = c0; c < c1; ++c) yt[c] += tj[c] * xr[c];
       }
-      if (silu)
-        for (int64_t c = c0; c < c1; ++c) yt[c] = yt[c] / (1.0f + std::exp(-yt[c]));
+      if (silu) activate(Activation::Silu, yt + c0, c1 - c0);
     }
   }, std::max<int64_t>(64, grain_for(T * W)));
   // New tail: the last P rows of [tail; x].
