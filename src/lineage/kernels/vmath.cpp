@@ -25,4 +25,9 @@ void sigmoid(const float* x, float* y, int64_t n) {
   else vmath_loops::sigmoid(x, y, n);
 }
 
+void softplus(const float* x, float* y, int64_t n) {
+  if (use_avx512()) softplus_avx512(x, y, n);
+  else vmath_loops::softplus(x, y, n);
+}
+
 }  // namespace lineage::kernels

@@ -12,4 +12,8 @@ void exp_nonpositive(const float* x, float* y, int64_t n);
 // y = sigmoid(x), formed from exp(−|x|) so no exponent is ever positive. y may alias x.
 void sigmoid(const float* x, float* y, int64_t n);
 
+// y = softplus(x) = log(1 + e^x), x itself above 20 as in PyTorch; formed from exp(−|x|) and a
+// log1p that keeps full precision for tiny arguments. y may alias x.
+void softplus(const float* x, float* y, int64_t n);
+
 }  // namespace lineage::kernels

@@ -7,5 +7,6 @@ namespace lineage::kernels {
 
 void exp_nonpositive_avx512(const float* x, float* y, int64_t n);
 void sigmoid_avx512(const float* x, float* y, int64_t n);
+void softplus_avx512(const float* x, float* y, int64_t n);
 
 }  // namespace lineage::kernels

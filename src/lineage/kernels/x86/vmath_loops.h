@@ -50,5 +50,45 @@ inline void sigmoid(const float* x, float* y, int64_t n) {
   }
 }
 
+// log(w) for w in [1, 2]: Cephes logf, split at sqrt(2) so the polynomial runs on f in
+// [-0.29, 0.41]. Scalar so the caller's simd loop inlines it.
+inline float log_1_to_2(float w) {
+  const bool big = w > 1.41421356f;
+  const float fe = big ? 1.0f : 0.0f;
+  const float f = (big ? 0.5f * w : w) - 1.0f;
+  const float z = f * f;
+  float p = 7.0376836292e-2f;
+  p = p * f - 1.1514610310e-1f;
+  p = p * f + 1.1676998740e-1f;
+  p = p * f - 1.2420140846e-1f;
+  p = p * f + 1.4249322787e-1f;
+  p = p * f - 1.6668057665e-1f;
+  p = p * f + 2.0000714765e-1f;
+  p = p * f - 2.4999993993e-1f;
+  p = p * f + 3.3333331174e-1f;
+  const float r = f * z * p - 2.12194440e-4f * fe - 0.5f * z;
+  return f + r + 0.693359375f * fe;
+}
+
+// y = softplus(x) = log(1 + e^x) = max(x, 0) + log1p(e^−|x|), and x itself above 20 (PyTorch's
+// threshold). log1p(u) as log(1+u)·u / ((1+u) − 1) keeps full precision for tiny u. y may alias x.
+inline void softplus(const float* x, float* y, int64_t n) {
+  constexpr int64_t kBlock = 256;
+  float t[kBlock], e[kBlock];
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t m = std::min(kBlock, n - b);
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) t[i] = -std::abs(x[b + i]);
+    exp_nonpositive(t, e, m);
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) {
+      const float u = e[i], w = 1.0f + u;
+      const float l1p = w == 1.0f ? u : log_1_to_2(w) * u / (w - 1.0f);
+      const float v = x[b + i];
+      y[b + i] = v > 20.0f ? v : std::max(v, 0.0f) + l1p;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lineage::kernels::vmath_loops

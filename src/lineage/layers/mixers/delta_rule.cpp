@@ -20,7 +20,6 @@ std::atomic<DeltaRulePath> g_path{DeltaRulePath::Auto};
 // Scratch slots of this mixer (the model uses 10–12; other mixers 0–9).
 enum Slot { kQ = 20, kK, kV, kRaw, kBeta, kDecay, kLowRank, kCore, kGate, kFeature, kFeature2 };
 
-float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // torch threshold 20
 
 kernels::Weight lin(const Tensor& w) { return {&w, kernels::Layout::OutIn}; }
 
@@ -283,15 +282,16 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
     A.resize(HV), dt.resize(width);
     kernels::widen_row(w.A_log, 0, HV, A.data());
     kernels::widen_row(w.dt_bias, 0, width, dt.data());
+    for (float& a : A) a = -std::exp(a);
     const float* Ap = A.data();  // thread_local: the workers must see the caller's copies
     const float* dtp = dt.data();
-    over_rows(T, 40 * width, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t i = 0; i < width; ++i) {
-          const int64_t h = per_channel ? i / K : i;
-          float& a = decay[t * width + i];
-          a = -std::exp(Ap[h]) * softplus(a + dtp[i]);
-        }
+    over_rows(T, 24 * width, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        float* a = decay + t * width;
+        for (int64_t i = 0; i < width; ++i) a[i] += dtp[i];
+        kernels::softplus(a, a, width);
+        for (int64_t i = 0; i < width; ++i) a[i] *= Ap[per_channel ? i / K : i];
+      }
     });
     trace("attn.log_decay", decay, {T, width});
   }
