@@ -34,7 +34,10 @@ inline void exp_nonpositive(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] < -87.0f ? 0.0f : y[i];
 }
 
-inline void sigmoid(const float* x, float* y, int64_t n) {
+// Calls finish(b, m, e) for blocks [b, b + m) of x with e[i] = exp(−|x[b + i]|): the one exponent
+// that sigmoid and softplus need, never positive.
+template <class Finish>
+inline void with_exp_neg_abs(const float* x, int64_t n, Finish finish) {
   constexpr int64_t kBlock = 256;
   float t[kBlock], e[kBlock];
   for (int64_t b = 0; b < n; b += kBlock) {
@@ -42,12 +45,18 @@ inline void sigmoid(const float* x, float* y, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < m; ++i) t[i] = -std::abs(x[b + i]);
     exp_nonpositive(t, e, m);
+    finish(b, m, e);
+  }
+}
+
+inline void sigmoid(const float* x, float* y, int64_t n) {
+  with_exp_neg_abs(x, n, [&](int64_t b, int64_t m, const float* e) {
 #pragma omp simd
     for (int64_t i = 0; i < m; ++i) {
       const float r = 1.0f / (1.0f + e[i]);
       y[b + i] = x[b + i] >= 0.0f ? r : e[i] * r;
     }
-  }
+  });
 }
 
 // log(w) for w in [1, 2]: Cephes logf, split at sqrt(2) so the polynomial runs on f in
@@ -73,13 +82,7 @@ inline float log_1_to_2(float w) {
 // y = softplus(x) = log(1 + e^x) = max(x, 0) + log1p(e^−|x|), and x itself above 20 (PyTorch's
 // threshold). log1p(u) as log(1+u)·u / ((1+u) − 1) keeps full precision for tiny u. y may alias x.
 inline void softplus(const float* x, float* y, int64_t n) {
-  constexpr int64_t kBlock = 256;
-  float t[kBlock], e[kBlock];
-  for (int64_t b = 0; b < n; b += kBlock) {
-    const int64_t m = std::min(kBlock, n - b);
-#pragma omp simd
-    for (int64_t i = 0; i < m; ++i) t[i] = -std::abs(x[b + i]);
-    exp_nonpositive(t, e, m);
+  with_exp_neg_abs(x, n, [&](int64_t b, int64_t m, const float* e) {
 #pragma omp simd
     for (int64_t i = 0; i < m; ++i) {
       const float u = e[i], w = 1.0f + u;
@@ -87,7 +90,7 @@ inline void softplus(const float* x, float* y, int64_t n) {
       const float v = x[b + i];
       y[b + i] = v > 20.0f ? v : std::max(v, 0.0f) + l1p;
     }
-  }
+  });
 }
 
 }  // namespace
