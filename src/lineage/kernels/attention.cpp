@@ -18,7 +18,7 @@ constexpr int64_t kTile = 64;  // keys scored per step of the online softmax
 
 void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, int64_t hd, float scale,
                 float* out, float* acc) {
-  float s[kTile];
+  float s[kTile], p[kTile];
   float m = -INFINITY, l = 0.0f;
   std::fill(acc, acc + hd, 0.0f);
   for (int64_t j0 = 0; j0 < n_keys; j0 += kTile) {
@@ -34,13 +34,18 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
     }
     const float m_new = std::max(m, tile_max);
     const float correction = std::exp(m - m_new);  // exp(-inf) = 0 on the first tile
-    l *= correction;
+    for (int64_t j = 0; j < n; ++j) s[j] -= m_new;
+    exp_nonpositive(s, p, n);  // the whole tile's weights in one vectorized call
+    float tile_sum = 0.0f;
+#pragma omp simd reduction(+ : tile_sum)
+    for (int64_t j = 0; j < n; ++j) tile_sum += p[j];
+    l = l * correction + tile_sum;
     for (int64_t c = 0; c < hd; ++c) acc[c] *= correction;
     for (int64_t j = 0; j < n; ++j) {
-      const float p = std::exp(s[j] - m_new);
-      l += p;
+      const float pj = p[j];
       const float* vj = v + (j0 + j) * hd;
-      for (int64_t c = 0; c < hd; ++c) acc[c] += p * vj[c];
+#pragma omp simd
+      for (int64_t c = 0; c < hd; ++c) acc[c] += pj * vj[c];
     }
     m = m_new;
   }
