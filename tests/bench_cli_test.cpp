@@ -41,10 +41,27 @@ void expect_row(const nlohmann::json& row, const std::string& model) {
   const double ceiling = row[decode ? "bandwidth_bytes_per_s" : "peak_flops"].get<double>();
   EXPECT_NEAR(row["roofline_tokens_per_s"].get<double>(), ceiling / row[cost].get<double>(),
               1e-9 * row["roofline_tokens_per_s"].get<double>());
+  EXPECT_FALSE(row["bf16_dot"].get<bool>());
+  if (!decode) return;
+  // Paired: each repetition against the bandwidth probed around it, never above the run's best.
+  const auto samples = row["samples_tokens_per_s"].get<std::vector<double>>();
+  const auto bandwidth = row["samples_bandwidth_bytes_per_s"].get<std::vector<double>>();
+  ASSERT_EQ(samples.size(), bandwidth.size());
+  const double bytes = row[cost].get<double>();
+  double shares = 0, probes = 0;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    EXPECT_GT(bandwidth[i], 0.0);
+    EXPECT_LE(bandwidth[i], ceiling);
+    shares += samples[i] / (bandwidth[i] / bytes);
+    probes += bandwidth[i];
+  }
+  const double n = double(samples.size());
+  EXPECT_NEAR(row["roofline_share_paired"].get<double>(), shares / n, 1e-9 * shares / n);
+  EXPECT_NEAR(row["roofline_paired_tokens_per_s"].get<double>(), probes / n / bytes, 1e-9 * probes / n / bytes);
 }
 
 TEST(BenchCli, Gpt2RowsAndTheirRoofline) {
-  const auto j = run_bench_json("--preset gpt2-124m --prompt 8 --gen 2 --depth 0,16 --repetitions 1 --threads 1");
+  const auto j = run_bench_json("--preset gpt2-124m --prompt 8 --gen 2 --depth 0,16 --repetitions 2 --threads 1");
   ASSERT_EQ(j.size(), 3u);
   for (const auto& row : j) expect_row(row, "gpt2-124m");
   EXPECT_EQ(j[0]["test"], "pp8");
