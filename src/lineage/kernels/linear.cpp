@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -46,6 +47,10 @@ void* aligned_scratch(std::vector<char>& buf, size_t bytes) {
   return buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
 }
 
+// GEMV output rows (or columns) are handed out in chunks of whole 128s, so every chunk streams whole
+// cache lines and the [in, out] kernel keeps full 8-vector column blocks.
+int64_t gemv_chunk(int64_t in) { return (std::max<int64_t>(128, grain_for(in)) + 127) / 128 * 128; }
+
 // The bf16 dot mode's GEMV: x rounded to bf16 pairs by the GEMM's own `prepare`, so one token
 // decoded gives what the same token gives inside a prefill.
 void gemv_rounded_to_bf16(const GemmPath& path, const GemvBf16Dot& k, const float* x, const Weight& W, float* y) {
@@ -55,24 +60,35 @@ void gemv_rounded_to_bf16(const GemmPath& path, const GemvBf16Dot& k, const floa
   thread_local std::vector<char> buf;
   auto* xp = static_cast<uint32_t*>(aligned_scratch(buf, path.prepared_bytes(1, in)));
   path.prepare(p, 0, 1, xp);
-  const int64_t chunk = (std::max<int64_t>(128, grain_for(in)) + 127) / 128 * 128;
-  parallel_chunks(out, chunk, [&](int64_t o0, int64_t o1) {
+  parallel_chunks(out, gemv_chunk(in), [&](int64_t o0, int64_t o1) {
     if (W.layout == Layout::OutIn) k.out_in(xp, w, in, o0, o1, y);
     else k.in_out(xp, w, in, out, o0, o1, y);
   });
 }
 
-void gemv(const float* x, const Weight& W, float* y) {
-  const GemvTable& k = gemv_table();
+// Rows [o0, o1) of y = W·x on the exact path.
+void gemv_rows(const GemvTable& k, const float* x, const Weight& W, int64_t o0, int64_t o1, float* y) {
   const int dt = dtype_index(W.w->dtype());
-  const int64_t in = W.in(), out = W.out();
-  const void* w = W.w->raw();
-  // Output rows (or columns) in chunks of whole 128s, so every chunk streams whole cache lines and
-  // the [in, out] kernel keeps full 8-vector column blocks; chunks go to whichever thread is free.
-  const int64_t chunk = (std::max<int64_t>(128, grain_for(in)) + 127) / 128 * 128;
-  parallel_chunks(out, chunk, [&](int64_t o0, int64_t o1) {
-    if (W.layout == Layout::OutIn) k.out_in[dt](x, w, in, o0, o1, y);
-    else k.in_out[dt](x, w, in, out, o0, o1, y);
+  if (W.layout == Layout::OutIn) k.out_in[dt](x, W.w->raw(), W.in(), o0, o1, y);
+  else k.in_out[dt](x, W.w->raw(), W.in(), W.out(), o0, o1, y);
+}
+
+// The GEMVs of several weights on one input, in one parallel region: every output is cut into
+// chunks (gemv_chunk) and all chunks of all outputs go to whichever thread is free.
+void gemv_group(const float* x, std::span<const LinearOut> outs) {
+  const GemvTable& k = gemv_table();
+  thread_local std::vector<std::array<int64_t, 3>> units;  // (output, o0, o1)
+  units.clear();
+  for (size_t j = 0; j < outs.size(); ++j) {
+    const int64_t out = outs[j].W.out(), chunk = gemv_chunk(outs[j].W.in());
+    for (int64_t o0 = 0; o0 < out; o0 += chunk) units.push_back({int64_t(j), o0, std::min(out, o0 + chunk)});
+  }
+  const auto* u = units.data();  // a thread_local named inside the lambda would be the worker's own
+  parallel_chunks(int64_t(units.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const LinearOut& o = outs[size_t(u[i][0])];
+      gemv_rows(k, x, o.W, u[i][1], u[i][2], o.y);
+    }
   });
 }
 
@@ -195,11 +211,23 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
     gemm_blocked(*own, {x, W.w->raw(), dtype_index(W.w->dtype()), W.layout == Layout::OutIn, T, W.in(), W.out(), y, b});
     return;
   }
+  const LinearOut one{W, nullptr, y};
   if (T == 1 && own && own == gemm_table().bf16_dot) gemv_rounded_to_bf16(*own, *gemv_bf16_dot(), x, W, y);
-  else if (T == 1) gemv(x, W, y);
+  else if (T == 1) gemv_group(x, {&one, 1});
   else if (W.w->dtype() == DType::F32) gemm_f32(x, T, W, y);
   else gemm_widened(x, T, W, y);
   add_bias(bias, T, W.out(), y);
+}
+
+void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs) {
+  const bool dot = gemm_table().bf16_dot && bf16_weight_gemm() == Bf16WeightGemm::RoundActivationsToBf16;
+  if (T != 1 || dot) {  // GEMMs (and the bf16 dot GEMV) are one region each anyway
+    for (const LinearOut& o : outs) linear(x, T, o.W, o.bias, o.y);
+    return;
+  }
+  for (const LinearOut& o : outs) LINEAGE_CHECK(o.W.w && o.W.w->ndim() == 2, "linear needs a 2-D weight");
+  gemv_group(x, outs);
+  for (const LinearOut& o : outs) add_bias(o.bias, 1, o.W.out(), o.y);
 }
 
 }  // namespace lineage::kernels

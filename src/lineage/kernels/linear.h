@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "lineage/core/tensor.h"
 
@@ -29,6 +30,18 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
 // activations the same way for bf16 weights). Process-wide, off by default. Returns whether the
 // mode is on: false where the CPU lacks AVX512_BF16 (or LINEAGE_ISA forced a lower ISA).
 bool use_bf16_dot_products(bool on);
+
+// One of several linear maps of the same input: y = x·W (+ bias).
+struct LinearOut {
+  Weight W;
+  const Tensor* bias = nullptr;
+  float* y = nullptr;
+};
+
+// linear() for each of `outs` on the same x. For one token (T = 1, decode) their GEMVs share one
+// parallel region, with every output's row chunks handed to whichever thread is free: fewer thread
+// wake-ups per layer than one linear() call each. Results equal linear()'s.
+void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs);
 
 // Widens `n` consecutive elements of a float tensor starting at element `offset` into dst.
 void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst);

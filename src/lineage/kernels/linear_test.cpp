@@ -195,6 +195,31 @@ TEST(Linear, OneRowMatchesTheSameRowOfAGemm) {
   }
 }
 
+// A group of linear maps on one input gives what linear() gives for each (one shared parallel
+// region for T = 1), with biases, both layouts and all dtypes mixed.
+TEST(Linear, GroupEqualsOneCallEach) {
+  const Tensor a = random_tensor({300, 200}, DType::F32, 31), b = random_tensor({200, 130}, DType::BF16, 32);
+  const Tensor c = random_tensor({7, 200}, DType::F16, 33), bias = random_tensor({130}, DType::F32, 34);
+  for (int threads : {1, 2}) {
+    set_threads(threads);
+    for (int64_t T : {1, 3}) {
+      const Tensor x = random_tensor({T, 200}, DType::F32, 35);
+      std::vector<float> ya(T * 300), yb(T * 130), yc(T * 7), wa(T * 300), wb(T * 130), wc(T * 7);
+      const LinearOut outs[] = {{{&a, Layout::OutIn}, nullptr, ya.data()},
+                                {{&b, Layout::InOut}, &bias, yb.data()},
+                                {{&c, Layout::OutIn}, nullptr, yc.data()}};
+      linear_group(x.data<float>(), T, outs);
+      linear(x.data<float>(), T, {&a, Layout::OutIn}, nullptr, wa.data());
+      linear(x.data<float>(), T, {&b, Layout::InOut}, &bias, wb.data());
+      linear(x.data<float>(), T, {&c, Layout::OutIn}, nullptr, wc.data());
+      EXPECT_EQ(ya, wa) << "T " << T << " threads " << threads;
+      EXPECT_EQ(yb, wb) << "T " << T << " threads " << threads;
+      EXPECT_EQ(yc, wc) << "T " << T << " threads " << threads;
+    }
+  }
+  set_threads(0);
+}
+
 // The bf16 dot path against the true f64 product. Rounding x to bf16 (8 significant bits) gives each
 // x·w term an independent relative error, so the sum's relative RMS error is the RMS rounding error
 // of x weighted by x²: 2^-7 / sqrt(28) ≈ 1.5e-3 for values spread evenly over an octave, 1.66e-3 for

@@ -23,8 +23,9 @@ void forward(const GatedMlp& m, const float* x, int64_t T, float* y, Scratch& sc
   const int64_t F = m.config.hidden;
   float* g = scratch.get(3, size_t(T) * F);
   float* u = scratch.get(4, size_t(T) * F);
-  kernels::linear(x, T, {&m.weights.gate_proj, kernels::Layout::OutIn}, nullptr, g);
-  kernels::linear(x, T, {&m.weights.up_proj, kernels::Layout::OutIn}, nullptr, u);
+  const kernels::LinearOut gate_up[] = {{{&m.weights.gate_proj, kernels::Layout::OutIn}, nullptr, g},
+                                        {{&m.weights.up_proj, kernels::Layout::OutIn}, nullptr, u}};
+  kernels::linear_group(x, T, gate_up);
   kernels::activate(kernels::Activation::Silu, g, T * F);
   for (int64_t i = 0; i < T * F; ++i) g[i] *= u[i];
   kernels::linear(g, T, {&m.weights.down_proj, kernels::Layout::OutIn}, nullptr, y);

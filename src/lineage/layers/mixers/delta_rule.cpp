@@ -185,7 +185,11 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
   // 1. Projections q | k | v side by side in one buffer, so the short conv runs over all channels.
   const int64_t C = Cq + Ck + Cv;
   float* raw = scratch.get(kRaw, size_t(T) * C);
-  {
+  if (T == 1) {  // one token: the three rows land side by side, in one parallel region
+    const kernels::LinearOut qkv_out[] = {{lin(w.q_proj), nullptr, raw}, {lin(w.k_proj), nullptr, raw + Cq},
+                                          {lin(w.v_proj), nullptr, raw + Cq + Ck}};
+    kernels::linear_group(x, 1, qkv_out);
+  } else {
     float* tmp = scratch.get(kCore, size_t(T) * std::max({Cq, Ck, Cv}));
     const std::pair<const Tensor*, int64_t> parts[] = {{&w.q_proj, 0}, {&w.k_proj, Cq}, {&w.v_proj, Cq + Ck}};
     for (const auto& [wt, off] : parts) {
