@@ -179,13 +179,13 @@ const GemmPath* own_gemm(DType weights) {
 }  // namespace
 
 void set_bf16_weight_gemm(Bf16WeightGemm mode) { g_bf16_weight_gemm.store(mode); }
+Bf16WeightGemm bf16_weight_gemm() { return g_bf16_weight_gemm.load(); }
 
 bool use_bf16_dot_products(bool on) {
   const bool can = gemm_table().bf16_dot != nullptr;
   set_bf16_weight_gemm(on && can ? Bf16WeightGemm::RoundActivationsToBf16 : Bf16WeightGemm::Exact);
   return on && can;
 }
-Bf16WeightGemm bf16_weight_gemm() { return g_bf16_weight_gemm.load(); }
 
 void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
   if (t.dtype() == DType::F64) {
@@ -211,21 +211,32 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
     gemm_blocked(*own, {x, W.w->raw(), dtype_index(W.w->dtype()), W.layout == Layout::OutIn, T, W.in(), W.out(), y, b});
     return;
   }
-  const LinearOut one{W, nullptr, y};
-  if (T == 1 && own && own == gemm_table().bf16_dot) gemv_rounded_to_bf16(*own, *gemv_bf16_dot(), x, W, y);
-  else if (T == 1) gemv_group(x, {&one, 1});
-  else if (W.w->dtype() == DType::F32) gemm_f32(x, T, W, y);
-  else gemm_widened(x, T, W, y);
+  if (T == 1) {
+    if (own && own == gemm_table().bf16_dot) {
+      gemv_rounded_to_bf16(*own, *gemv_bf16_dot(), x, W, y);
+    } else {
+      const LinearOut one{W, nullptr, y};
+      gemv_group(x, {&one, 1});
+    }
+  } else if (W.w->dtype() == DType::F32) {
+    gemm_f32(x, T, W, y);
+  } else {
+    gemm_widened(x, T, W, y);
+  }
   add_bias(bias, T, W.out(), y);
 }
 
 void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs) {
-  const bool dot = gemm_table().bf16_dot && bf16_weight_gemm() == Bf16WeightGemm::RoundActivationsToBf16;
-  if (T != 1 || dot) {  // GEMMs (and the bf16 dot GEMV) are one region each anyway
+  bool separate = T != 1;  // GEMMs (and the bf16 dot GEMV) are one region each anyway
+  const GemmPath* dot = gemm_table().bf16_dot;
+  for (const LinearOut& o : outs) {
+    LINEAGE_CHECK(o.W.w && o.W.w->ndim() == 2, "linear needs a 2-D weight");
+    separate = separate || (dot && own_gemm(o.W.w->dtype()) == dot);
+  }
+  if (separate) {
     for (const LinearOut& o : outs) linear(x, T, o.W, o.bias, o.y);
     return;
   }
-  for (const LinearOut& o : outs) LINEAGE_CHECK(o.W.w && o.W.w->ndim() == 2, "linear needs a 2-D weight");
   gemv_group(x, outs);
   for (const LinearOut& o : outs) add_bias(o.bias, 1, o.W.out(), o.y);
 }
