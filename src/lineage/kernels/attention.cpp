@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lineage/core/parallel.h"
+#include "lineage/core/scratch.h"
 #include "lineage/kernels/vmath.h"
 #include "lineage/kernels/x86/gemm.h"
 
@@ -61,12 +62,11 @@ constexpr int64_t kQTile = 64, kKTile = 256;
 // this ISA's own GEMM blocks where it has them (AVX-512), else OpenBLAS. The caller's thread runs it.
 void small_gemm(const float* x, int64_t T, int64_t in, const float* w, bool out_in, int64_t out, float* y) {
   if (const GemmPath* path = gemm_table().exact) {
-    thread_local std::vector<float> scratch;
-    scratch.resize(path->scratch_bytes / sizeof(float) + 16);
-    float* aligned = scratch.data() + (16 - reinterpret_cast<uintptr_t>(scratch.data()) / sizeof(float) % 16) % 16;
+    thread_local std::vector<char> buf;
+    void* scratch = aligned_scratch(buf, path->scratch_bytes);
     const GemmProblem p{x, w, 0, out_in, T, in, out, y};
     for (int64_t o0 = 0; o0 < out; o0 += path->nc_max)
-      path->block(p, nullptr, 0, T, o0, std::min(out, o0 + path->nc_max), aligned);
+      path->block(p, nullptr, 0, T, o0, std::min(out, o0 + path->nc_max), scratch);
     return;
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, out_in ? CblasTrans : CblasNoTrans, T, out, in, 1.0f, x, in, w,

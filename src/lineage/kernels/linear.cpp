@@ -10,6 +10,7 @@
 
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
+#include "lineage/core/scratch.h"
 #include "lineage/kernels/x86/gemm.h"
 #include "lineage/kernels/x86/gemv.h"
 
@@ -40,12 +41,6 @@ void add_bias(const Tensor* bias, int64_t T, int64_t out, float* y) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// A 64-byte aligned view of a growing per-thread buffer.
-void* aligned_scratch(std::vector<char>& buf, size_t bytes) {
-  buf.resize(bytes + 64);
-  return buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
-}
 
 // GEMV output rows (or columns) are handed out in chunks of whole 128s, so every chunk streams whole
 // cache lines and the [in, out] kernel keeps full 8-vector column blocks.
