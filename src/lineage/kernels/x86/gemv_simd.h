@@ -64,12 +64,13 @@ void in_out(const float* x, const void* w, int64_t in, int64_t out, int64_t o0, 
   constexpr int W = S::kWidth;
   // Eight vectors of columns stay in registers while the rows stream by, so each row contributes
   // a run of 8·W contiguous weights (whole cache lines) before the walk jumps a row down. The
-  // prefetchers do not follow that stride far enough ahead, so the block's next 4 KiB (kPrefetchRows
-  // rows below) is requested explicitly.
+  // prefetchers do not follow that stride far enough ahead, so the block kPrefetchRows rows below is
+  // requested explicitly, 16 KiB of the block's data ahead (in alternating A/B runs of GPT-2 decode
+  // on Zen 5: f32 ~10 % faster than 4 KiB ahead, bf16 the same; no prefetch: bf16 ~25 % slower).
   constexpr int kAcc = 8;
   constexpr int64_t kBlock = kAcc * W;
   constexpr int64_t kElem = DT == 0 ? 4 : 2;
-  constexpr int64_t kPrefetchRows = 4096 / (kBlock * kElem);
+  constexpr int64_t kPrefetchRows = 16384 / (kBlock * kElem);
   const char* bytes = static_cast<const char*>(w);
   int64_t o = o0;
   for (; o + kBlock <= o1; o += kBlock) {
