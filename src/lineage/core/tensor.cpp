@@ -1,5 +1,7 @@
 #include "lineage/core/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -22,13 +24,28 @@ std::string shape_str(const Shape& s) {
   return os.str();
 }
 
+namespace {
+constexpr size_t kHugePage = size_t(2) << 20;
+}  // namespace
+
 Tensor Tensor::empty(DType dtype, Shape shape) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   for (int64_t d : t.shape_) LINEAGE_CHECK(d >= 0, "negative dim in ", shape_str(t.shape_));
   const size_t bytes = (size_t(t.numel()) * dtype_size(dtype) + 63) / 64 * 64;
-  void* p = bytes ? std::aligned_alloc(64, bytes) : nullptr;
+  void* p = nullptr;
+  if (bytes >= kHugePage) {
+    // Large buffers (weights, KV caches, states) start on a 2 MiB boundary and ask for transparent
+    // huge pages: a streaming read then crosses no 4 KiB page boundary, where the hardware
+    // prefetchers stop and the TLB misses, every 4 KiB.
+    if (posix_memalign(&p, kHugePage, bytes) != 0) p = nullptr;
+#ifdef MADV_HUGEPAGE
+    if (p) madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+  } else if (bytes) {
+    p = std::aligned_alloc(64, bytes);
+  }
   LINEAGE_CHECK(bytes == 0 || p, "out of memory allocating ", bytes, " bytes");
   t.data_ = p;
   t.defined_ = true;
