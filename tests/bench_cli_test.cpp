@@ -42,6 +42,7 @@ void expect_row(const nlohmann::json& row, const std::string& model) {
   EXPECT_NEAR(row["roofline_tokens_per_s"].get<double>(), ceiling / row[cost].get<double>(),
               1e-9 * row["roofline_tokens_per_s"].get<double>());
   EXPECT_FALSE(row["bf16_dot"].get<bool>());
+  EXPECT_FALSE(row["weights_mapped"].get<bool>()) << "preset weights are owned";
   if (!decode) return;
   // Paired: each repetition against the bandwidth probed around it, never above the run's best.
   const auto samples = row["samples_tokens_per_s"].get<std::vector<double>>();
@@ -82,6 +83,16 @@ TEST(BenchCli, DeltaNetStateCostIsTheSameAtEveryDepth) {
   for (const auto& row : j) expect_row(row, "deltanet");
   EXPECT_DOUBLE_EQ(j[1]["bytes_per_token"].get<double>(), j[2]["bytes_per_token"].get<double>());
   EXPECT_GT(j[1]["state_bytes_per_token"].get<double>(), 0.0);
+}
+
+// A checkpoint's weights stay mapped from its files, and the rows say so (the header too).
+TEST(BenchCli, CheckpointWeightsAreReportedMapped) {
+  const std::string dir = test::shell_quote((test::testdata() / "kda" / "f32").string());
+  const auto j = run_bench_json("--model " + dir + " --prompt 4 --gen 2 --repetitions 1 --threads 1");
+  ASSERT_EQ(j.size(), 2u);
+  for (const auto& row : j) EXPECT_TRUE(row["weights_mapped"].get<bool>()) << row.dump();
+  const auto text = run_lineage("bench --model " + dir + " --prompt 4 --gen 2 --repetitions 1 --threads 1");
+  EXPECT_NE(text.out.find("mapped from files"), std::string::npos) << text.out;
 }
 
 TEST(BenchCli, BadValuesExitTwo) {

@@ -179,12 +179,22 @@ std::string per_token_label(const Row& r) {
 struct Context {
   std::string model, dtype;
   int threads = 0;
+  bool mapped = false;  // weights mapped from checkpoint files (4 KiB pages), not owned
   Ceilings ceil;
 };
 
+// Whether any weight is mapped from a file rather than owned: mapped pages stay 4 KiB here, while
+// owned buffers (and the bandwidth probe) get huge pages, which decode notices.
+bool weights_mapped(model::Model& m) {
+  bool mapped = false;
+  m.for_each_tensor([&](const std::string&, Tensor& t, const Shape&, layers::Init) { mapped = mapped || t.is_borrowed(); });
+  return mapped;
+}
+
 void print_header(const Context& c, const model::Model& m, const std::vector<Row>& rows) {
-  std::printf("lineage bench: %s (%s), weights %s, threads %d%s\n", c.model.c_str(), m.config.model_type.c_str(),
-              c.dtype.c_str(), c.threads, bf16_dot_in_effect() ? ", bf16 dot products (--bf16-dot)" : "");
+  std::printf("lineage bench: %s (%s), weights %s%s, threads %d%s\n", c.model.c_str(), m.config.model_type.c_str(),
+              c.dtype.c_str(), c.mapped ? " mapped from files (4 KiB pages)" : "", c.threads,
+              bf16_dot_in_effect() ? ", bf16 dot products (--bf16-dot)" : "");
   std::printf("roofline: read bandwidth %.2f GB/s best (%s), peak %.1f GFLOP/s (%s)\n", c.ceil.bandwidth / 1e9,
               c.ceil.read_kernel.c_str(), c.ceil.peak / 1e9, c.ceil.peak_kernel.c_str());
   double lo = 0, hi = 0;
@@ -222,6 +232,7 @@ nlohmann::json row_json(const Context& c, const Row& r, int repetitions) {
                       {"weights_dtype", c.dtype},
                       {"threads", c.threads},
                       {"bf16_dot", bf16_dot_in_effect()},
+                      {"weights_mapped", c.mapped},
                       {"test", r.test},
                       {"depth", r.depth},
                       {"repetitions", repetitions},
@@ -282,6 +293,7 @@ void run(const Opts& o) {
   Context c;
   c.model = model_label(o.src);
   const DType dtype = main_dtype(m);
+  c.mapped = weights_mapped(m);
   c.dtype = lower(dtype_name(dtype));
   c.threads = num_threads();
   c.ceil = measure_ceilings(dtype, c.threads, {});
