@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "lineage/core/parallel.h"
 #include "lineage/core/scratch.h"
 #include "lineage/kernels/vmath.h"
+#include "lineage/kernels/x86/attention.h"
 #include "lineage/kernels/x86/gemm.h"
+#include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels {
 
@@ -55,8 +58,9 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
 }
 
 // Prefill: a tile of up to kQTile queries of one head against key tiles of kKTile, the scores and
-// the weighted values as small matrix products, the softmax online across key tiles.
-constexpr int64_t kQTile = 64, kKTile = 256;
+// the weighted values as small matrix products, the softmax online across key tiles. The portable
+// build; x86/attention_avx512.cpp is the same algorithm in AVX-512.
+constexpr int64_t kQTile = kAttentionQueryTile, kKTile = kAttentionKeyTile;
 
 // y[T, out] = x[T, in] · W, W stored [out, in] (out_in) or [in, out], all contiguous f32: through
 // this ISA's own GEMM blocks where it has them (AVX-512), else OpenBLAS. The caller's thread runs it.
@@ -124,13 +128,14 @@ void attend_tile(const float* q, int64_t ldq, int64_t nq, int64_t first_pos, con
 void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, const float* v,
                       int64_t head_stride, int64_t H, int64_t hd, float scale, float* out) {
   if (T >= 16) {
+    static const auto tile = std::strcmp(isa_name(), "avx512") ? attend_tile : attend_tile_avx512;
     const int64_t tiles = (T + kQTile - 1) / kQTile;
     // Later query tiles see more keys: hand them out first, one (tile, head) at a time, so the
     // threads finish together.
     parallel_chunks(H * tiles, 1, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const int64_t h = i % H, t0 = (tiles - 1 - i / H) * kQTile, nq = std::min(kQTile, T - t0);
-        attend_tile(q + (t0 * H + h) * hd, H * hd, nq, p0 + t0, k + h * head_stride, v + h * head_stride, hd,
+        tile(q + (t0 * H + h) * hd, H * hd, nq, p0 + t0, k + h * head_stride, v + h * head_stride, hd,
                     scale, out + (t0 * H + h) * hd, H * hd);
       }
     });

@@ -15,9 +15,12 @@ namespace {
 TEST(Attention, MatchesRefOverLengthsAndThreads) {
   for (int threads : {1, 2}) {
     set_threads(threads);
-    for (int64_t hd : {1, 8, 64})
+    // hd 80: a head that is neither a multiple of 16 nor within one 64-column pass of the AVX-512
+    // tile; (300, 40) and (0, 300): queries whose keys span two key tiles.
+    for (int64_t hd : {1, 8, 64, 80})
       for (int64_t H : {1, 3})
-        for (auto [p0, T] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {0, 63}, {0, 64}, {0, 65}, {5, 1}, {100, 30}, {200, 1}}) {
+        for (auto [p0, T] : std::vector<std::pair<int64_t, int64_t>>{
+                 {0, 1}, {0, 63}, {0, 64}, {0, 65}, {5, 1}, {100, 30}, {200, 1}, {300, 40}, {0, 300}}) {
           const int64_t cap = p0 + T + 3, n = T * H * hd;
           Rng rng(hd * 100 + H * 10 + T);
           std::vector<float> q(n), k(H * cap * hd), v(H * cap * hd), got(n), want(n);
