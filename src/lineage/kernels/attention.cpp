@@ -60,7 +60,7 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
 // Prefill: a tile of up to kQTile queries of one head against key tiles of kKTile, the scores and
 // the weighted values as small matrix products, the softmax online across key tiles. The portable
 // build; x86/attention_avx512.cpp is the same algorithm in AVX-512.
-constexpr int64_t kQTile = kAttentionQueryTile, kKTile = kAttentionKeyTile;
+constexpr int64_t kQTile = kAttentionQueryTile, kKTile = 256;
 
 // y[T, out] = x[T, in] · W, W stored [out, in] (out_in) or [in, out], all contiguous f32: through
 // this ISA's own GEMM blocks where it has them (AVX-512), else OpenBLAS. The caller's thread runs it.

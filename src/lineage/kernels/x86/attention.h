@@ -6,8 +6,8 @@
 
 namespace lineage::kernels {
 
-// A tile of up to kAttentionQueryTile queries of one head against key tiles of kAttentionKeyTile.
-constexpr int64_t kAttentionQueryTile = 64, kAttentionKeyTile = 256;
+// Queries per tile: attention_causal hands out (query tile, head) pairs.
+constexpr int64_t kAttentionQueryTile = 64;
 
 // out[i, :] (row stride ldo) = causal softmax attention of the nq queries q[i, :] (row stride ldq)
 // at positions first_pos + i over keys/values k, v ([n, hd] contiguous, n = first_pos + nq).
