@@ -3,47 +3,195 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace lineage {
 
 namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// A worker spins this long for the next region before it sleeps: decode starts a region every few
+// microseconds, and waking a sleeping thread costs tens of them.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+// The engine's threads: the calling thread is participant 0, workers 1 .. n-1 wait for the next
+// region by watching a generation counter (spinning a while, then sleeping on it). Starting and
+// finishing a region costs about 1 µs here, against ~3.5 µs for an OpenMP parallel region.
+class Pool {
+ public:
+  // More threads than cores: a spinning thread would take the core from one with work, so waiting
+  // threads yield or sleep at once (as libgomp throttles its spinning then).
+  explicit Pool(int threads) : oversubscribed_(threads > int(std::thread::hardware_concurrency())) {
+    for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { work(w); });
+  }
+  ~Pool() {
+    stop_.store(true);
+    start_region(0);
+    for (auto& t : workers_) t.join();
+  }
+  int size() const { return int(workers_.size()) + 1; }
+
+  // Runs body(p) for participants p in [0, parts), parts <= size(), and returns when all are done.
+  // The first exception thrown by any participant is rethrown here. One caller at a time.
+  template <class Body>
+  void run(int parts, const Body& body) {
+    body_ = [](const void* b, int p) { (*static_cast<const Body*>(b))(p); };
+    body_arg_ = &body;
+    error_ = nullptr;
+    pending_.store(parts - 1, std::memory_order_relaxed);
+    start_region(parts);
+    participate(0);
+    for (int64_t i = 0; pending_.load(std::memory_order_acquire) != 0; ++i)
+      if (i < (1 << 16) && !oversubscribed_) cpu_relax();
+      else std::this_thread::yield();  // a worker was descheduled: let it have the core
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  // The generation word carries the region's participant count in its low 8 bits, so a worker
+  // reads both at once (a worker that does not take part must not read a later region's count).
+  void start_region(int parts) {
+    generation_.store(((generation_.load(std::memory_order_relaxed) >> 8) + 1) << 8 | uint32_t(parts),
+                      std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
+  }
+
+  void participate(int p) {
+    t_in_region = true;
+    try {
+      body_(body_arg_, p);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+    t_in_region = false;
+  }
+
+  void work(int w) {
+    uint32_t seen = 0;  // the value before any region, not a later one the thread may start after
+    for (;;) {
+      uint32_t g = wait_for_change(seen);
+      seen = g;
+      if (stop_.load()) return;
+      if (w < int(g & 0xff)) {
+        participate(w);
+        pending_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+    }
+  }
+
+  uint32_t wait_for_change(uint32_t seen) {
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    for (int i = 1; !oversubscribed_; ++i) {
+      const uint32_t g = generation_.load(std::memory_order_acquire);
+      if (g != seen) return g;
+      cpu_relax();
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) break;
+    }
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t g;
+    while ((g = generation_.load(std::memory_order_seq_cst)) == seen) generation_.wait(seen, std::memory_order_seq_cst);
+    sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+    return g;
+  }
+
+ public:
+  static thread_local bool t_in_region;
+
+ private:
+  const bool oversubscribed_;
+  std::vector<std::thread> workers_;
+  alignas(64) std::atomic<uint32_t> generation_{0};
+  alignas(64) std::atomic<int> pending_{0};
+  alignas(64) std::atomic<int> sleepers_{0};
+  std::atomic<bool> stop_{false};
+  void (*body_)(const void*, int) = nullptr;
+  const void* body_arg_ = nullptr;
+  std::mutex error_mutex_;
+  std::exception_ptr error_;
+};
+
+thread_local bool Pool::t_in_region = false;
+
+constexpr int kMaxThreads = 255;  // the generation word's participant count is 8 bits
 int g_threads = 0;
+// OpenMP's default (OMP_NUM_THREADS, else the hardware threads), read once before any thread's
+// OpenMP setting is changed (kernels/blas_threads.h sets it to 1 where OpenBLAS is called).
+const int g_default_threads = omp_get_max_threads();
+std::unique_ptr<Pool>* g_pool = new std::unique_ptr<Pool>;  // never destroyed: workers may outlive main
+
+std::mutex g_region;  // held while a region runs (and while the pool is made or remade)
+
+Pool& pool() {
+  const int n = std::min(num_threads(), kMaxThreads);
+  if (!*g_pool || (*g_pool)->size() != n) *g_pool = std::make_unique<Pool>(n);
+  return **g_pool;
 }
 
-void set_num_threads(int n) {
-  g_threads = n > 0 ? n : omp_get_num_procs();
-  omp_set_num_threads(g_threads);
+// Runs body(p) for p in [0, parts) on the pool, or all on this thread where the pool is taken by
+// another application thread.
+template <class Body>
+void run_region(int parts, const Body& body) {
+  std::unique_lock<std::mutex> lock(g_region, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    for (int p = 0; p < parts; ++p) body(p);
+    return;
+  }
+  pool().run(parts, body);
 }
 
-int num_threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
+}  // namespace
+
+void set_num_threads(int n) { g_threads = n > 0 ? n : omp_get_num_procs(); }
+
+int num_threads() { return g_threads > 0 ? g_threads : g_default_threads; }
 
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_grain) {
   if (n <= 0) return;
   const int64_t max_parts = std::max<int64_t>(1, n / std::max<int64_t>(1, min_grain));
-  const int parts = int(std::min<int64_t>(num_threads(), max_parts));
-  if (parts <= 1 || omp_in_parallel()) {
+  const int parts = int(std::min<int64_t>(std::min(num_threads(), kMaxThreads), max_parts));
+  if (parts <= 1 || Pool::t_in_region) {
     fn(0, n);
     return;
   }
-#pragma omp parallel num_threads(parts)
-  {
-    const int64_t p = omp_get_thread_num();
+  run_region(parts, [&](int p) {
     const int64_t begin = n * p / parts, end = n * (p + 1) / parts;
     if (begin < end) fn(begin, end);
-  }
+  });
 }
 
 void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   chunk = std::max<int64_t>(1, chunk);
   const int64_t chunks = (n + chunk - 1) / chunk;
-  const int parts = int(std::min<int64_t>(num_threads(), chunks));
-  if (parts <= 1 || omp_in_parallel()) {
+  const int parts = int(std::min<int64_t>(std::min(num_threads(), kMaxThreads), chunks));
+  if (parts <= 1 || Pool::t_in_region) {
     fn(0, n);
     return;
   }
-#pragma omp parallel for num_threads(parts) schedule(dynamic, 1)
-  for (int64_t k = 0; k < chunks; ++k) fn(k * chunk, std::min(n, (k + 1) * chunk));
+  alignas(64) std::atomic<int64_t> next{0};
+  run_region(parts, [&](int) {
+    for (int64_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < chunks;)
+      fn(k * chunk, std::min(n, (k + 1) * chunk));
+  });
 }
 
 }  // namespace lineage

@@ -1,7 +1,5 @@
 #include "lineage/kernels/attention.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,6 +7,7 @@
 
 #include "lineage/core/parallel.h"
 #include "lineage/core/scratch.h"
+#include "lineage/kernels/blas_threads.h"
 #include "lineage/kernels/vmath.h"
 #include "lineage/kernels/x86/attention.h"
 #include "lineage/kernels/x86/gemm.h"
@@ -73,6 +72,7 @@ void small_gemm(const float* x, int64_t T, int64_t in, const float* w, bool out_
       path->block(p, nullptr, 0, T, o0, std::min(out, o0 + path->nc_max), scratch);
     return;
   }
+  single_threaded_blas();
   cblas_sgemm(CblasRowMajor, CblasNoTrans, out_in ? CblasTrans : CblasNoTrans, T, out, in, 1.0f, x, in, w,
               out_in ? in : out, 0.0f, y, out);
 }

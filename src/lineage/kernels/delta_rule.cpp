@@ -1,8 +1,6 @@
 #include "lineage/kernels/delta_rule.h"
 #include "lineage/kernels/vmath.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -12,6 +10,7 @@
 
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
+#include "lineage/kernels/blas_threads.h"
 #include "lineage/kernels/x86/delta_rule_avx512.h"
 #include "lineage/kernels/x86/gemv.h"
 
@@ -376,6 +375,7 @@ void delta_rule_chunked(const DeltaRuleArgs& a, int chunk) {
   parallel_for(
       a.HV,
       [&](int64_t j0, int64_t j1) {
+        single_threaded_blas();
         thread_local ChunkScratch w;
         w.size_for(a.K, a.V, gate_width(a));
         for (int64_t j = j0; j < j1; ++j) chunked_head(a, j, chunk, w);

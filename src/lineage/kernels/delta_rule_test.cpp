@@ -151,16 +151,6 @@ const char* path_name(Path p) {
   return names[int(p)];
 }
 
-// Sets the engine's thread count for one scope.
-class Threads {
- public:
-  explicit Threads(int n) : saved_(num_threads()) { set_num_threads(n); }
-  ~Threads() { set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
-
 // ---------------------------------------------------------------------------------------------
 // Chunked = recurrent, outputs and final state, across the family.
 
@@ -229,7 +219,7 @@ TEST(DeltaRule, FastMatchesRefTwins) {
                              {"deltanet", Gate::None, Decay::None, true, false},
                              {"linear_normalized", Gate::None, Decay::None, false, true}};
   for (int threads : {1, 2}) {
-    const Threads scope(threads);
+    const ScopedThreads scope(threads);
     for (const Shape& s : shapes)
       for (const Family& f : families) {
         Case c;
@@ -397,7 +387,7 @@ TEST(DeltaRuleReduction, ReadingTheKeyJustWrittenReturnsItsValue) {
 // ---------------------------------------------------------------------------------------------
 
 TEST(DeltaRule, DeterministicForAThreadCount) {
-  const Threads scope(2);
+  const ScopedThreads scope(2);
   Case c;
   c.T = 300, c.gate = Gate::PerChannel, c.decay = Decay::Mild;
   const Inputs in = make_inputs(c);

@@ -10,6 +10,7 @@
 
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
+#include "lineage/kernels/blas_threads.h"
 #include "lineage/core/scratch.h"
 #include "lineage/kernels/x86/gemm.h"
 #include "lineage/kernels/x86/gemv.h"
@@ -87,15 +88,21 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   });
 }
 
-// Where this ISA has no own GEMM (AVX2, scalar), OpenBLAS.
-// f32 weights: one sgemm straight on the stored matrix.
+// Where this ISA has no own GEMM (AVX2, scalar), OpenBLAS, single-threaded (blas_threads.h) inside
+// the engine's own threads.
+// f32 weights: one sgemm a thread, each on its contiguous range of output columns of the stored matrix.
 void gemm_f32(const float* x, int64_t T, const Weight& W, float* y) {
   const int64_t in = W.in(), out = W.out();
   const float* w = W.w->data<float>();
-  if (W.layout == Layout::OutIn)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
-  else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, out, in, 1.0f, x, in, w, out, 0.0f, y, out);
+  constexpr int64_t kPanel = 64;
+  parallel_for(ceil_div(out, kPanel), [&](int64_t p0, int64_t p1) {
+    single_threaded_blas();
+    const int64_t o0 = p0 * kPanel, n = std::min(out, p1 * kPanel) - o0;
+    if (W.layout == Layout::OutIn)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, in, 1.0f, x, in, w + o0 * in, in, 0.0f, y + o0, out);
+    else
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, n, in, 1.0f, x, in, w + o0, out, 0.0f, y + o0, out);
+  }, grain_for(kPanel * in * T));
 }
 
 // f16 / bf16 weights: widen a panel of output columns at a time into per-thread scratch and sgemm
@@ -108,6 +115,7 @@ void gemm_widened(const float* x, int64_t T, const Weight& W, float* y) {
   const int64_t panels = (out + kPanel - 1) / kPanel;
   const auto* w = static_cast<const uint16_t*>(W.w->raw());
   parallel_for(panels, [&](int64_t p0, int64_t p1) {
+    single_threaded_blas();
     thread_local std::vector<float> buf;
     buf.resize(size_t(kPanel) * in);
     for (int64_t p = p0; p < p1; ++p) {

@@ -1,14 +1,13 @@
 #include "lineage/kernels/threads.h"
 
-#include <cblas.h>
-
 #include "lineage/core/parallel.h"
+#include "lineage/kernels/blas_threads.h"
 
 namespace lineage::kernels {
 
 void set_threads(int n) {
   set_num_threads(n);
-  openblas_set_num_threads(num_threads());
+  single_threaded_blas();
 }
 
 }  // namespace lineage::kernels

@@ -1,4 +1,4 @@
-// Sets the engine's thread count for parallel_for and for OpenBLAS together.
+// Sets the engine's thread count (core/parallel.h); OpenBLAS stays single-threaded inside those threads.
 #pragma once
 
 namespace lineage::kernels {

@@ -14,7 +14,6 @@
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/roofline.h"
-#include "lineage/kernels/threads.h"
 #include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels {
@@ -24,16 +23,6 @@ namespace {
 std::atomic<float> g_sink{0.0f};  // keeps every kernel's result alive
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-// Sets the pool to n threads for one measurement; restores the previous count.
-class ThreadScope {
- public:
-  explicit ThreadScope(int n) : previous_(num_threads()) { set_threads(n); }
-  ~ThreadScope() { set_threads(previous_); }
-
- private:
-  int previous_;
-};
 
 // CPUID leaf 7 sub-leaf 1, EAX bit 5. The OS-saves-zmm check is part of the avx512 table choice.
 bool cpu_has_avx512_bf16() {
@@ -80,7 +69,7 @@ ReadBandwidthProbe::ReadBandwidthProbe(int threads, size_t bytes)
   madvise(buf_, total, MADV_HUGEPAGE);
 #endif
   // First touch with the same split as the reads: each thread's pages are local to it.
-  const ThreadScope scope(threads_);
+  const ScopedThreads scope(threads_);
   parallel_for(blocks_, [&](int64_t b0, int64_t b1) {
     std::memset(buf_ + b0 * kBlockFloats, 0, size_t(b1 - b0) * kBlock);
   });
@@ -90,7 +79,7 @@ ReadBandwidthProbe::~ReadBandwidthProbe() { std::free(buf_); }
 
 double ReadBandwidthProbe::measure(int passes) const {
   LINEAGE_CHECK(passes > 0, "passes ", passes);
-  const ThreadScope scope(threads_);
+  const ScopedThreads scope(threads_);
   const roofline::ReadKernel k = read_kernel();
   double best = std::numeric_limits<double>::infinity();
   for (int pass = 0; pass < passes; ++pass) {
@@ -112,7 +101,7 @@ double measure_read_bandwidth(int threads, size_t bytes, int passes) {
 
 double measure_peak_flops(DType weights, int threads) {
   LINEAGE_CHECK(threads > 0, "threads ", threads);
-  const ThreadScope scope(threads);
+  const ScopedThreads scope(threads);
   const roofline::PeakKernel k = peak_kernel(weights);
   constexpr int64_t kIters = int64_t(1) << 24;  // ≈ 30-60 ms per pass on a 3-4 GHz core
   constexpr int kPasses = 5;

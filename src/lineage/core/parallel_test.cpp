@@ -1,0 +1,98 @@
+// The engine's thread pool: every index is visited exactly once for any size, grain, chunk and
+// thread count; parallel_for's split is the documented static one; errors thrown on a worker reach
+// the caller; nested regions and regions started by several application threads at once still
+// cover everything.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "lineage/core/parallel.h"
+
+namespace lineage {
+namespace {
+
+TEST(Parallel, EveryIndexOnceForAnySplit) {
+  for (int threads : {1, 2, 3, 5}) {
+    const ScopedThreads scope(threads);
+    for (int64_t n : {1, 2, 7, 64, 1000}) {
+      for (int64_t grain : {1, 3, 100}) {
+        std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+        parallel_for(n, [&](int64_t b, int64_t e) {
+          ASSERT_LT(b, e);
+          for (int64_t i = b; i < e; ++i) seen[size_t(i)]++;
+        }, grain);
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[size_t(i)].load(), 1) << threads << " " << n << " " << grain;
+      }
+      for (int64_t chunk : {1, 4, 1000}) {
+        std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+        parallel_chunks(n, chunk, [&](int64_t b, int64_t e) {
+          // Whole chunks, whichever thread runs them (one thread may get all of them in one call).
+          ASSERT_EQ(b % chunk, 0);
+          ASSERT_TRUE(e == n || e % chunk == 0);
+          for (int64_t i = b; i < e; ++i) seen[size_t(i)]++;
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[size_t(i)].load(), 1) << threads << " " << n << " " << chunk;
+      }
+    }
+  }
+}
+
+TEST(Parallel, ForSplitIsStaticAndUsesTheThreads) {
+  const ScopedThreads scope(3);
+  std::vector<std::pair<int64_t, int64_t>> ranges(3);
+  std::vector<std::thread::id> ids(3);
+  std::atomic<int> calls{0};
+  parallel_for(10, [&](int64_t b, int64_t e) {
+    const int p = b == 0 ? 0 : b == 3 ? 1 : 2;  // 10·p/3: 0, 3, 6
+    ranges[size_t(p)] = {b, e};
+    ids[size_t(p)] = std::this_thread::get_id();
+    calls++;
+  });
+  EXPECT_EQ(calls.load(), 3);
+  EXPECT_EQ(ranges[0], std::make_pair(int64_t(0), int64_t(3)));
+  EXPECT_EQ(ranges[1], std::make_pair(int64_t(3), int64_t(6)));
+  EXPECT_EQ(ranges[2], std::make_pair(int64_t(6), int64_t(10)));
+  EXPECT_EQ(ids[0], std::this_thread::get_id());  // the caller is participant 0
+  EXPECT_NE(ids[1], ids[0]);
+  EXPECT_NE(ids[2], ids[1]);
+}
+
+TEST(Parallel, WorkerErrorsReachTheCaller) {
+  const ScopedThreads scope(2);
+  EXPECT_THROW(parallel_for(100, [](int64_t, int64_t e) {
+                 if (e == 100) throw std::runtime_error("last range");
+               }),
+               std::runtime_error);
+  EXPECT_THROW(parallel_chunks(8, 1, [](int64_t b, int64_t) {
+                 if (b == 7) throw std::runtime_error("last chunk");
+               }),
+               std::runtime_error);
+  // The pool still works afterwards.
+  std::atomic<int64_t> sum{0};
+  parallel_for(100, [&](int64_t b, int64_t e) { sum += e - b; });
+  EXPECT_EQ(sum.load(), 100);
+}
+
+TEST(Parallel, NestedAndConcurrentRegionsCoverEverything) {
+  const ScopedThreads scope(2);
+  std::atomic<int64_t> nested{0};
+  parallel_for(4, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) parallel_chunks(10, 3, [&](int64_t cb, int64_t ce) { nested += ce - cb; });
+  });
+  EXPECT_EQ(nested.load(), 40);
+
+  std::atomic<int64_t> total{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 3; ++c)
+    callers.emplace_back([&] {
+      for (int r = 0; r < 200; ++r) parallel_chunks(50, 7, [&](int64_t b, int64_t e) { total += e - b; });
+    });
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(total.load(), 3 * 200 * 50);
+}
+
+}  // namespace
+}  // namespace lineage
