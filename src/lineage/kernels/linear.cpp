@@ -70,14 +70,27 @@ void gemv_rows(const GemvTable& k, const float* x, const Weight& W, int64_t o0, 
 }
 
 // The GEMVs of several weights on one input, in one parallel region: every output is cut into
-// chunks (gemv_chunk) and all chunks of all outputs go to whichever thread is free.
+// chunks (gemv_chunk) and all chunks of all outputs go to whichever thread is free. The group's last
+// kTailChunksPerThread chunks a thread are cut in quarters where the weight is [out, in] (a chunk is
+// then one contiguous block, and a quarter of it streams as well), so the threads finish within a
+// quarter chunk of each other. [in, out] chunks stay whole: a narrower column block walks the rows
+// with a fraction of a cache line's worth of bytes per row and slowed GPT-2 decode by 12 %.
+constexpr int64_t kTailChunksPerThread = 2;
 void gemv_group(const float* x, std::span<const LinearOut> outs) {
   const GemvTable& k = gemv_table();
   thread_local std::vector<std::array<int64_t, 3>> units;  // (output, o0, o1)
   units.clear();
+  int64_t total = 0;
+  for (const LinearOut& o : outs) total += ceil_div(o.W.out(), gemv_chunk(o.W.in()));
+  const int64_t tail_from = total - kTailChunksPerThread * num_threads();
+  int64_t index = 0;
   for (size_t j = 0; j < outs.size(); ++j) {
     const int64_t out = outs[j].W.out(), chunk = gemv_chunk(outs[j].W.in());
-    for (int64_t o0 = 0; o0 < out; o0 += chunk) units.push_back({int64_t(j), o0, std::min(out, o0 + chunk)});
+    const bool rows = outs[j].W.layout == Layout::OutIn;
+    for (int64_t o0 = 0; o0 < out; o0 += chunk, ++index) {
+      const int64_t o1 = std::min(out, o0 + chunk), piece = rows && index >= tail_from ? chunk / 4 : chunk;
+      for (int64_t p0 = o0; p0 < o1; p0 += piece) units.push_back({int64_t(j), p0, std::min(o1, p0 + piece)});
+    }
   }
   const auto* u = units.data();  // a thread_local named inside the lambda would be the worker's own
   parallel_chunks(int64_t(units.size()), 1, [&](int64_t b, int64_t e) {
