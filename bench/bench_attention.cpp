@@ -1,5 +1,7 @@
-// kernels::attention_causal for one decoded token at depth 1k and 4k (GPT-2 small: 12 layers, 12
-// heads of 64): bound by reading the K and V rows of the cache.
+// kernels::attention_causal for GPT-2 small's heads (12 layers, 12 heads of 64): one decoded token at
+// depth 1k and 4k, bound by reading the K and V rows of the cache; and a 512-token prefill from an
+// empty cache, bound by the multiply-adds of its scores and weighted values (causal: 4·hd FLOPs per
+// query-key pair with key <= query).
 #include <string>
 
 #include "bench_support.h"
@@ -32,7 +34,24 @@ void bm_attention_decode(benchmark::State& state, int64_t depth) {
   });
 }
 
+void bm_attention_prefill(benchmark::State& state, int64_t T) {
+  const auto q = random_floats(T * kH * kHd, 6), k = random_floats(kH * T * kHd, 7), v = random_floats(kH * T * kHd, 8);
+  std::vector<float> out(static_cast<size_t>(T * kH * kHd));
+  Work work;
+  work.flops = 4.0 * double(kH * kHd) * double(T * (T + 1) / 2);
+  work.tokens = double(T);
+  work.memory_bound = false;
+  run(state, work, [&] {
+    kernels::attention_causal(q.data(), T, 0, k.data(), v.data(), T * kHd, kH, kHd, 0.125f, out.data());
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  });
+}
+
 const bool registered = [] {
+  benchmark::RegisterBenchmark("attention_causal/prefill/T512", bm_attention_prefill, 512)
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
   for (int64_t depth : {1024, 4096})
     benchmark::RegisterBenchmark(("attention_causal/decode/depth_" + std::to_string(depth)).c_str(),
                                  bm_attention_decode, depth)

@@ -128,7 +128,7 @@ void attend_tile(const float* q, int64_t ldq, int64_t nq, int64_t first_pos, con
 void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, const float* v,
                       int64_t head_stride, int64_t H, int64_t hd, float scale, float* out) {
   if (T >= 16) {
-    static const auto tile = std::strcmp(isa_name(), "avx512") ? attend_tile : attend_tile_avx512;
+    static const auto tile = !std::strcmp(isa_name(), "avx512") ? attend_tile_avx512 : attend_tile;
     const int64_t tiles = (T + kQTile - 1) / kQTile;
     // Later query tiles see more keys: hand them out first, one (tile, head) at a time, so the
     // threads finish together.
@@ -141,7 +141,16 @@ void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, con
     });
     return;
   }
+  static const bool avx512 = !std::strcmp(isa_name(), "avx512");
+  const bool fast = avx512 && hd <= kAttentionDecodeMaxHead;
   parallel_chunks(T * H, grain_for(2 * (p0 + T) * hd), [&](int64_t b, int64_t e) {
+    if (fast) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t t = i / H, h = i % H;
+        attend_one_avx512(q + i * hd, p0 + t + 1, k + h * head_stride, v + h * head_stride, hd, scale, out + i * hd);
+      }
+      return;
+    }
     thread_local std::vector<float> acc;
     acc.resize(hd);
     for (int64_t i = b; i < e; ++i) {

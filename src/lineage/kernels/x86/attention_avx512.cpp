@@ -23,6 +23,7 @@ namespace {
 constexpr int64_t kQ = kAttentionQueryTile;  // 64 queries = 4 zmm of lanes
 constexpr int64_t kKeys = 64;                // keys per step of the online softmax: S' and P' stay in L1
 constexpr int kRows = 6;                     // register tiles: 6 × 4 = 24 accumulators
+constexpr int kMaxOneRegisters = kAttentionDecodeMaxHead / 16;
 
 inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1); }
 
@@ -35,17 +36,30 @@ struct Columns {
   explicit Columns(int64_t n) : k{lanes(n), lanes(n - 16), lanes(n - 32), lanes(n - 48)} {}
 };
 
-template <int M>
+// Loads 16 floats, or the lanes of m only. A masked load is not the same as a plain one on the
+// development CPU (Zen 5): streaming K and V rows through masked loads halved decode attention's
+// bandwidth, so where every lane is wanted (Full) the plain load runs.
+template <bool Full>
+inline __m512 load(const float* x, __mmask16 m) {
+  return Full ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(m, x);
+}
+template <bool Full>
+inline void store(float* x, __mmask16 m, __m512 v) {
+  if (Full) _mm512_storeu_ps(x, v);
+  else _mm512_mask_storeu_ps(x, m, v);
+}
+
+template <int M, bool Full>
 void tile(const float* a, int64_t a_row, int64_t a_step, int64_t steps, const float* b, int64_t b_step, Columns cols,
           float* c, int64_t ldc, bool accumulate) {
   __m512 acc[M][4];
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m)
     for (int v = 0; v < 4; ++v)
-      acc[m][v] = accumulate ? _mm512_maskz_loadu_ps(cols.k[v], c + m * ldc + 16 * v) : _mm512_setzero_ps();
+      acc[m][v] = accumulate ? load<Full>(c + m * ldc + 16 * v, cols.k[v]) : _mm512_setzero_ps();
   for (int64_t s = 0; s < steps; ++s, a += a_step, b += b_step) {
-    const __m512 b0 = _mm512_maskz_loadu_ps(cols.k[0], b), b1 = _mm512_maskz_loadu_ps(cols.k[1], b + 16),
-                 b2 = _mm512_maskz_loadu_ps(cols.k[2], b + 32), b3 = _mm512_maskz_loadu_ps(cols.k[3], b + 48);
+    const __m512 b0 = load<Full>(b, cols.k[0]), b1 = load<Full>(b + 16, cols.k[1]), b2 = load<Full>(b + 32, cols.k[2]),
+                 b3 = load<Full>(b + 48, cols.k[3]);
 #pragma GCC unroll 8
     for (int m = 0; m < M; ++m) {
       const __m512 am = _mm512_set1_ps(a[m * a_row]);
@@ -57,11 +71,80 @@ void tile(const float* a, int64_t a_row, int64_t a_step, int64_t steps, const fl
   }
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m)
-    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(c + m * ldc + 16 * v, cols.k[v], acc[m][v]);
+    for (int v = 0; v < 4; ++v) store<Full>(c + m * ldc + 16 * v, cols.k[v], acc[m][v]);
 }
 
 using TileFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, Columns, float*, int64_t, bool);
-constexpr TileFn kTiles[kRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
+// The register tile for m rows (1 .. kRows).
+TileFn tile_for(int64_t m, bool full) {
+  static constexpr TileFn full_tiles[kRows + 1] = {nullptr,           tile<1, true>, tile<2, true>, tile<3, true>,
+                                                   tile<4, true>, tile<5, true>, tile<6, true>};
+  static constexpr TileFn masked_tiles[kRows + 1] = {nullptr,            tile<1, false>, tile<2, false>, tile<3, false>,
+                                                     tile<4, false>, tile<5, false>, tile<6, false>};
+  return (full ? full_tiles : masked_tiles)[m];
+}
+
+// One query against n_keys keys, online softmax over key tiles of 64; the query and the running
+// output stay in NV zmm registers (hd <= 16·NV; Full: hd = 16·NV).
+
+template <int NV, bool Full>
+void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, int64_t hd, float scale, float* out) {
+  __mmask16 km[NV];
+  for (int u = 0; u < NV; ++u) km[u] = lanes(hd - 16 * u);
+  __m512 qv[NV], acc[NV];
+#pragma GCC unroll 8
+  for (int u = 0; u < NV; ++u) {
+    qv[u] = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_maskz_loadu_ps(km[u], q + 16 * u));
+    acc[u] = _mm512_setzero_ps();
+  }
+  alignas(64) float s[kKeys], p[kKeys];
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeys) {
+    const int64_t n = std::min(kKeys, n_keys - j0);
+    const float* kj = k + j0 * hd;
+    for (int64_t j = 0; j < n; ++j, kj += hd) {
+      __m512 d = _mm512_mul_ps(qv[0], load<Full>(kj, km[0]));
+#pragma GCC unroll 8
+      for (int u = 1; u < NV; ++u) d = _mm512_fmadd_ps(qv[u], load<Full>(kj + 16 * u, km[u]), d);
+      s[j] = _mm512_reduce_add_ps(d);
+    }
+    __m512 mx = _mm512_set1_ps(m);
+    for (int64_t j = 0; j < n; j += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, lanes(n - j), s + j));
+    const float m_new = _mm512_reduce_max_ps(mx);
+    const __m512 vm = _mm512_set1_ps(m_new);
+    for (int64_t j = 0; j < n; j += 16) _mm512_store_ps(s + j, _mm512_sub_ps(_mm512_load_ps(s + j), vm));
+    vmath_loops::exp_nonpositive(s, p, n);
+    const float correction = std::exp(m - m_new);  // exp(-inf) = 0 on the first tile
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) sum = _mm512_add_ps(sum, _mm512_maskz_load_ps(lanes(n - j), p + j));
+    l = l * correction + _mm512_reduce_add_ps(sum);
+    m = m_new;
+    const __m512 vc = _mm512_set1_ps(correction);
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) acc[u] = _mm512_mul_ps(acc[u], vc);
+    const float* vj = v + j0 * hd;
+    for (int64_t j = 0; j < n; ++j, vj += hd) {
+      const __m512 pj = _mm512_set1_ps(p[j]);
+#pragma GCC unroll 8
+      for (int u = 0; u < NV; ++u) acc[u] = _mm512_fmadd_ps(pj, load<Full>(vj + 16 * u, km[u]), acc[u]);
+    }
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / l);
+  for (int u = 0; u < NV; ++u) _mm512_mask_storeu_ps(out + 16 * u, km[u], _mm512_mul_ps(inv, acc[u]));
+}
+
+using OneFn = void (*)(const float*, int64_t, const float*, const float*, int64_t, float, float*);
+
+// The decode step for a head of `registers` zmm (1 .. kMaxOneRegisters).
+OneFn one_for(int64_t registers, bool full) {
+  static constexpr OneFn full_ones[kMaxOneRegisters + 1] = {
+      nullptr, attend_one<1, true>, attend_one<2, true>, attend_one<3, true>, attend_one<4, true>,
+      attend_one<5, true>, attend_one<6, true>, attend_one<7, true>, attend_one<8, true>};
+  static constexpr OneFn masked_ones[kMaxOneRegisters + 1] = {
+      nullptr, attend_one<1, false>, attend_one<2, false>, attend_one<3, false>, attend_one<4, false>,
+      attend_one<5, false>, attend_one<6, false>, attend_one<7, false>, attend_one<8, false>};
+  return (full ? full_ones : masked_ones)[registers];
+}
 
 }  // namespace
 
@@ -87,7 +170,8 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
   for (int64_t j0 = 0; j0 < n_keys; j0 += kKeys) {
     const int64_t nk = std::min(kKeys, n_keys - j0);
     for (int64_t j = 0; j < nk; j += kRows)
-      kTiles[std::min<int64_t>(kRows, nk - j)](k + (j0 + j) * hd, hd, 1, hd, QT, kQ, Columns(kQ), ST + j * kQ, kQ, false);
+      tile_for(std::min<int64_t>(kRows, nk - j), true)(k + (j0 + j) * hd, hd, 1, hd, QT, kQ, Columns(kQ), ST + j * kQ,
+                                                       kQ, false);
     for (int64_t g = 0; g < groups; ++g) {
       // Key j0 + j is visible to query i = 16g + lane when lane >= j0 + j - first_pos - 16g.
       const int64_t shift = j0 - first_pos - 16 * g;
@@ -126,8 +210,8 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
     }
     for (int64_t i = 0; i < nq; i += kRows)
       for (int64_t c0 = 0; c0 < hd; c0 += 64)
-        kTiles[std::min<int64_t>(kRows, nq - i)](PT + i, 1, kQ, nk, v + j0 * hd + c0, hd, Columns(hd - c0),
-                                                 O + i * hd + c0, hd, true);
+        tile_for(std::min<int64_t>(kRows, nq - i), hd - c0 >= 64)(PT + i, 1, kQ, nk, v + j0 * hd + c0, hd,
+                                                                  Columns(hd - c0), O + i * hd + c0, hd, true);
   }
   alignas(64) float total[kQ];
   for (int g = 0; g < 4; ++g) _mm512_store_ps(total + 16 * g, l[g]);
@@ -138,6 +222,11 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
       _mm512_mask_storeu_ps(out + i * ldo + c, km, _mm512_mul_ps(inv, _mm512_maskz_loadu_ps(km, O + i * hd + c)));
     }
   }
+}
+
+void attend_one_avx512(const float* q, int64_t n_keys, const float* k, const float* v, int64_t hd, float scale,
+                       float* out) {
+  one_for((hd + 15) / 16, hd % 16 == 0)(q, n_keys, k, v, hd, scale, out);
 }
 
 }  // namespace lineage::kernels
