@@ -43,10 +43,15 @@ void prepare_x(const GemmProblem& pr, int64_t t0, int64_t t1, void* prepared) {
 size_t prepared_bytes(int64_t T, int64_t in) { return size_t(T) * x_pairs_stride(in) * sizeof(uint32_t); }
 
 // 16 bf16 pairs (W(k, o), W(k+1, o)) for o in [o, o+16) of an [in, out] matrix; `second` = k+1 < kc.
+// (Masked loads stream worse than plain ones on the development CPU, Zen 5: full ones load plainly.)
+inline __m256i load16_bf16(const uint16_t* p, __mmask16 m) {
+  return m == 0xffff ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(m, p);
+}
+
 inline __m512i pairs_in_out(const uint16_t* w, int64_t src, int64_t out, __mmask16 m, bool second) {
-  const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, w + src));
+  const __m512i lo = _mm512_cvtepu16_epi32(load16_bf16(w + src, m));
   if (!second) return lo;
-  const __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, w + src + out));
+  const __m512i hi = _mm512_cvtepu16_epi32(load16_bf16(w + src + out, m));
   return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
 }
 
@@ -82,7 +87,9 @@ void pack_out_in(const uint16_t* w, int64_t in, int64_t k0, int64_t kc, int64_t 
       const __mmask32 m = mask32(kc - 2 * p);
       __m512i r[16];
       for (int c = 0; c < 16; ++c)
-        r[c] = c < nv ? _mm512_maskz_loadu_epi16(m, w + (o0 + j + c) * in + k0 + 2 * p) : _mm512_setzero_si512();
+        r[c] = c >= nv                ? _mm512_setzero_si512()
+               : m == 0xffffffffu ? _mm512_loadu_si512(w + (o0 + j + c) * in + k0 + 2 * p)
+                                  : _mm512_maskz_loadu_epi16(m, w + (o0 + j + c) * in + k0 + 2 * p);
       transpose16x16(r);
       for (int64_t pp = 0; pp < pv; ++pp) _mm512_store_si512(dst + (p + pp) * kNR, r[pp]);
     }
