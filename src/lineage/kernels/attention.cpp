@@ -135,8 +135,8 @@ void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, con
     parallel_chunks(H * tiles, 1, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const int64_t h = i % H, t0 = (tiles - 1 - i / H) * kQTile, nq = std::min(kQTile, T - t0);
-        tile(q + (t0 * H + h) * hd, H * hd, nq, p0 + t0, k + h * head_stride, v + h * head_stride, hd,
-                    scale, out + (t0 * H + h) * hd, H * hd);
+        tile(q + (t0 * H + h) * hd, H * hd, nq, p0 + t0, k + h * head_stride, v + h * head_stride, hd, scale,
+             out + (t0 * H + h) * hd, H * hd);
       }
     });
     return;

@@ -10,8 +10,8 @@
 
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
-#include "lineage/kernels/blas_threads.h"
 #include "lineage/core/scratch.h"
+#include "lineage/kernels/blas_threads.h"
 #include "lineage/kernels/x86/gemm.h"
 #include "lineage/kernels/x86/gemv.h"
 

@@ -151,7 +151,7 @@ OneFn one_for(int64_t registers, bool full) {
 void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_pos, const float* k, const float* v,
                         int64_t hd, float scale, float* out, int64_t ldo) {
   // Per-thread working space, grown once: the queries transposed and pre-scaled (Q'[c, i], zero past
-  // nq), S' and P' for one step of keys, the running output O[i, c], one block of shifted scores.
+  // nq), S' and P' for one step of keys, the running output O[i, c] (+ 16 floats to align).
   thread_local std::vector<float> buf;
   buf.resize(size_t(kQ * hd + 2 * kKeys * kQ + kQ * hd + 16) + 16);
   float* QT = buf.data() + (16 - reinterpret_cast<uintptr_t>(buf.data()) / 4 % 16) % 16;  // 64-byte aligned
@@ -181,7 +181,8 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
       };
       __m512 mx = m[g];
       for (int64_t j = 0; j < nk; ++j) mx = _mm512_mask_max_ps(mx, visible(j), mx, _mm512_load_ps(ST + j * kQ + 16 * g));
-      // Shifted scores, and exp(m_old - m_new) in the same call (-inf - finite: a weight of 0).
+      // Shifted scores (-100 where not visible: its exponential is 0), and m_old - m_new, whose
+      // exponential rescales the running sums (-inf - finite on the first step: 0).
       for (int64_t j = 0; j < nk; ++j) {
         const __m512 t = _mm512_sub_ps(_mm512_load_ps(ST + j * kQ + 16 * g), mx);
         _mm512_store_ps(ST + j * kQ + 16 * g, _mm512_mask_blend_ps(visible(j), _mm512_set1_ps(-100.0f), t));
