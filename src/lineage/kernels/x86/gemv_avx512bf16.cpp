@@ -60,8 +60,8 @@ void in_out_block(const uint32_t* xp, const uint16_t* w, int64_t in, int64_t out
     if (p + kPrefetchPairs < pairs) {
       const char* ahead = reinterpret_cast<const char*>(r0 + 2 * kPrefetchPairs * out);
       for (int64_t b = 0; b < kBlock * 2; b += 64) {
-        _mm_prefetch(ahead + b, _MM_HINT_T0);
-        _mm_prefetch(ahead + out * 2 + b, _MM_HINT_T0);
+        _mm_prefetch(ahead + b, _MM_HINT_T1);  // into L2: L1 has too few miss buffers for this many lines
+        _mm_prefetch(ahead + out * 2 + b, _MM_HINT_T1);
       }
     }
     const __m512bh xv = (__m512bh)_mm512_set1_epi32(int(xp[p]));
