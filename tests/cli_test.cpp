@@ -47,6 +47,7 @@ TEST(Cli, BadFlagsAndValuesExitTwo) {
       {"info", "--model DIR or --preset NAME"},
       {"info --preset gpt2-124m --threads 0", "--threads"},
       {"info --preset gpt2-124m --weights-dtype f8", "f8"},
+      {"info --preset gpt2-124m --no-mmap", "--no-mmap"},
       {"generate --preset gpt2-124m --prompt hi --top-p 2", "--top-p"},
       {"logits --model " + shell_quote(golden_case().string()) + " --tokens '1 x' --out /tmp/x.npy", "\"x\" is not a token id"},
       {"logits --model " + shell_quote(golden_case().string()) + " --tokens '1 999' --out /tmp/x.npy", "token id 999"},
@@ -89,7 +90,7 @@ TEST(Cli, InfoModelDirectory) {
 TEST(Cli, LogitsMatchGoldenForEveryChunkSize) {
   for (const fs::path& dir : {golden_case(), test::testdata() / "gpt2" / "bf16_prefix_exact"}) {
     const Tensor want = io::load_npy(dir / "golden" / "logits.npy");
-    for (const char* chunk : {"", " --chunk 1", " --chunk 3", " --chunk 64"}) {
+    for (const char* chunk : {"", " --chunk 1", " --chunk 3", " --chunk 64", " --no-mmap --chunk 3"}) {
       const fs::path out = test::temp_dir() / "l.npy";
       const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" + tokens_arg(dir) +
                                  "' --out " + shell_quote(out.string()) + chunk + " --threads 2");
@@ -105,7 +106,7 @@ TEST(Cli, DeltaFamilyLogitsMatchGoldenForEveryChunkSize) {
   for (const char* c : {"linear_attn/f32_elu_normalized", "delta_net/f32", "gated_deltanet/f32_gva", "kda/f32_gva", "kda/bf16"}) {
     const fs::path dir = test::testdata() / c;
     const Tensor want = io::load_npy(dir / "golden" / "logits.npy");
-    for (const char* chunk : {"", " --chunk 1", " --chunk 3", " --chunk 64"}) {
+    for (const char* chunk : {"", " --chunk 1", " --chunk 3", " --chunk 64", " --no-mmap --chunk 3"}) {
       const fs::path out = test::temp_dir() / "l.npy";
       const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" + tokens_arg(dir) +
                                  "' --out " + shell_quote(out.string()) + chunk);

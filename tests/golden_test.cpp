@@ -180,5 +180,32 @@ TEST(GoldenGpt2, SnapshotRestoreContinuesIdentically) {
   EXPECT_GT(snap.bytes(), 0u);
 }
 
+
+// Weights copied into owned memory (--no-mmap) are the same bytes: every tensor owned, the files
+// unmapped, and the logits bit-for-bit those of the mapped model.
+TEST(GoldenGpt2, OwnedWeightsGiveTheMappedLogits) {
+  for (const auto& dir : cases("gpt2")) {
+    SCOPED_TRACE(dir.string());
+    io::LoadedModel mapped = io::load_model(dir, false);
+    io::LoadedModel owned = io::load_model(dir, false, io::WeightStorage::Owned);
+    EXPECT_NE(mapped.checkpoint, nullptr);
+    EXPECT_EQ(owned.checkpoint, nullptr);
+    int64_t n_mapped = 0, n_owned_borrowed = 0;
+    mapped.model.for_each_tensor([&](const std::string&, Tensor& t, const Shape&, layers::Init) { n_mapped += t.is_borrowed(); });
+    owned.model.for_each_tensor([&](const std::string&, Tensor& t, const Shape&, layers::Init) {
+      n_owned_borrowed += t.is_borrowed();
+    });
+    EXPECT_GT(n_mapped, 0);
+    EXPECT_EQ(n_owned_borrowed, 0);
+    const Tensor toks = io::load_npy(dir / "golden" / "tokens.npy");
+    const std::vector<int32_t> ids(toks.data<int32_t>(), toks.data<int32_t>() + toks.numel());
+    runtime::Session a(mapped.model), b(owned.model);
+    const auto la = a.prefill(ids, true);
+    const std::vector<float> want(la.begin(), la.end());
+    const auto lb = b.prefill(ids, true);
+    EXPECT_EQ(std::vector<float>(lb.begin(), lb.end()), want);
+  }
+}
+
 }  // namespace
 }  // namespace lineage

@@ -12,6 +12,10 @@ namespace lineage::app {
 
 void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset) {
   auto* model = cmd.add_option("--model", src.dir, "Hugging Face model directory (config.json + safetensors)");
+  cmd.add_flag("--no-mmap", src.no_mmap,
+               "copy the checkpoint's weights into the engine's own memory (huge pages) instead of mapping the "
+               "files: slower to load, faster [in, out] decode (GPT-2)")
+      ->needs(model);
   if (!allow_preset) {
     model->required();
     return;
@@ -55,7 +59,8 @@ bool bf16_dot_in_effect() { return g_bf16_dot; }
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
   if (src.dir.empty() && src.preset.empty()) throw Error("one of --model DIR or --preset NAME is required");
-  if (!src.dir.empty()) return io::load_model(src.dir, need_tokenizer);
+  if (!src.dir.empty())
+    return io::load_model(src.dir, need_tokenizer, src.no_mmap ? io::WeightStorage::Owned : io::WeightStorage::Mapped);
   io::LoadedModel m;
   m.model = model::make_preset(src.preset, src.seed, *dtype_from_user(src.weights_dtype));
   if (!src.tokenizer_dir.empty()) m.tokenizer = io::Tokenizer::load(src.tokenizer_dir);

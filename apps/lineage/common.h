@@ -15,9 +15,11 @@ struct ModelSource {
   std::string dir, preset, tokenizer_dir;
   uint64_t seed = 0;
   std::string weights_dtype = "f32";
+  bool no_mmap = false;  // --no-mmap: copy checkpoint weights into owned (huge-page) memory
 };
 
-// Adds --model (and --preset, --seed, --weights-dtype, --tokenizer when presets are allowed).
+// Adds --model and --no-mmap (and --preset, --seed, --weights-dtype, --tokenizer when presets are
+// allowed).
 void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset);
 // Adds --threads N and applies it before the command runs.
 void add_threads_option(CLI::App& cmd);

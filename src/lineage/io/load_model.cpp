@@ -71,7 +71,7 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
   throw Error(msg);
 }
 
-LoadedModel load_model(const fs::path& dir, bool with_tokenizer) {
+LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage storage) {
   const nlohmann::json cfg = read_config(dir);
   const std::string cfg_path = (dir / "config.json").string();
   if (!cfg.contains("model_type") || !cfg["model_type"].is_string())
@@ -87,7 +87,12 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer) {
   out.model = (*build)(model::ArchInput{model::ConfigFields(cfg, cfg_path),
                                         [&](const std::string& n) { return ckpt->has(n); }});
   bind_weights(out.model, *ckpt, dir.string());
-  out.checkpoint = ckpt;
+  if (storage == WeightStorage::Owned)
+    out.model.for_each_tensor([](const std::string&, Tensor& t, const Shape&, layers::Init) {
+      if (t.is_borrowed()) t = t.clone();
+    });
+  else
+    out.checkpoint = ckpt;  // the last reference to the mappings goes with `ckpt` otherwise
   out.dir = dir;
   if (with_tokenizer && (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json")))
     out.tokenizer = Tokenizer::load(dir);

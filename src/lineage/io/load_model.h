@@ -1,5 +1,6 @@
 // Loads a Hugging Face model directory as published: config.json + safetensors (single or sharded)
-// and, when present, the tokenizer files. Weights stay mapped in their stored dtype.
+// and, when present, the tokenizer files. Weights keep their stored dtype, mapped from the files or
+// (WeightStorage::Owned) copied once into the engine's own memory.
 #pragma once
 
 #include <filesystem>
@@ -14,15 +15,25 @@ namespace lineage::io {
 
 struct LoadedModel {
   model::Model model;
-  std::shared_ptr<Checkpoint> checkpoint;   // keeps the mappings alive
+  std::shared_ptr<Checkpoint> checkpoint;   // keeps the mappings alive (null with owned weights)
   std::optional<Tokenizer> tokenizer;       // absent when the directory has no tokenizer files
   std::filesystem::path dir;
 };
 
+// Where the weights of a loaded model live.
+//   Mapped (default): borrowed from the safetensors files' read-only mappings. Loading is instant and
+//     processes share the page cache; this kernel backs file mappings with 4 KiB pages only, so a
+//     GEMV walking an [in, out] matrix (GPT-2's Conv1D) down its rows takes a TLB miss per row.
+//   Owned (the CLI's --no-mmap, as in llama.cpp): each tensor copied once, in its stored dtype, into
+//     2 MiB-aligned buffers advised for transparent huge pages, and the files unmapped. Slower to
+//     load (one read of the files), the same resident size once loaded; decode as fast as a preset's.
+enum class WeightStorage : uint8_t { Mapped, Owned };
+
 // Throws Error naming the file and field for a missing/malformed config.json, an unknown
 // model_type, and (in one message) every missing tensor, every unexpected tensor and every tensor
 // whose dtype or shape is wrong.
-LoadedModel load_model(const std::filesystem::path& dir, bool with_tokenizer = true);
+LoadedModel load_model(const std::filesystem::path& dir, bool with_tokenizer = true,
+                       WeightStorage storage = WeightStorage::Mapped);
 
 // Binds a model skeleton's tensors to a checkpoint (the part of load_model after the config).
 void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& where);
