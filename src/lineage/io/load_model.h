@@ -22,8 +22,8 @@ struct LoadedModel {
 
 // Where the weights of a loaded model live.
 //   Mapped (default): borrowed from the safetensors files' read-only mappings. Loading is instant and
-//     processes share the page cache; this kernel backs file mappings with 4 KiB pages only, so a
-//     GEMV walking an [in, out] matrix (GPT-2's Conv1D) down its rows takes a TLB miss per row.
+//     processes share the page cache; this kernel backs file mappings with 4 KiB pages only, which
+//     costs decode up to a third of its speed (GPT-2 124M, docs/performance.md).
 //   Owned (the CLI's --no-mmap, as in llama.cpp): each tensor copied once, in its stored dtype, into
 //     2 MiB-aligned buffers advised for transparent huge pages, and the files unmapped. Slower to
 //     load (one read of the files), the same resident size once loaded; decode as fast as a preset's.
