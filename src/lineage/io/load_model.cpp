@@ -1,5 +1,8 @@
 #include "lineage/io/load_model.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -89,7 +92,14 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
   bind_weights(out.model, *ckpt, dir.string());
   if (storage == WeightStorage::Owned)
     out.model.for_each_tensor([](const std::string&, Tensor& t, const Shape&, layers::Init) {
-      if (t.is_borrowed()) t = t.clone();
+      if (!t.is_borrowed()) return;
+      const Tensor mapped = t;
+      t = mapped.clone();
+      // Drop the copied pages from this process's mapping as we go (they stay in the page cache),
+      // so loading peaks near one copy of the weights, not two.
+      const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE)), begin = reinterpret_cast<uintptr_t>(mapped.raw());
+      const uintptr_t first = begin / page * page, last = (begin + mapped.nbytes() + page - 1) / page * page;
+      madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
     });
   else
     out.checkpoint = ckpt;  // the last reference to the mappings goes with `ckpt` otherwise
