@@ -90,6 +90,7 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
   out.model = (*build)(model::ArchInput{model::ConfigFields(cfg, cfg_path),
                                         [&](const std::string& n) { return ckpt->has(n); }});
   bind_weights(out.model, *ckpt, dir.string());
+  // Owned: every tensor copied, and the mappings go with `ckpt`, their last owner, at the return.
   if (storage == WeightStorage::Owned)
     out.model.for_each_tensor([](const std::string&, Tensor& t, const Shape&, layers::Init) {
       if (!t.is_borrowed()) return;
@@ -102,7 +103,7 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
       madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
     });
   else
-    out.checkpoint = ckpt;  // the last reference to the mappings goes with `ckpt` otherwise
+    out.checkpoint = ckpt;
   out.dir = dir;
   if (with_tokenizer && (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json")))
     out.tokenizer = Tokenizer::load(dir);

@@ -26,7 +26,8 @@ struct LoadedModel {
 //     costs decode up to a third of its speed (GPT-2 124M, docs/performance.md).
 //   Owned (the CLI's --no-mmap, as in llama.cpp): each tensor copied once, in its stored dtype, into
 //     2 MiB-aligned buffers advised for transparent huge pages, and the files unmapped. Slower to
-//     load (one read of the files), the same resident size once loaded; decode as fast as a preset's.
+//     load (one read of the files), the same resident size once loaded; decode about as fast as a
+//     preset's.
 enum class WeightStorage : uint8_t { Mapped, Owned };
 
 // Throws Error naming the file and field for a missing/malformed config.json, an unknown
