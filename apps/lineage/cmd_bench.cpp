@@ -193,8 +193,8 @@ bool weights_mapped(model::Model& m) {
 
 void print_header(const Context& c, const model::Model& m, const std::vector<Row>& rows) {
   std::printf("lineage bench: %s (%s), weights %s%s, threads %d%s\n", c.model.c_str(), m.config.model_type.c_str(),
-              c.dtype.c_str(), c.mapped ? " mapped from files (4 KiB pages)" : "", c.threads,
-              bf16_dot_in_effect() ? ", bf16 dot products (--bf16-dot)" : "");
+              c.dtype.c_str(), c.mapped ? " mapped from files (4 KiB pages; --no-mmap copies them to huge pages)" : "",
+              c.threads, bf16_dot_in_effect() ? ", bf16 dot products (--bf16-dot)" : "");
   std::printf("roofline: read bandwidth %.2f GB/s best (%s), peak %.1f GFLOP/s (%s)\n", c.ceil.bandwidth / 1e9,
               c.ceil.read_kernel.c_str(), c.ceil.peak / 1e9, c.ceil.peak_kernel.c_str());
   double lo = 0, hi = 0;
