@@ -1,6 +1,7 @@
 #include "lineage/core/parallel.h"
 
 #include <omp.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -141,6 +142,12 @@ std::unique_ptr<Pool>* g_pool = new std::unique_ptr<Pool>;  // never destroyed: 
 std::mutex g_region;  // held while a region runs (and while the pool is made or remade)
 
 Pool& pool() {
+  // A forked child has none of the parent's workers: it abandons the pool object (never touching its
+  // threads) and makes its own on its first region.
+  static const bool fork_handler = pthread_atfork(nullptr, nullptr, [] {
+    (void)g_pool->release();
+  }) == 0;
+  (void)fork_handler;
   const int n = std::min(num_threads(), kMaxThreads);
   if (!*g_pool || (*g_pool)->size() != n) *g_pool = std::make_unique<Pool>(n);
   return **g_pool;

@@ -4,6 +4,10 @@
 // cover everything.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <stdexcept>
 #include <thread>
@@ -92,6 +96,31 @@ TEST(Parallel, NestedAndConcurrentRegionsCoverEverything) {
     });
   for (auto& t : callers) t.join();
   EXPECT_EQ(total.load(), 3 * 200 * 50);
+}
+
+
+// A child forked after the pool started gets a pool of its own (the parent's workers do not exist
+// there) and still covers every index.
+TEST(Parallel, WorksInAForkedChild) {
+  const ScopedThreads scope(2);
+  std::atomic<int64_t> sum{0};
+  parallel_for(100, [&](int64_t b, int64_t e) { sum += e - b; });  // the parent's pool is running
+  ASSERT_EQ(sum.load(), 100);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::atomic<int64_t> child{0};
+    parallel_chunks(1000, 7, [&](int64_t b, int64_t e) { child += e - b; });
+    parallel_for(1000, [&](int64_t b, int64_t e) { child += e - b; });
+    _exit(child.load() == 2000 ? 0 : 1);
+  }
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 3000 && (done = waitpid(pid, &status, WNOHANG)) == 0; ++i) usleep(10000);
+  if (done == 0) kill(pid, SIGKILL), waitpid(pid, &status, 0);
+  ASSERT_EQ(done, pid) << "the child hung for 30 s (waiting for workers it does not have)";
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace
