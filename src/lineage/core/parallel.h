@@ -3,7 +3,8 @@
 // OpenMP parallel region (decode runs 60 to 150 regions a token). OpenBLAS runs single-threaded
 // inside these threads (kernels/blas_threads.h), so nothing oversubscribes the cores. The default
 // thread count is OpenMP's (OMP_NUM_THREADS, else the hardware threads). A region started from
-// inside a region, or while another application thread holds the pool, runs on the calling thread.
+// inside a region, or while another application thread holds the pool, runs on the calling thread;
+// an exception thrown on a worker is rethrown to the caller; a forked child starts its own workers.
 #pragma once
 
 #include <cstdint>
