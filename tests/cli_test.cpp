@@ -85,6 +85,12 @@ TEST(Cli, InfoModelDirectory) {
   io::LoadedModel lm = io::load_model(golden_case(), false);
   EXPECT_EQ(j["params_total"], model::count_params(lm.model).total);
   EXPECT_EQ(j["n_layers"], 2);
+  EXPECT_TRUE(j["weights_mapped"].get<bool>());
+  const auto owned = run_lineage("info --model " + shell_quote(golden_case().string()) + " --no-mmap --json");
+  ASSERT_EQ(owned.exit_code, 0) << owned.err;
+  EXPECT_FALSE(nlohmann::json::parse(owned.out)["weights_mapped"].get<bool>());
+  const auto text = run_lineage("info --model " + shell_quote(golden_case().string()));
+  EXPECT_NE(text.out.find("mapped from the files"), std::string::npos) << text.out;
 }
 
 TEST(Cli, LogitsMatchGoldenForEveryChunkSize) {

@@ -185,12 +185,6 @@ struct Context {
 
 // Whether any weight is mapped from a file rather than owned: mapped pages stay 4 KiB here, while
 // owned buffers (and the bandwidth probe) get huge pages, which decode notices.
-bool weights_mapped(model::Model& m) {
-  bool mapped = false;
-  m.for_each_tensor([&](const std::string&, Tensor& t, const Shape&, layers::Init) { mapped = mapped || t.is_borrowed(); });
-  return mapped;
-}
-
 void print_header(const Context& c, const model::Model& m, const std::vector<Row>& rows) {
   std::printf("lineage bench: %s (%s), weights %s%s, threads %d%s\n", c.model.c_str(), m.config.model_type.c_str(),
               c.dtype.c_str(), c.mapped ? " mapped from files (4 KiB pages; --no-mmap copies them to huge pages)" : "",

@@ -29,6 +29,10 @@ void add_info(CLI::App& app) {
     const model::StateCost sc = model::state_cost(m);
     const int64_t context = o.context ? o.context : (m.config.max_positions ? m.config.max_positions : 4096);
     const size_t state_total = sc.fixed + sc.per_token * size_t(context);
+    // Where a checkpoint's weights live (a preset's are drawn into owned memory when it runs).
+    const char* storage = !o.src.preset.empty() ? "owned (preset, drawn when it runs)"
+                          : weights_mapped(m)   ? "mapped from the files (4 KiB pages; --no-mmap copies them)"
+                                                : "owned copy (2 MiB-aligned, huge pages advised; --no-mmap)";
     nlohmann::json layers = nlohmann::json::array();
     for (size_t i = 0; i < m.blocks.size(); ++i) {
       auto& b = m.blocks[i];
@@ -55,6 +59,7 @@ void add_info(CLI::App& app) {
                                 {"params_total", pc.total},
                                 {"params_active", pc.total},
                                 {"weight_bytes_by_dtype", by_dtype},
+                                {"weights_mapped", o.src.preset.empty() && weights_mapped(m)},
                                 {"state_bytes_per_token", sc.per_token},
                                 {"state_bytes_fixed", sc.fixed},
                                 {"context", context},
@@ -70,6 +75,7 @@ void add_info(CLI::App& app) {
     std::printf("parameters     %lld total, %lld active per token\n", (long long)pc.total, (long long)pc.total);
     for (const auto& [dt, bytes] : pc.bytes_by_dtype)
       std::printf("weights %-6s %s\n", std::string(dtype_name(dt)).c_str(), format_bytes(double(bytes)).c_str());
+    std::printf("weights in     %s\n", storage);
     std::printf("state          %s per token + %s fixed per sequence; %s at %lld tokens\n",
                 format_bytes(double(sc.per_token)).c_str(), format_bytes(double(sc.fixed)).c_str(),
                 format_bytes(double(state_total)).c_str(), (long long)context);

@@ -67,6 +67,12 @@ io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
   return m;
 }
 
+bool weights_mapped(model::Model& m) {
+  bool mapped = false;
+  m.for_each_tensor([&](const std::string&, Tensor& t, const Shape&, layers::Init) { mapped = mapped || t.is_borrowed(); });
+  return mapped;
+}
+
 std::optional<long long> parse_integer(const std::string& s) {
   size_t used = 0;
   try {

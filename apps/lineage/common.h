@@ -30,6 +30,8 @@ void add_bf16_dot_option(CLI::App& cmd);
 bool bf16_dot_in_effect();
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer);
+// Whether any weight is borrowed from a checkpoint file's mapping (4 KiB pages here).
+bool weights_mapped(model::Model& m);
 
 // The whole string as a base-10 integer, or nothing (no partial parses, no exceptions).
 std::optional<long long> parse_integer(const std::string& s);
