@@ -6,11 +6,9 @@
 #include <vector>
 
 #include "lineage/core/parallel.h"
-#include "lineage/core/scratch.h"
 #include "lineage/kernels/blas_threads.h"
 #include "lineage/kernels/vmath.h"
 #include "lineage/kernels/x86/attention.h"
-#include "lineage/kernels/x86/gemm.h"
 #include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels {
@@ -57,21 +55,14 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
 }
 
 // Prefill: a tile of up to kQTile queries of one head against key tiles of kKTile, the scores and
-// the weighted values as small matrix products, the softmax online across key tiles. The portable
-// build; x86/attention_avx512.cpp is the same algorithm in AVX-512.
+// the weighted values as small matrix products (OpenBLAS), the softmax online across key tiles. The
+// portable build: with AVX-512, x86/attention_avx512.cpp runs instead (scores transposed, its own
+// register tiles).
 constexpr int64_t kQTile = kAttentionQueryTile, kKTile = 256;
 
-// y[T, out] = x[T, in] · W, W stored [out, in] (out_in) or [in, out], all contiguous f32: through
-// this ISA's own GEMM blocks where it has them (AVX-512), else OpenBLAS. The caller's thread runs it.
+// y[T, out] = x[T, in] · W, W stored [out, in] (out_in) or [in, out], all contiguous f32, on the
+// caller's thread.
 void small_gemm(const float* x, int64_t T, int64_t in, const float* w, bool out_in, int64_t out, float* y) {
-  if (const GemmPath* path = gemm_table().exact) {
-    thread_local std::vector<char> buf;
-    void* scratch = aligned_scratch(buf, path->scratch_bytes);
-    const GemmProblem p{x, w, 0, out_in, T, in, out, y};
-    for (int64_t o0 = 0; o0 < out; o0 += path->nc_max)
-      path->block(p, nullptr, 0, T, o0, std::min(out, o0 + path->nc_max), scratch);
-    return;
-  }
   single_threaded_blas();
   cblas_sgemm(CblasRowMajor, CblasNoTrans, out_in ? CblasTrans : CblasNoTrans, T, out, in, 1.0f, x, in, w,
               out_in ? in : out, 0.0f, y, out);
@@ -127,8 +118,9 @@ void attend_tile(const float* q, int64_t ldq, int64_t nq, int64_t first_pos, con
 
 void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, const float* v,
                       int64_t head_stride, int64_t H, int64_t hd, float scale, float* out) {
+  static const bool avx512 = !std::strcmp(isa_name(), "avx512");
   if (T >= 16) {
-    static const auto tile = !std::strcmp(isa_name(), "avx512") ? attend_tile_avx512 : attend_tile;
+    const auto tile = avx512 ? attend_tile_avx512 : attend_tile;
     const int64_t tiles = (T + kQTile - 1) / kQTile;
     // Later query tiles see more keys: hand them out first, one (tile, head) at a time, so the
     // threads finish together.
@@ -141,7 +133,6 @@ void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, con
     });
     return;
   }
-  static const bool avx512 = !std::strcmp(isa_name(), "avx512");
   const bool fast = avx512 && hd <= kAttentionDecodeMaxHead;
   parallel_chunks(T * H, grain_for(2 * (p0 + T) * hd), [&](int64_t b, int64_t e) {
     if (fast) {
