@@ -2,7 +2,9 @@
 // from memory, and GEMM (T = 512, prefill), bound by the multiply-adds; F32 / F16 / BF16 weights,
 // both layouts, and BF16 in the --bf16-dot mode ("bf16dot": vdpbf16ps on activations rounded to bf16)
 // where the CPU has AVX512_BF16. Each call takes the next of several copies of the weight
-// (cold_weights).
+// (cold_weights). `gemv_mapped` rows read the copies mapped from a file, as a checkpoint's weights
+// are read by default (4 KiB page-cache pages on this kernel; the other rows' copies sit on huge
+// pages, as presets' and --no-mmap's weights do).
 #include <string>
 
 #include "bench_support.h"
@@ -18,10 +20,12 @@ struct LinearShape {
 constexpr LinearShape kShapes[] = {{"c_attn", 768, 2304},    {"attn_c_proj", 768, 768}, {"c_fc", 768, 3072},
                                    {"mlp_c_proj", 3072, 768}, {"lm_head", 768, 50257}};
 
-void bm_linear(benchmark::State& state, LinearShape s, DType dtype, kernels::Layout layout, int64_t T, bool dot) {
+void bm_linear(benchmark::State& state, LinearShape s, DType dtype, kernels::Layout layout, int64_t T, bool dot,
+               bool mapped) {
   kernels::use_bf16_dot_products(dot);
   const bool out_in = layout == kernels::Layout::OutIn;
-  const std::vector<Tensor>& w = out_in ? cold_weights(s.out, s.in, dtype) : cold_weights(s.in, s.out, dtype);
+  const int64_t rows = out_in ? s.out : s.in, cols = out_in ? s.in : s.out;
+  const std::vector<Tensor>& w = mapped ? mapped_cold_weights(rows, cols, dtype) : cold_weights(rows, cols, dtype);
   const auto x = random_floats(T * s.in, 2);
   std::vector<float> y(static_cast<size_t>(T * s.out));
   size_t next = 0;
@@ -42,20 +46,26 @@ void bm_linear(benchmark::State& state, LinearShape s, DType dtype, kernels::Lay
 const bool registered = [] {
   const bool dot_available = kernels::use_bf16_dot_products(true);
   kernels::use_bf16_dot_products(false);
-  for (int64_t T : {1, 512})
+  struct Variant {
+    int64_t T;
+    bool mapped;
+    const char* name;
+  };
+  for (const Variant v : {Variant{1, false, "gemv"}, Variant{1, true, "gemv_mapped"}, Variant{512, false, "gemm_T512"}})
     for (const LinearShape& s : kShapes) {
-      if (T > 1 && std::string(s.name) == "lm_head") continue;  // prefill runs the head for one token only
+      if (v.T > 1 && std::string(s.name) == "lm_head") continue;  // prefill runs the head for one token only
       for (DType dt : {DType::F32, DType::F16, DType::BF16})
         for (bool dot : {false, true}) {
           if (dot && (dt != DType::BF16 || !dot_available)) continue;
+          if (v.mapped && dt == DType::F16) continue;  // as F32/BF16: the rows show the pages' cost
           for (kernels::Layout layout : {kernels::Layout::OutIn, kernels::Layout::InOut}) {
-          const std::string name = std::string("linear/") + (T == 1 ? "gemv" : "gemm_T512") + "/" +
-                                   (dot ? std::string("bf16dot") : dtype_label(dt)) +
-                                   (layout == kernels::Layout::OutIn ? "/out_in/" : "/in_out/") + s.name + "_" +
-                                   std::to_string(s.in) + "x" + std::to_string(s.out);
-          benchmark::RegisterBenchmark(name.c_str(), bm_linear, s, dt, layout, T, dot)
-              ->UseRealTime()
-              ->Unit(benchmark::kMicrosecond);
+            const std::string name = std::string("linear/") + v.name + "/" +
+                                     (dot ? std::string("bf16dot") : dtype_label(dt)) +
+                                     (layout == kernels::Layout::OutIn ? "/out_in/" : "/in_out/") + s.name + "_" +
+                                     std::to_string(s.in) + "x" + std::to_string(s.out);
+            benchmark::RegisterBenchmark(name.c_str(), bm_linear, s, dt, layout, v.T, dot, v.mapped)
+                ->UseRealTime()
+                ->Unit(benchmark::kMicrosecond);
           }
         }
     }

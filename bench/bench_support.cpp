@@ -1,7 +1,15 @@
 #include "bench_support.h"
 
-#include <algorithm>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "lineage/core/error.h"
 #include "lineage/core/rng.h"
 #include "lineage/kernels/roofline.h"
 
@@ -39,6 +47,34 @@ const std::vector<Tensor>& cold_weights(int64_t rows, int64_t cols, DType dtype)
   last.push_back(dtype == DType::F32 ? std::move(f) : convert(f, dtype));
   const size_t copies = (kColdBytes + last[0].nbytes() - 1) / last[0].nbytes();
   while (last.size() < copies) last.push_back(last[0].clone());
+  return last;
+}
+
+const std::vector<Tensor>& mapped_cold_weights(int64_t rows, int64_t cols, DType dtype) {
+  static std::vector<Tensor> last;
+  if (!last.empty() && last[0].dtype() == dtype && last[0].shape() == Shape{rows, cols}) return last;
+  last.clear();
+  const std::vector<Tensor>& src = cold_weights(rows, cols, dtype);
+  const size_t each = src[0].nbytes(), total = each * src.size();
+  const char* dir = std::getenv("TMPDIR");
+  std::string path = std::string(dir && *dir ? dir : "/tmp") + "/lineage-bench-XXXXXX";
+  const int fd = mkstemp(path.data());
+  LINEAGE_CHECK(fd >= 0, "cannot create a temporary file at ", path);
+  unlink(path.c_str());
+  for (const Tensor& t : src) {
+    const char* p = static_cast<const char*>(t.raw());
+    for (size_t done = 0; done < each;) {
+      const ssize_t n = write(fd, p + done, each - done);
+      LINEAGE_CHECK(n > 0, "cannot write the temporary weight file ", path);
+      done += size_t(n);
+    }
+  }
+  void* map = mmap(nullptr, total, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+  close(fd);
+  LINEAGE_CHECK(map != MAP_FAILED, "cannot map the temporary weight file ", path);
+  const std::shared_ptr<const void> owner(map, [total](const void* p) { munmap(const_cast<void*>(p), total); });
+  for (size_t i = 0; i < src.size(); ++i)
+    last.push_back(Tensor::borrow(dtype, {rows, cols}, static_cast<const char*>(map) + i * each, owner));
   return last;
 }
 
