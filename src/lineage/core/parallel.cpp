@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "lineage/core/error.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -132,7 +134,8 @@ class Pool {
 
 thread_local bool Pool::t_in_region = false;
 
-constexpr int kMaxThreads = 255;  // the generation word's participant count is 8 bits
+constexpr int kMaxThreads = kMaxParts;  // the generation word's participant count is 8 bits
+static_assert(kMaxParts <= 255);
 int g_threads = 0;
 // OpenMP's default (OMP_NUM_THREADS, else the hardware threads), read once before any thread's
 // OpenMP setting is changed (kernels/blas_threads.h sets it to 1 where OpenBLAS is called).
@@ -171,10 +174,12 @@ void set_num_threads(int n) { g_threads = n > 0 ? n : omp_get_num_procs(); }
 
 int num_threads() { return g_threads > 0 ? g_threads : g_default_threads; }
 
+int parts_for(int64_t items) { return int(std::max<int64_t>(1, std::min<int64_t>(std::min(num_threads(), kMaxThreads), items))); }
+
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_grain) {
   if (n <= 0) return;
   const int64_t max_parts = std::max<int64_t>(1, n / std::max<int64_t>(1, min_grain));
-  const int parts = int(std::min<int64_t>(std::min(num_threads(), kMaxThreads), max_parts));
+  const int parts = parts_for(max_parts);
   if (parts <= 1 || Pool::t_in_region) {
     fn(0, n);
     return;
@@ -185,20 +190,68 @@ void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, in
   });
 }
 
+namespace {
+
+// One thread's share of items, [front, back) packed in one word: the owner takes the front item,
+// a thread that has run out of its own takes the back one.
+struct alignas(64) Share {
+  std::atomic<uint64_t> range;
+  void set(int64_t front, int64_t back) { range.store(uint64_t(front) << 32 | uint64_t(back), std::memory_order_relaxed); }
+  // The taken item, or -1 when the share is empty.
+  int64_t take(bool from_back) {
+    uint64_t r = range.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint64_t front = r >> 32, back = r & 0xffffffffu;
+      if (front >= back) return -1;
+      const uint64_t next = from_back ? (front << 32 | (back - 1)) : ((front + 1) << 32 | back);
+      if (range.compare_exchange_weak(r, next, std::memory_order_relaxed)) return int64_t(from_back ? back - 1 : front);
+    }
+  }
+};
+
+// Runs item(i) for every i in [0, starts[parts]), participant p starting on [starts[p], starts[p+1]).
+template <class Item>
+void run_shares(const int64_t* starts, int parts, const Item& item) {
+  LINEAGE_CHECK(starts[parts] < (int64_t(1) << 32), "parallel_chunks: ", starts[parts], " chunks, at most 2^32 - 1");
+  thread_local std::vector<Share> shares;  // the caller's; the workers reach it through the lambda
+  if (shares.size() < size_t(parts)) shares = std::vector<Share>(size_t(parts));
+  for (int p = 0; p < parts; ++p) shares[p].set(starts[p], starts[p + 1]);
+  Share* sh = shares.data();
+  run_region(parts, [&](int p) {
+    for (int64_t i; (i = sh[p].take(false)) >= 0;) item(i);
+    for (int d = 1; d < parts; ++d)
+      for (int64_t i; (i = sh[(p + d) % parts].take(true)) >= 0;) item(i);
+  });
+}
+
+}  // namespace
+
 void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   chunk = std::max<int64_t>(1, chunk);
   const int64_t chunks = (n + chunk - 1) / chunk;
-  const int parts = int(std::min<int64_t>(std::min(num_threads(), kMaxThreads), chunks));
+  const int parts = parts_for(chunks);
   if (parts <= 1 || Pool::t_in_region) {
     fn(0, n);
     return;
   }
-  alignas(64) std::atomic<int64_t> next{0};
-  run_region(parts, [&](int) {
-    for (int64_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < chunks;)
-      fn(k * chunk, std::min(n, (k + 1) * chunk));
-  });
+  int64_t starts[kMaxThreads + 1];
+  for (int p = 0; p <= parts; ++p) starts[p] = chunks * p / parts;
+  run_shares(starts, parts, [&](int64_t k) { fn(k * chunk, std::min(n, (k + 1) * chunk)); });
+}
+
+void parallel_shares(std::span<const int64_t> starts, const std::function<void(int64_t, int64_t)>& fn) {
+  LINEAGE_CHECK(!starts.empty() && starts.front() == 0, "parallel_shares: starts must begin at 0");
+  const int parts = int(starts.size()) - 1;
+  const int64_t n = starts.back();
+  for (int p = 0; p < parts; ++p) LINEAGE_CHECK(starts[p] <= starts[p + 1], "parallel_shares: starts must not decrease");
+  if (n <= 0) return;
+  LINEAGE_CHECK(parts <= parts_for(n), "parallel_shares: ", parts, " shares for ", parts_for(n), " threads");
+  if (parts <= 1 || Pool::t_in_region) {
+    for (int64_t i = 0; i < n; ++i) fn(i, i + 1);
+    return;
+  }
+  run_shares(starts.data(), parts, [&](int64_t i) { fn(i, i + 1); });
 }
 
 }  // namespace lineage

@@ -10,11 +10,16 @@
 #include <cstdint>
 #include <algorithm>
 #include <functional>
+#include <span>
 
 namespace lineage {
 
 void set_num_threads(int n);  // n <= 0: all hardware threads
 int num_threads();
+// The most threads one region runs on (more are not started).
+inline constexpr int kMaxParts = 255;
+// The threads a region of `items` items runs on: min(num_threads(), kMaxParts, items), at least 1.
+int parts_for(int64_t items);
 
 // Sets the thread count for its lifetime, then restores the previous one.
 class ScopedThreads {
@@ -32,12 +37,21 @@ class ScopedThreads {
 // on n and the thread count, so reductions inside a range are deterministic.
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_grain = 1);
 
-// Calls fn(begin, end) on the fixed chunks [k·chunk, min(n, (k+1)·chunk)) of [0, n), handed out to
-// the threads one at a time as they become free. The chunk boundaries depend only on n and chunk,
-// not on which thread runs a chunk; use it where each item's result does not depend on the range it
-// is computed in (GEMV rows, attention heads). A thread that is slowed down (another process on its
-// core, a descheduled vCPU) then costs its chunk, not half of the work.
+// Calls fn(begin, end) on the fixed chunks [k·chunk, min(n, (k+1)·chunk)) of [0, n). Each thread
+// starts on its own contiguous share of the chunks (the p-th of near-equal shares) and runs it front
+// to back, so what it reads stays one sequential stream and no counter is shared while the shares
+// last; a thread that runs out takes the others' remaining chunks one at a time from the back end of
+// their shares. The chunk boundaries depend only on n and chunk, not on which thread runs a chunk;
+// use it where each item's result does not depend on the range it is computed in (GEMV rows,
+// attention heads). A thread that is slowed down (another process on its core, a descheduled vCPU)
+// then costs at most its current chunk, not half of the work.
 void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn);
+
+// parallel_chunks over single items [0, n) with the shares given: thread p starts on items
+// [starts[p], starts[p + 1]), where starts holds parts + 1 nondecreasing values from 0 to n and
+// parts <= parts_for(n). For callers that order or size the items of each share (short ones at its
+// end, so the threads finish together). fn is called with end = begin + 1.
+void parallel_shares(std::span<const int64_t> starts, const std::function<void(int64_t, int64_t)>& fn);
 
 // The smallest number of items worth handing to one thread when each costs `work_per_item`
 // multiply-adds: waking a thread costs about as much as 32k of them (more on a loaded machine).

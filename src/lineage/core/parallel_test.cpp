@@ -1,7 +1,8 @@
-// The engine's thread pool: every index is visited exactly once for any size, grain, chunk and
-// thread count; parallel_for's split is the documented static one; errors thrown on a worker reach
-// the caller; nested regions and regions started by several application threads at once still
-// cover everything.
+// The engine's thread pool: every index is visited exactly once for any size, grain, chunk, share
+// and thread count; parallel_for's split is the documented static one; a share is run front to back
+// by its owner and taken from the back by the others; errors thrown on a worker reach the caller;
+// nested regions and regions started by several application threads at once still cover
+// everything.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -9,6 +10,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -40,8 +43,59 @@ TEST(Parallel, EveryIndexOnceForAnySplit) {
         });
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[size_t(i)].load(), 1) << threads << " " << n << " " << chunk;
       }
+      // Shares: even, all in the first one, and with empty ones in between.
+      const int parts = parts_for(n);
+      std::vector<std::vector<int64_t>> layouts(3, std::vector<int64_t>(size_t(parts) + 1, n));
+      for (int p = 0; p < parts; ++p) {
+        layouts[0][size_t(p)] = n * p / parts;
+        layouts[1][size_t(p)] = p == 0 ? 0 : n;
+        layouts[2][size_t(p)] = p % 2 ? layouts[2][size_t(p) - 1] : n * p / parts;
+      }
+      for (const auto& starts : layouts) {
+        std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+        parallel_shares(starts, [&](int64_t b, int64_t e) {
+          ASSERT_EQ(e, b + 1);
+          seen[size_t(b)]++;
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[size_t(i)].load(), 1) << threads << " " << n;
+      }
     }
   }
+}
+
+// The caller owns share 0 and runs it front to back; the worker, done with its short share first,
+// takes the caller's remaining items from the back. The two never cross: everything the worker took
+// from share 0 lies above everything the caller ran.
+TEST(Parallel, OwnersRunFromTheFrontOthersTakeFromTheBack) {
+  const ScopedThreads scope(2);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::mutex m;
+  std::vector<int64_t> mine, taken;
+  const std::vector<int64_t> starts = {0, 40, 44};
+  parallel_shares(starts, [&](int64_t b, int64_t) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    const std::lock_guard<std::mutex> lock(m);
+    if (std::this_thread::get_id() == caller) mine.push_back(b);
+    else if (b < 40) taken.push_back(b);
+  });
+  ASSERT_FALSE(mine.empty());
+  ASSERT_FALSE(taken.empty()) << "the worker took nothing from the caller's share of 40 slow items";
+  for (size_t i = 1; i < mine.size(); ++i) EXPECT_GT(mine[i], mine[i - 1]) << "the owner runs its share in order";
+  for (size_t i = 1; i < taken.size(); ++i) EXPECT_LT(taken[i], taken[i - 1]) << "others take from the back";
+  EXPECT_EQ(mine.front(), 0);
+  EXPECT_EQ(taken.front(), 39);
+  EXPECT_GT(taken.back(), mine.back());
+  EXPECT_EQ(int64_t(mine.size() + taken.size()), 40);
+}
+
+// A malformed set of shares is a programming error: the internal check stops the process.
+TEST(Parallel, SharesAreChecked) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const ScopedThreads scope(2);
+  const auto nothing = [](int64_t, int64_t) {};
+  EXPECT_DEATH(parallel_shares(std::vector<int64_t>{1, 4}, nothing), "must begin at 0");
+  EXPECT_DEATH(parallel_shares(std::vector<int64_t>{0, 5, 4}, nothing), "must not decrease");
+  EXPECT_DEATH(parallel_shares(std::vector<int64_t>{0, 1, 2, 3}, nothing), "3 shares for 2 threads");
 }
 
 TEST(Parallel, ForSplitIsStaticAndUsesTheThreads) {

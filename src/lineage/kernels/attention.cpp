@@ -122,14 +122,20 @@ void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, con
   if (T >= 16) {
     const auto tile = avx512 ? attend_tile_avx512 : attend_tile;
     const int64_t tiles = (T + kQTile - 1) / kQTile;
-    // Later query tiles see more keys: hand them out first, one (tile, head) at a time, so the
-    // threads finish together.
-    parallel_chunks(H * tiles, 1, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const int64_t h = i % H, t0 = (tiles - 1 - i / H) * kQTile, nq = std::min(kQTile, T - t0);
-        tile(q + (t0 * H + h) * hd, H * hd, nq, p0 + t0, k + h * head_stride, v + h * head_stride, hd, scale,
-             out + (t0 * H + h) * hd, H * hd);
-      }
+    // Later query tiles see more keys. Ranked longest first (rank r: head r % H, the (r / H)-th
+    // tile from the end), the (tile, head) items are dealt out like cards, so each thread's share
+    // runs from long to short items, and the ones the threads take from each other at the end are
+    // the shortest: the threads finish together.
+    const int64_t n = H * tiles, parts = parts_for(n);
+    int64_t starts[kMaxParts + 1] = {0};
+    for (int64_t p = 0; p < parts; ++p) starts[p + 1] = starts[p] + (n - p + parts - 1) / parts;
+    parallel_shares({starts, size_t(parts + 1)}, [&](int64_t i, int64_t) {
+      int64_t p = 0;
+      while (i >= starts[p + 1]) ++p;
+      const int64_t r = (i - starts[p]) * parts + p;
+      const int64_t h = r % H, t0 = (tiles - 1 - r / H) * kQTile, nq = std::min(kQTile, T - t0);
+      tile(q + (t0 * H + h) * hd, H * hd, nq, p0 + t0, k + h * head_stride, v + h * head_stride, hd, scale,
+           out + (t0 * H + h) * hd, H * hd);
     });
     return;
   }

@@ -70,30 +70,40 @@ void gemv_rows(const GemvTable& k, const float* x, const Weight& W, int64_t o0, 
 }
 
 // The GEMVs of several weights on one input, in one parallel region: every output is cut into
-// chunks (gemv_chunk) and all chunks of all outputs go to whichever thread is free. The group's last
-// kTailChunksPerThread chunks a thread are cut in quarters where the weight is [out, in] (a chunk is
-// then one contiguous block, and a quarter of it streams as well), so the threads finish within a
-// quarter chunk of each other. [in, out] chunks stay whole: a narrower column block walks the rows
-// with a fraction of a cache line's worth of bytes per row and slowed GPT-2 decode by 12 %.
+// chunks (gemv_chunk), and the chunks of all outputs, in order, into one near-equal share per thread
+// (parallel_shares: a thread streams its share front to back, then helps with the others' from their
+// back ends). The last kTailChunksPerThread chunks of each share are cut in quarters where the weight
+// is [out, in] (a chunk is then one contiguous block, and a quarter of it streams as well), so the
+// threads finish within a quarter chunk of each other. [in, out] chunks stay whole: a narrower column
+// block walks the rows with a fraction of a cache line's worth of bytes per row and slowed GPT-2
+// decode by 12 %.
 constexpr int64_t kTailChunksPerThread = 2;
 void gemv_group(const float* x, std::span<const LinearOut> outs) {
   const GemvTable& k = gemv_table();
   thread_local std::vector<std::array<int64_t, 3>> units;  // (output, o0, o1)
+  thread_local std::vector<int64_t> starts;
   units.clear();
+  starts.clear();
   int64_t total = 0;
   for (const LinearOut& o : outs) total += ceil_div(o.W.out(), gemv_chunk(o.W.in()));
-  const int64_t tail_from = total - kTailChunksPerThread * num_threads();
-  int64_t index = 0;
+  const int64_t parts = parts_for(total);
+  int64_t index = 0, share = 0;  // the chunk's index and its share
   for (size_t j = 0; j < outs.size(); ++j) {
     const int64_t out = outs[j].W.out(), chunk = gemv_chunk(outs[j].W.in());
     const bool rows = outs[j].W.layout == Layout::OutIn;
     for (int64_t o0 = 0; o0 < out; o0 += chunk, ++index) {
-      const int64_t o1 = std::min(out, o0 + chunk), piece = rows && index >= tail_from ? chunk / 4 : chunk;
+      while (share < parts && index == total * share / parts) {
+        starts.push_back(int64_t(units.size()));
+        ++share;
+      }
+      const bool tail = index >= total * share / parts - kTailChunksPerThread;
+      const int64_t o1 = std::min(out, o0 + chunk), piece = rows && tail ? chunk / 4 : chunk;
       for (int64_t p0 = o0; p0 < o1; p0 += piece) units.push_back({int64_t(j), p0, std::min(o1, p0 + piece)});
     }
   }
+  starts.push_back(int64_t(units.size()));
   const auto* u = units.data();  // a thread_local named inside the lambda would be the worker's own
-  parallel_chunks(int64_t(units.size()), 1, [&](int64_t b, int64_t e) {
+  parallel_shares(starts, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const LinearOut& o = outs[size_t(u[i][0])];
       gemv_rows(k, x, o.W, u[i][1], u[i][2], o.y);
@@ -147,8 +157,9 @@ void gemm_widened(const float* x, int64_t T, const Weight& W, float* y) {
 }
 
 // Our own blocked GEMM (x86/gemm*.cpp). Columns are cut into whole nr-wide panels, in a number of
-// blocks that is a multiple of the thread count (each block packs only its own weights; blocks go
-// to whichever thread is free); with fewer panels than threads, rows are split too. Every y element
+// blocks that is a multiple of the thread count (each block packs only its own weights; each thread
+// starts on its own share of the blocks and helps with the others' when done, parallel_chunks);
+// with fewer panels than threads, rows are split too. Every y element
 // is computed by one fixed-order reduction, so results do not depend on the split or the thread
 // count.
 void gemm_blocked(const GemmPath& path, const GemmProblem& p) {

@@ -39,8 +39,9 @@ struct LinearOut {
 };
 
 // linear() for each of `outs` on the same x. For one token (T = 1, decode) their GEMVs share one
-// parallel region, with every output's row chunks handed to whichever thread is free: fewer thread
-// wake-ups per layer than one linear() call each. Results equal linear()'s.
+// parallel region, the row chunks of all outputs split into one share per thread (a thread that
+// finishes early takes chunks from the back of the others' shares): fewer thread wake-ups per
+// layer than one linear() call each. Results equal linear()'s.
 void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs);
 
 // Widens `n` consecutive elements of a float tensor starting at element `offset` into dst.
