@@ -47,26 +47,29 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // cache lines and the [in, out] kernel keeps full 8-vector column blocks.
 int64_t gemv_chunk(int64_t in) { return (std::max<int64_t>(128, grain_for(in)) + 127) / 128 * 128; }
 
-// The bf16 dot mode's GEMV: x rounded to bf16 pairs by the GEMM's own `prepare`, so one token
-// decoded gives what the same token gives inside a prefill.
-void gemv_rounded_to_bf16(const GemmPath& path, const GemvBf16Dot& k, const float* x, const Weight& W, float* y) {
-  const int64_t in = W.in(), out = W.out();
-  const auto* w = static_cast<const uint16_t*>(W.w->raw());
-  const GemmProblem p{x, w, 2, W.layout == Layout::OutIn, 1, in, out, y};
-  thread_local std::vector<char> buf;
-  auto* xp = static_cast<uint32_t*>(aligned_scratch(buf, path.prepared_bytes(1, in)));
-  path.prepare(p, 0, 1, xp);
-  parallel_chunks(out, gemv_chunk(in), [&](int64_t o0, int64_t o1) {
-    if (W.layout == Layout::OutIn) k.out_in(xp, w, in, o0, o1, y);
-    else k.in_out(xp, w, in, out, o0, o1, y);
-  });
-}
-
-// Rows [o0, o1) of y = W·x on the exact path.
-void gemv_rows(const GemvTable& k, const float* x, const Weight& W, int64_t o0, int64_t o1, float* y) {
+// Rows [o0, o1) of y = W·x: on the exact path (k), or for BF16 weights in the bf16 dot mode (dot
+// not null) with x as the bf16 pairs xp.
+void gemv_rows(const GemvTable& k, const GemvBf16Dot* dot, const float* x, const uint32_t* xp, const Weight& W,
+               int64_t o0, int64_t o1, float* y) {
+  if (dot) {
+    const auto* w = static_cast<const uint16_t*>(W.w->raw());
+    if (W.layout == Layout::OutIn) dot->out_in(xp, w, W.in(), o0, o1, y);
+    else dot->in_out(xp, w, W.in(), W.out(), o0, o1, y);
+    return;
+  }
   const int dt = dtype_index(W.w->dtype());
   if (W.layout == Layout::OutIn) k.out_in[dt](x, W.w->raw(), W.in(), o0, o1, y);
   else k.in_out[dt](x, W.w->raw(), W.in(), W.out(), o0, o1, y);
+}
+
+std::atomic<Bf16WeightGemm> g_bf16_weight_gemm{Bf16WeightGemm::Exact};
+
+// The GEMM this CPU and setting call for, or null for OpenBLAS.
+const GemmPath* own_gemm(DType weights) {
+  const GemmTable& t = gemm_table();
+  if (weights == DType::BF16 && t.bf16_dot && bf16_weight_gemm() == Bf16WeightGemm::RoundActivationsToBf16)
+    return t.bf16_dot;
+  return t.exact;
 }
 
 // The GEMVs of several weights on one input, in one parallel region: every output is cut into
@@ -78,8 +81,24 @@ void gemv_rows(const GemvTable& k, const float* x, const Weight& W, int64_t o0, 
 // block walks the rows with a fraction of a cache line's worth of bytes per row and slowed GPT-2
 // decode by 12 %.
 constexpr int64_t kTailChunksPerThread = 2;
+//
+// BF16 weights in the bf16 dot mode read x rounded to bf16 pairs by the bf16 GEMM's own `prepare`
+// (once for the group), so one token decoded gives what the same token gives inside a prefill.
 void gemv_group(const float* x, std::span<const LinearOut> outs) {
   const GemvTable& k = gemv_table();
+  const GemmPath* dot_path = gemm_table().bf16_dot;
+  const GemvBf16Dot* dot = gemv_bf16_dot();
+  thread_local std::vector<char> prepared;
+  const uint32_t* xp = nullptr;
+  auto rounded = [&](const LinearOut& o) { return dot && dot_path && own_gemm(o.W.w->dtype()) == dot_path; };
+  for (const LinearOut& o : outs) {
+    LINEAGE_CHECK(o.W.in() == outs[0].W.in(), "linear_group: weights of different input sizes");
+    if (xp || !rounded(o)) continue;
+    const int64_t in = o.W.in();
+    auto* buf = static_cast<uint32_t*>(aligned_scratch(prepared, dot_path->prepared_bytes(1, in)));
+    dot_path->prepare(GemmProblem{x, o.W.w->raw(), 2, o.W.layout == Layout::OutIn, 1, in, o.W.out(), o.y}, 0, 1, buf);
+    xp = buf;
+  }
   thread_local std::vector<std::array<int64_t, 3>> units;  // (output, o0, o1)
   thread_local std::vector<int64_t> starts;
   units.clear();
@@ -106,7 +125,7 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   parallel_shares(starts, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const LinearOut& o = outs[size_t(u[i][0])];
-      gemv_rows(k, x, o.W, u[i][1], u[i][2], o.y);
+      gemv_rows(k, rounded(o) ? dot : nullptr, x, xp, o.W, u[i][1], u[i][2], o.y);
     }
   });
 }
@@ -193,16 +212,6 @@ void gemm_blocked(const GemmPath& path, const GemmProblem& p) {
   });
 }
 
-std::atomic<Bf16WeightGemm> g_bf16_weight_gemm{Bf16WeightGemm::Exact};
-
-// The GEMM this CPU and setting call for, or null for OpenBLAS.
-const GemmPath* own_gemm(DType weights) {
-  const GemmTable& t = gemm_table();
-  if (weights == DType::BF16 && t.bf16_dot && bf16_weight_gemm() == Bf16WeightGemm::RoundActivationsToBf16)
-    return t.bf16_dot;
-  return t.exact;
-}
-
 }  // namespace
 
 void set_bf16_weight_gemm(Bf16WeightGemm mode) { g_bf16_weight_gemm.store(mode); }
@@ -239,12 +248,8 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
     return;
   }
   if (T == 1) {
-    if (own && own == gemm_table().bf16_dot) {
-      gemv_rounded_to_bf16(*own, *gemv_bf16_dot(), x, W, y);
-    } else {
-      const LinearOut one{W, nullptr, y};
-      gemv_group(x, {&one, 1});
-    }
+    const LinearOut one{W, nullptr, y};
+    gemv_group(x, {&one, 1});
   } else if (W.w->dtype() == DType::F32) {
     gemm_f32(x, T, W, y);
   } else {
@@ -254,13 +259,8 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
 }
 
 void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs) {
-  bool separate = T != 1;  // GEMMs (and the bf16 dot GEMV) are one region each anyway
-  const GemmPath* dot = gemm_table().bf16_dot;
-  for (const LinearOut& o : outs) {
-    LINEAGE_CHECK(o.W.w && o.W.w->ndim() == 2, "linear needs a 2-D weight");
-    separate = separate || (dot && own_gemm(o.W.w->dtype()) == dot);
-  }
-  if (separate) {
+  for (const LinearOut& o : outs) LINEAGE_CHECK(o.W.w && o.W.w->ndim() == 2, "linear needs a 2-D weight");
+  if (T != 1) {  // GEMMs are one region each anyway
     for (const LinearOut& o : outs) linear(x, T, o.W, o.bias, o.y);
     return;
   }
