@@ -18,7 +18,7 @@ namespace {
 std::atomic<DeltaRulePath> g_path{DeltaRulePath::Auto};
 
 // Scratch slots of this mixer (the model uses 10–12; other mixers 0–9).
-enum Slot { kQ = 20, kK, kV, kRaw, kBeta, kDecay, kLowRank, kCore, kGate, kFeature, kFeature2 };
+enum Slot { kQ = 20, kK, kV, kRaw, kBeta, kDecay, kLowRank, kCore, kGate, kFeature, kFeature2, kLowDecay, kLowGate };
 
 
 kernels::Weight lin(const Tensor& w) { return {&w, kernels::Layout::OutIn}; }
@@ -182,13 +182,33 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
   const int64_t v_heads_proj = c.delta ? HV : KVH;  // heads that v_proj produces
   const int64_t Cq = H * K, Ck = KVH * K, Cv = v_heads_proj * V;
 
-  // 1. Projections q | k | v side by side in one buffer, so the short conv runs over all channels.
+  // Where the projections of x land: q | k | v side by side in one buffer (so the short conv runs
+  // over all channels), β, the decay's input and the output gate's input.
   const int64_t C = Cq + Ck + Cv;
   float* raw = scratch.get(kRaw, size_t(T) * C);
-  if (T == 1) {  // one token: the three rows land side by side, in one parallel region
-    const kernels::LinearOut qkv_out[] = {{lin(w.q_proj), nullptr, raw}, {lin(w.k_proj), nullptr, raw + Cq},
-                                          {lin(w.v_proj), nullptr, raw + Cq + Ck}};
-    kernels::linear_group(x, 1, qkv_out);
+  const bool has_beta = c.delta && c.has_beta;
+  const bool per_channel = c.decay == DeltaRule::DecayInput::PerChannelLowRank;
+  const int64_t decay_width = per_channel ? HV * K : HV;
+  float* beta = c.delta ? scratch.get(kBeta, size_t(T) * HV) : nullptr;
+  float* decay = c.decay != DeltaRule::DecayInput::None ? scratch.get(kDecay, size_t(T) * decay_width) : nullptr;
+  float* low_decay = per_channel ? scratch.get(kLowDecay, size_t(T) * V) : nullptr;
+  const bool swish_gate = c.out_gate == DeltaRule::OutGate::Swish;
+  const bool low_rank_gate = c.out_gate == DeltaRule::OutGate::SigmoidLowRank;
+  float* gate = swish_gate || low_rank_gate ? scratch.get(kGate, size_t(T) * HV * V) : nullptr;
+  float* low_gate = low_rank_gate ? scratch.get(kLowGate, size_t(T) * V) : nullptr;
+
+  // 1. The projections. One token: every projection of x in one parallel region.
+  if (T == 1) {
+    kernels::LinearOut outs[6] = {{lin(w.q_proj), nullptr, raw},
+                                  {lin(w.k_proj), nullptr, raw + Cq},
+                                  {lin(w.v_proj), nullptr, raw + Cq + Ck}};
+    size_t n = 3;
+    if (has_beta) outs[n++] = {lin(w.b_proj), nullptr, beta};
+    if (per_channel) outs[n++] = {lin(w.f_a), nullptr, low_decay};
+    else if (decay) outs[n++] = {lin(w.a_proj), nullptr, decay};
+    if (swish_gate) outs[n++] = {lin(w.g_proj), nullptr, gate};
+    if (low_rank_gate) outs[n++] = {lin(w.g_a), nullptr, low_gate};
+    kernels::linear_group(x, 1, {outs, n});
   } else {
     float* tmp = scratch.get(kCore, size_t(T) * std::max({Cq, Ck, Cv}));
     const std::pair<const Tensor*, int64_t> parts[] = {{&w.q_proj, 0}, {&w.k_proj, Cq}, {&w.v_proj, Cq + Ck}};
@@ -257,11 +277,9 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
   normalize_heads(c.k_norm, kk, T * H, K);
 
   // 4. β and the log decay.
-  float* beta = nullptr;
   if (c.delta) {
-    beta = scratch.get(kBeta, size_t(T) * HV);
-    if (c.has_beta) {
-      kernels::linear(x, T, lin(w.b_proj), nullptr, beta);
+    if (has_beta) {
+      if (T > 1) kernels::linear(x, T, lin(w.b_proj), nullptr, beta);
       kernels::sigmoid(beta, beta, T * HV);
     } else {
       std::fill(beta, beta + T * HV, 1.0f);
@@ -270,16 +288,12 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
       for (int64_t i = 0; i < T * HV; ++i) beta[i] *= 2.0f;
     trace("attn.beta", beta, {T, HV});
   }
-  float* decay = nullptr;
-  if (c.decay != DeltaRule::DecayInput::None) {
-    const bool per_channel = c.decay == DeltaRule::DecayInput::PerChannelLowRank;
-    const int64_t width = per_channel ? HV * K : HV;
-    decay = scratch.get(kDecay, size_t(T) * width);
+  if (decay) {
+    const int64_t width = decay_width;
     if (per_channel) {
-      float* low = scratch.get(kGate, size_t(T) * V);
-      kernels::linear(x, T, lin(w.f_a), nullptr, low);
-      kernels::linear(low, T, lin(w.f_b), nullptr, decay);
-    } else {
+      if (T > 1) kernels::linear(x, T, lin(w.f_a), nullptr, low_decay);
+      kernels::linear(low_decay, T, lin(w.f_b), nullptr, decay);
+    } else if (T > 1) {
       kernels::linear(x, T, lin(w.a_proj), nullptr, decay);
     }
     thread_local std::vector<float> A, dt;
@@ -324,16 +338,12 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
   thread_local std::vector<float> onw;
   onw.assign(V, 1.0f);
   if (c.out_norm_weight) kernels::widen_row(w.o_norm, 0, V, onw.data());
-  float* gate = nullptr;
-  if (c.out_gate == DeltaRule::OutGate::Swish) {
-    gate = scratch.get(kGate, size_t(T) * HV * V);
-    kernels::linear(x, T, lin(w.g_proj), nullptr, gate);
+  if (swish_gate) {
+    if (T > 1) kernels::linear(x, T, lin(w.g_proj), nullptr, gate);
     kernels::activate(kernels::Activation::Silu, gate, T * HV * V);
-  } else if (c.out_gate == DeltaRule::OutGate::SigmoidLowRank) {
-    float* low = scratch.get(kFeature, size_t(T) * V);
-    gate = scratch.get(kGate, size_t(T) * HV * V);
-    kernels::linear(x, T, lin(w.g_a), nullptr, low);
-    kernels::linear(low, T, lin(w.g_b), m.g_b_has_bias ? &w.g_b_bias : nullptr, gate);
+  } else if (low_rank_gate) {
+    if (T > 1) kernels::linear(x, T, lin(w.g_a), nullptr, low_gate);
+    kernels::linear(low_gate, T, lin(w.g_b), m.g_b_has_bias ? &w.g_b_bias : nullptr, gate);
     over_rows(T, 16 * HV * V, [&](int64_t t0, int64_t t1) {
       kernels::sigmoid(gate + t0 * HV * V, gate + t0 * HV * V, (t1 - t0) * HV * V);
     });
