@@ -17,9 +17,11 @@ namespace lineage::kernels {
 namespace gemm_avx512 {
 namespace {
 
-// A KC × NC bf16 panel (432 KiB) stays in L2 while 8 rows of bf16 x (6 KiB per slice) stay in L1.
+// A KC × NC bf16 panel (216 KiB) stays in L2 while 8 rows of bf16 x (6 KiB per slice) stay in L1.
+// NC = 288 rather than 576: twice the column blocks, so the threads' shares end closer together
+// (GPT-2 pp512 with --bf16-dot 2 % faster in alternating runs; 192 was no better).
 constexpr int64_t kKC = 384;  // even: pairs never straddle two slices
-constexpr int64_t kNC = 576;
+constexpr int64_t kNC = 288;
 constexpr int64_t kPrefetchRows = 8;
 
 // Row stride of the prepared x in bf16 pairs: whole 64-byte lines, so rows convert in whole vectors.
