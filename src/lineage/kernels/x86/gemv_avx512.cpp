@@ -1,4 +1,8 @@
 // AVX-512 GEMV (16 lanes): f16 widened with vcvtph2ps, bf16 with a 16-bit shift.
+
+// GCC 12 flags the _mm512_undefined_* placeholders inside its own AVX-512 intrinsics as maybe
+// uninitialized once they are inlined (_mm512_reduce_add_ps here; GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "lineage/kernels/x86/gemv.h"
