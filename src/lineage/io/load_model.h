@@ -22,8 +22,9 @@ struct LoadedModel {
 
 // Where the weights of a loaded model live.
 //   Mapped (default): borrowed from the safetensors files' read-only mappings. Loading is instant and
-//     processes share the page cache; this kernel backs file mappings with 4 KiB pages only, which
-//     costs decode up to a third of its speed (GPT-2 124M, docs/performance.md).
+//     processes share the page cache. On the development VM, decode from the mapping is up to a
+//     third slower (GPT-2 124M: the [in, out] GEMVs over 16-bit weights read file-backed pages
+//     slower than anonymous ones, huge or 4 KiB; docs/performance.md).
 //   Owned (the CLI's --no-mmap, as in llama.cpp): each tensor copied once, in its stored dtype, into
 //     2 MiB-aligned buffers advised for transparent huge pages, and the files unmapped. Slower to
 //     load (one read of the files), the same resident size once loaded; decode about as fast as a
