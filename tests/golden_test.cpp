@@ -117,6 +117,30 @@ TEST(GoldenDeltaFamily, EveryIntermediateMatchesPyTorchOnBothKernelPaths) {
   }
 }
 
+// A recurrent state (S, the conv tail, the normalizer) restored from a snapshot, in place, continues
+// exactly as the original did.
+TEST(GoldenDeltaFamily, SnapshotRestoreContinuesIdentically) {
+  for (const char* family : kDeltaFamilies)
+    for (const auto& dir : cases(family)) {
+      SCOPED_TRACE(dir.string());
+      io::LoadedModel lm = io::load_model(dir, false);
+      const auto ids = golden_tokens(dir);
+      ASSERT_GE(ids.size(), 8u);
+      const std::span<const int32_t> a(ids.data(), 5), b(ids.data() + 5, 3);
+      runtime::Session s(lm.model);
+      s.prefill(a);
+      const model::SequenceState snap = s.state().clone();
+      const auto first = s.prefill(b);
+      const std::vector<float> want(first.begin(), first.end());
+      s.prefill(b);  // diverge, then rewind
+      const void* S = std::get<layers::DeltaRule::State>(s.state().layers[0]).S.raw();
+      s.restore(snap);
+      EXPECT_EQ(std::get<layers::DeltaRule::State>(s.state().layers[0]).S.raw(), S) << "restored in place";
+      const auto again = s.prefill(b);
+      EXPECT_EQ(std::vector<float>(again.begin(), again.end()), want);
+    }
+}
+
 TEST(GoldenDeltaFamily, SplitInvarianceAcrossConvTailAndChunks) {
   for (const char* family : kDeltaFamilies)
     for (const auto& dir : cases(family)) {
@@ -172,12 +196,24 @@ TEST(GoldenGpt2, SnapshotRestoreContinuesIdentically) {
   const model::SequenceState snap = s.state().clone();
   const auto first = s.prefill(b);
   const std::vector<float> want(first.begin(), first.end());
-  s.prefill(b);  // diverge, then rewind
-  s.restore(snap.clone());
+  s.reset();  // another sequence over the same cache rows, then rewind
+  s.prefill(std::vector<int32_t>{7, 7, 7, 7, 7, 7, 7, 7, 7});
+  const void* cache = std::get<layers::Attention::State>(s.state().layers[0]).k.raw();
+  s.restore(snap);
+  // The session's cache already holds more positions than the snapshot: restored in place.
+  EXPECT_EQ(std::get<layers::Attention::State>(s.state().layers[0]).k.raw(), cache);
   const auto again = s.prefill(b);
   EXPECT_EQ(std::vector<float>(again.begin(), again.end()), want);
   EXPECT_EQ(snap.position, 5);
   EXPECT_GT(snap.bytes(), 0u);
+  // The snapshot is left as it was: restored again, and into a new session, it continues the same.
+  s.restore(snap);
+  const auto third = s.prefill(b);
+  EXPECT_EQ(std::vector<float>(third.begin(), third.end()), want);
+  runtime::Session fresh(lm.model);
+  fresh.restore(snap);
+  const auto other = fresh.prefill(b);
+  EXPECT_EQ(std::vector<float>(other.begin(), other.end()), want);
 }
 
 

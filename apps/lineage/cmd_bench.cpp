@@ -118,8 +118,9 @@ model::SequenceState build_context(runtime::Session& s, int64_t depth, uint64_t 
   return s.state().clone();
 }
 
-// tg N at depth d: every repetition decodes N tokens from a clone of the same context snapshot,
-// with the read bandwidth probed just before and just after it.
+// tg N at depth d: every repetition decodes N tokens from the same context snapshot, restored into
+// the session's buffers (from the first repetition on, no new pages: the timed decode does not pay
+// for growing the KV cache), with the read bandwidth probed just before and just after it.
 Row bench_decode(runtime::Session& s, const Opts& o, int64_t depth, const kernels::ReadBandwidthProbe& probe) {
   const model::SequenceState context = build_context(s, depth, o.src.seed + 202 + uint64_t(depth));
   const auto tokens = random_tokens(o.gen, s.model().config.vocab_size, o.src.seed + 303);
@@ -129,7 +130,7 @@ Row bench_decode(runtime::Session& s, const Opts& o, int64_t depth, const kernel
   r.decode = true;
   double before = 0;
   for (int rep = 0; rep <= o.repetitions; ++rep) {
-    s.restore(context.clone());
+    s.restore(context);
     if (rep == 1) before = probe.measure(kProbePasses);
     const double t0 = now();
     for (int32_t t : tokens) s.decode(t);

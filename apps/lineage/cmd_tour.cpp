@@ -76,7 +76,7 @@ Row measure(const std::string& name, uint64_t seed, DType dtype) {
     }
     r.state_bytes[i] = s.state().bytes();
     runtime::Session probe(m);  // decode from a snapshot so the next depth starts where this one did
-    probe.restore(s.state().clone());
+    probe.restore(s.state());
     probe.decode(int32_t(rng.next_u64() % uint64_t(m.config.vocab_size)));  // warm the scratch buffers
     std::vector<double> ms;
     for (int k = 0; k < kDecodeSteps; ++k) {

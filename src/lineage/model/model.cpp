@@ -35,6 +35,19 @@ SequenceState SequenceState::clone() const {
   return c;
 }
 
+void SequenceState::assign(const SequenceState& from) {
+  position = from.position;
+  layers.resize(from.layers.size());
+  for (size_t i = 0; i < layers.size(); ++i)
+    std::visit(
+        [&](const auto& src) {
+          using S = std::decay_t<decltype(src)>;
+          if (auto* to = std::get_if<S>(&layers[i])) to->assign(src);
+          else layers[i] = MixerState(src.clone());
+        },
+        from.layers[i]);
+}
+
 void SequenceState::clear() {
   position = 0;
   for (auto& s : layers) std::visit([](auto& x) { x.clear(); }, s);

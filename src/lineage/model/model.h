@@ -55,6 +55,9 @@ struct SequenceState {
   SequenceState(SequenceState&&) = default;
   SequenceState& operator=(SequenceState&&) = default;
   SequenceState clone() const;
+  // Copies `from` (a state of the same model) into this one, reusing this state's buffers where
+  // they are large enough: restoring a snapshot then touches no new pages.
+  void assign(const SequenceState& from);
   void clear();          // back to position 0, keeping every buffer for reuse
   size_t bytes() const;  // state in use (KV rows written, recurrent S, conv tails)
 

@@ -17,9 +17,9 @@ std::span<const float> Session::prefill(std::span<const int32_t> tokens, bool al
 
 std::span<const float> Session::decode(int32_t token) { return prefill(std::span<const int32_t>(&token, 1)); }
 
-void Session::restore(model::SequenceState snapshot) {
+void Session::restore(const model::SequenceState& snapshot) {
   LINEAGE_CHECK(snapshot.layers.size() == model_.blocks.size(), "snapshot of a different model");
-  state_ = std::move(snapshot);
+  state_.assign(snapshot);
 }
 
 void Session::reset() { state_.clear(); }

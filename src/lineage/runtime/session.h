@@ -20,8 +20,10 @@ class Session {
 
   int64_t position() const { return state_.position; }
   const model::SequenceState& state() const { return state_; }
-  // Continues from a snapshot taken with state().clone() (on this model).
-  void restore(model::SequenceState snapshot);
+  // Continues from a snapshot taken with state().clone() (on this model). The snapshot is copied
+  // into the session's own buffers where they are large enough (a KV cache that already held that
+  // many positions), so restoring touches no new pages; the snapshot stays as it was.
+  void restore(const model::SequenceState& snapshot);
   void reset();  // an empty sequence again; buffers are kept, so no page is faulted in twice
   void set_trace(layers::Trace trace) { trace_ = std::move(trace); }
   const model::Model& model() const { return model_; }

@@ -51,6 +51,24 @@ Attention::State Attention::State::clone() const {
   return c;
 }
 
+void Attention::State::assign(const State& from) {
+  if (!from.length) {
+    length = 0;
+    return;
+  }
+  const int64_t H = from.k.dim(0), hd = from.k.dim(2);
+  if (capacity >= from.length && k.dim(0) == H && k.dim(2) == hd) {
+    for (int64_t h = 0; h < H; ++h) {
+      std::memcpy(k.data<float>() + h * capacity * hd, from.k.data<float>() + h * from.capacity * hd, from.length * hd * 4);
+      std::memcpy(v.data<float>() + h * capacity * hd, from.v.data<float>() + h * from.capacity * hd, from.length * hd * 4);
+    }
+  } else {
+    capacity = 2 * from.length;
+    copy_cache(from, H, hd, capacity, k, v);
+  }
+  length = from.length;
+}
+
 std::string Attention::describe() const {
   return "softmax attention, " + std::to_string(config.n_heads) + " heads x " + std::to_string(config.head_dim) +
          ", KV cache";

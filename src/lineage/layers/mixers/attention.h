@@ -26,6 +26,9 @@ struct Attention {
     size_t bytes() const;
     size_t reserved_bytes() const { return k.nbytes() + v.nbytes(); }
     State clone() const;  // compact: holds only the `length` filled positions
+    // Copies `from` into this state: into the buffers it has when they hold from.length positions
+    // of the same heads (no new pages to touch), else into new ones with twice that room.
+    void assign(const State& from);
     void clear() { length = 0; }  // keeps the buffers: a new sequence reuses their pages
   };
 

@@ -93,6 +93,15 @@ void DeltaRule::State::clear() {
     if (t->nbytes()) std::memset(t->raw_mut(), 0, t->nbytes());
 }
 
+void DeltaRule::State::assign(const State& from) {
+  if (S.shape() != from.S.shape() || z.shape() != from.z.shape() || conv_tail.shape() != from.conv_tail.shape()) {
+    *this = from.clone();
+    return;
+  }
+  for (auto [to, src] : {std::pair{&S, &from.S}, {&z, &from.z}, {&conv_tail, &from.conv_tail}})
+    if (src->nbytes()) std::memcpy(to->raw_mut(), src->raw(), src->nbytes());
+}
+
 kernels::Gate DeltaRule::Config::gate() const {
   switch (decay) {
     case DecayInput::None: return kernels::Gate::None;

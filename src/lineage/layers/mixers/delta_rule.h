@@ -75,6 +75,7 @@ struct DeltaRule {
     Tensor conv_tail;  // [W − 1, Cq + Ck + Cv] f32: the last raw q | k | v projections (oldest first)
     size_t bytes() const { return S.nbytes() + z.nbytes() + conv_tail.nbytes(); }
     State clone() const { return {S.clone(), z.clone(), conv_tail.clone()}; }
+    void assign(const State& from);  // copies `from` into these buffers (same shapes), else clones it
     void clear();  // back to the empty sequence, reusing the buffers
   };
 
