@@ -174,7 +174,9 @@ void set_num_threads(int n) { g_threads = n > 0 ? n : omp_get_num_procs(); }
 
 int num_threads() { return g_threads > 0 ? g_threads : g_default_threads; }
 
-int parts_for(int64_t items) { return int(std::max<int64_t>(1, std::min<int64_t>(std::min(num_threads(), kMaxThreads), items))); }
+int parts_for(int64_t items) {
+  return int(std::max<int64_t>(1, std::min<int64_t>(std::min(num_threads(), kMaxThreads), items)));
+}
 
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_grain) {
   if (n <= 0) return;
@@ -196,7 +198,9 @@ namespace {
 // a thread that has run out of its own takes the back one.
 struct alignas(64) Share {
   std::atomic<uint64_t> range;
-  void set(int64_t front, int64_t back) { range.store(uint64_t(front) << 32 | uint64_t(back), std::memory_order_relaxed); }
+  void set(int64_t front, int64_t back) {
+    range.store(uint64_t(front) << 32 | uint64_t(back), std::memory_order_relaxed);
+  }
   // The taken item, or -1 when the share is empty.
   int64_t take(bool from_back) {
     uint64_t r = range.load(std::memory_order_relaxed);
@@ -204,7 +208,8 @@ struct alignas(64) Share {
       const uint64_t front = r >> 32, back = r & 0xffffffffu;
       if (front >= back) return -1;
       const uint64_t next = from_back ? (front << 32 | (back - 1)) : ((front + 1) << 32 | back);
-      if (range.compare_exchange_weak(r, next, std::memory_order_relaxed)) return int64_t(from_back ? back - 1 : front);
+      if (range.compare_exchange_weak(r, next, std::memory_order_relaxed))
+        return int64_t(from_back ? back - 1 : front);
     }
   }
 };
@@ -244,7 +249,8 @@ void parallel_shares(std::span<const int64_t> starts, const std::function<void(i
   LINEAGE_CHECK(!starts.empty() && starts.front() == 0, "parallel_shares: starts must begin at 0");
   const int parts = int(starts.size()) - 1;
   const int64_t n = starts.back();
-  for (int p = 0; p < parts; ++p) LINEAGE_CHECK(starts[p] <= starts[p + 1], "parallel_shares: starts must not decrease");
+  for (int p = 0; p < parts; ++p)
+    LINEAGE_CHECK(starts[p] <= starts[p + 1], "parallel_shares: starts must not decrease");
   if (n <= 0) return;
   LINEAGE_CHECK(parts <= parts_for(n), "parallel_shares: ", parts, " shares for ", parts_for(n), " threads");
   if (parts <= 1 || Pool::t_in_region) {

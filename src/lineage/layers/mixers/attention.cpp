@@ -11,15 +11,20 @@ namespace lineage::layers {
 
 namespace {
 
+// The first s.length positions of every head of s into k and v, caches of `cap` >= s.length positions.
+void copy_positions(const Attention::State& s, int64_t H, int64_t hd, int64_t cap, Tensor& k, Tensor& v) {
+  const size_t bytes = size_t(s.length * hd) * sizeof(float);
+  for (int64_t h = 0; h < H; ++h) {
+    std::memcpy(k.data<float>() + h * cap * hd, s.k.data<float>() + h * s.capacity * hd, bytes);
+    std::memcpy(v.data<float>() + h * cap * hd, s.v.data<float>() + h * s.capacity * hd, bytes);
+  }
+}
+
 // k and v holding the first s.length positions of every head, in a cache of `cap` positions.
 void copy_cache(const Attention::State& s, int64_t H, int64_t hd, int64_t cap, Tensor& k, Tensor& v) {
   k = Tensor::empty(DType::F32, {H, cap, hd});
   v = Tensor::empty(DType::F32, {H, cap, hd});
-  if (!s.length) return;
-  for (int64_t h = 0; h < H; ++h) {
-    std::memcpy(k.data<float>() + h * cap * hd, s.k.data<float>() + h * s.capacity * hd, s.length * hd * 4);
-    std::memcpy(v.data<float>() + h * cap * hd, s.v.data<float>() + h * s.capacity * hd, s.length * hd * 4);
-  }
+  if (s.length) copy_positions(s, H, hd, cap, k, v);
 }
 
 void grow(Attention::State& s, int64_t H, int64_t hd, int64_t needed) {
@@ -58,10 +63,7 @@ void Attention::State::assign(const State& from) {
   }
   const int64_t H = from.k.dim(0), hd = from.k.dim(2);
   if (capacity >= from.length && k.dim(0) == H && k.dim(2) == hd) {
-    for (int64_t h = 0; h < H; ++h) {
-      std::memcpy(k.data<float>() + h * capacity * hd, from.k.data<float>() + h * from.capacity * hd, from.length * hd * 4);
-      std::memcpy(v.data<float>() + h * capacity * hd, from.v.data<float>() + h * from.capacity * hd, from.length * hd * 4);
-    }
+    copy_positions(from, H, hd, capacity, k, v);
   } else {
     capacity = 2 * from.length;
     copy_cache(from, H, hd, capacity, k, v);
