@@ -65,27 +65,28 @@ TEST(Parallel, EveryIndexOnceForAnySplit) {
 
 // The caller owns share 0 and runs it front to back; the worker, done with its short share first,
 // takes the caller's remaining items from the back. The two never cross: everything the worker took
-// from share 0 lies above everything the caller ran.
+// from share 0 lies above everything the caller ran of it.
 TEST(Parallel, OwnersRunFromTheFrontOthersTakeFromTheBack) {
   const ScopedThreads scope(2);
   const std::thread::id caller = std::this_thread::get_id();
+  constexpr int64_t kOwn = 200;  // the caller's share: ~20 ms of slow items, time for the worker to come
   std::mutex m;
   std::vector<int64_t> mine, taken;
-  const std::vector<int64_t> starts = {0, 40, 44};
+  const std::vector<int64_t> starts = {0, kOwn, kOwn + 4};
   parallel_shares(starts, [&](int64_t b, int64_t) {
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (b >= kOwn) return;
     const std::lock_guard<std::mutex> lock(m);
-    if (std::this_thread::get_id() == caller) mine.push_back(b);
-    else if (b < 40) taken.push_back(b);
+    (std::this_thread::get_id() == caller ? mine : taken).push_back(b);
   });
   ASSERT_FALSE(mine.empty());
-  ASSERT_FALSE(taken.empty()) << "the worker took nothing from the caller's share of 40 slow items";
+  ASSERT_FALSE(taken.empty()) << "the worker took nothing from the caller's share of " << kOwn << " slow items";
   for (size_t i = 1; i < mine.size(); ++i) EXPECT_GT(mine[i], mine[i - 1]) << "the owner runs its share in order";
   for (size_t i = 1; i < taken.size(); ++i) EXPECT_LT(taken[i], taken[i - 1]) << "others take from the back";
   EXPECT_EQ(mine.front(), 0);
-  EXPECT_EQ(taken.front(), 39);
+  EXPECT_EQ(taken.front(), kOwn - 1);
   EXPECT_GT(taken.back(), mine.back());
-  EXPECT_EQ(int64_t(mine.size() + taken.size()), 40);
+  EXPECT_EQ(int64_t(mine.size() + taken.size()), kOwn);
 }
 
 // A malformed set of shares is a programming error: the internal check stops the process.
