@@ -27,6 +27,25 @@ constexpr int kMaxOneRegisters = kAttentionDecodeMaxHead / 16;
 
 inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1); }
 
+// exp(x) for x <= 0, 16 lanes: vmath_loops::exp_nonpositive's steps (x below -87 gives 0), in
+// registers, so the softmax runs in one pass over the scores.
+inline __m512 exp_nonpositive16(__m512 x) {
+  const __m512 v = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  const __m512 fn = _mm512_sub_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(1.44269504088896341f), magic), magic);
+  const __m512 r = _mm512_fmadd_ps(fn, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), v));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fn), _mm512_set1_epi32(127)), 23);
+  const __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ), y);
+}
+
 // The register tile of both products: c[m, 0:64] (+)= Σ_s a[m·a_row + s·a_step] · b[s·b_step + 0:64]
 // for M rows, s < steps; lanes of the 64 columns outside `cols` are neither read nor written.
 //   scores:          a = K (a_row hd, a_step 1), b = Q' (b_step 64), c = S', steps = hd;
@@ -172,6 +191,8 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
     for (int64_t j = 0; j < nk; j += kRows)
       tile_for(std::min<int64_t>(kRows, nk - j), true)(k + (j0 + j) * hd, hd, 1, hd, QT, kQ, Columns(kQ), ST + j * kQ,
                                                        kQ, false);
+    // Per group of 16 queries: the running maximum over the visible keys, then one pass that shifts
+    // the scores by it, exponentiates (0 where not visible) and sums the weights.
     for (int64_t g = 0; g < groups; ++g) {
       // Key j0 + j is visible to query i = 16g + lane when lane >= j0 + j - first_pos - 16g.
       const int64_t shift = j0 - first_pos - 16 * g;
@@ -181,25 +202,18 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
       };
       __m512 mx = m[g];
       for (int64_t j = 0; j < nk; ++j) mx = _mm512_mask_max_ps(mx, visible(j), mx, _mm512_load_ps(ST + j * kQ + 16 * g));
-      // Shifted scores (-100 where not visible: its exponential is 0), and m_old - m_new, whose
-      // exponential rescales the running sums (-inf - finite on the first step: 0).
+      __m512 sum = _mm512_setzero_ps();
       for (int64_t j = 0; j < nk; ++j) {
         const __m512 t = _mm512_sub_ps(_mm512_load_ps(ST + j * kQ + 16 * g), mx);
-        _mm512_store_ps(ST + j * kQ + 16 * g, _mm512_mask_blend_ps(visible(j), _mm512_set1_ps(-100.0f), t));
+        const __m512 p = _mm512_maskz_mov_ps(visible(j), exp_nonpositive16(t));
+        _mm512_store_ps(PT + j * kQ + 16 * g, p);
+        sum = _mm512_add_ps(sum, p);
       }
-      _mm512_store_ps(corr + 16 * g, _mm512_sub_ps(m[g], mx));
+      // m_old - m_new rescales the running sums (-inf - finite on the first step: exp gives 0).
+      const __m512 c = exp_nonpositive16(_mm512_sub_ps(m[g], mx));
+      _mm512_store_ps(corr + 16 * g, c);
+      l[g] = _mm512_fmadd_ps(l[g], c, sum);
       m[g] = mx;
-    }
-    vmath_loops::exp_nonpositive(ST, PT, nk * kQ);  // -100 (not visible) gives 0
-    {
-      alignas(64) float shifted[kQ];
-      std::copy(corr, corr + groups * 16, shifted);
-      vmath_loops::exp_nonpositive(shifted, corr, groups * 16);
-    }
-    for (int64_t g = 0; g < groups; ++g) {
-      __m512 sum = _mm512_setzero_ps();
-      for (int64_t j = 0; j < nk; ++j) sum = _mm512_add_ps(sum, _mm512_load_ps(PT + j * kQ + 16 * g));
-      l[g] = _mm512_fmadd_ps(l[g], _mm512_load_ps(corr + 16 * g), sum);
     }
     for (int64_t i = 0; i < nq; ++i) {
       if (corr[i] == 1.0f) continue;
