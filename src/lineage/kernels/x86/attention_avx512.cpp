@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "lineage/kernels/x86/attention.h"
+#include "lineage/kernels/x86/avx512_util.h"
 #include "lineage/kernels/x86/vmath_loops.h"
 
 namespace lineage::kernels {
@@ -27,24 +28,6 @@ constexpr int kMaxOneRegisters = kAttentionDecodeMaxHead / 16;
 
 inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1); }
 
-// exp(x) for x <= 0, 16 lanes: vmath_loops::exp_nonpositive's steps (x below -87 gives 0), in
-// registers, so the softmax runs in one pass over the scores.
-inline __m512 exp_nonpositive16(__m512 x) {
-  const __m512 v = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 magic = _mm512_set1_ps(12582912.0f);
-  const __m512 fn = _mm512_sub_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(1.44269504088896341f), magic), magic);
-  const __m512 r = _mm512_fmadd_ps(fn, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), v));
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fn), _mm512_set1_epi32(127)), 23);
-  const __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ), y);
-}
 
 // The register tile of both products: c[m, 0:64] (+)= Σ_s a[m·a_row + s·a_step] · b[s·b_step + 0:64]
 // for M rows, s < steps; lanes of the 64 columns outside `cols` are neither read nor written.
@@ -205,12 +188,12 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
       __m512 sum = _mm512_setzero_ps();
       for (int64_t j = 0; j < nk; ++j) {
         const __m512 t = _mm512_sub_ps(_mm512_load_ps(ST + j * kQ + 16 * g), mx);
-        const __m512 p = _mm512_maskz_mov_ps(visible(j), exp_nonpositive16(t));
+        const __m512 p = _mm512_maskz_mov_ps(visible(j), avx512::exp_nonpositive16(t));
         _mm512_store_ps(PT + j * kQ + 16 * g, p);
         sum = _mm512_add_ps(sum, p);
       }
       // m_old - m_new rescales the running sums (-inf - finite on the first step: exp gives 0).
-      const __m512 c = exp_nonpositive16(_mm512_sub_ps(m[g], mx));
+      const __m512 c = avx512::exp_nonpositive16(_mm512_sub_ps(m[g], mx));
       _mm512_store_ps(corr + 16 * g, c);
       l[g] = _mm512_fmadd_ps(l[g], c, sum);
       m[g] = mx;

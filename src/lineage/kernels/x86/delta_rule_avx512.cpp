@@ -16,6 +16,8 @@
 #include <iterator>
 #include <vector>
 
+#include "lineage/kernels/x86/avx512_util.h"
+
 namespace lineage::kernels {
 namespace {
 
@@ -23,25 +25,6 @@ constexpr int kMaxChunk = 64;
 constexpr int64_t kPrefetchAhead = 1;  // work items (head, chunk) between a prefetch and its use
 
 inline int64_t qk_head(const DeltaRuleArgs& a, int64_t j) { return j / (a.HV / a.H); }
-
-// exp(x) for x ≤ 0: the Cephes polynomial of vmath.cpp (exp_nonpositive), x < −87 gives exactly 0.
-inline __m512 exp_nonpositive16(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.0f);
-  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  const __m512 v = _mm512_max_ps(x, lo);
-  const __m512 magic = _mm512_set1_ps(12582912.0f);
-  const __m512 fn = _mm512_sub_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(1.44269504088896341f), magic), magic);
-  const __m512 r = _mm512_fmadd_ps(fn, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), v));
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fn), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~under), p, _mm512_castsi512_ps(bits));
-}
 
 // One reduction segment of a small matmul: Σ_k A(r, k) B[k, :], A(r, k) = a[r·rs + k·cs].
 struct Seg {
@@ -227,7 +210,7 @@ void chunk_step(const DeltaRuleArgs& a, int64_t j, int64_t t0, int64_t n, float*
     if (pc) {
       const float* g = a.log_decay + ((t0 + i) * a.HV + j) * K;
       for (int64_t d = 0; d < K; d += 16) {
-        const __m512 e = exp_nonpositive16(_mm512_loadu_ps(g + d));
+        const __m512 e = avx512::exp_nonpositive16(_mm512_loadu_ps(g + d));
         _mm512_storeu_ps(w.e + i * K + d, e);
         const __m512 f = i == 0 ? e : _mm512_mul_ps(_mm512_loadu_ps(w.F + d), e);
         _mm512_storeu_ps(w.F + d, f);
@@ -360,7 +343,7 @@ void recurrent_head(const DeltaRuleArgs& a, int64_t j, float* e) {
     float es = 1.0f;
     if (pc) {
       const float* g = a.log_decay + (t * a.HV + j) * K;
-      for (int64_t d = 0; d < K; d += 16) _mm512_storeu_ps(e + d, exp_nonpositive16(_mm512_loadu_ps(g + d)));
+      for (int64_t d = 0; d < K; d += 16) _mm512_storeu_ps(e + d, avx512::exp_nonpositive16(_mm512_loadu_ps(g + d)));
     } else if (a.gate == Gate::PerHead) {
       es = std::exp(a.log_decay[t * a.HV + j]);
     }
