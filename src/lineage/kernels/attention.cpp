@@ -128,7 +128,7 @@ void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, con
     // the shortest: the threads finish together.
     const int64_t n = H * tiles, parts = parts_for(n);
     int64_t starts[kMaxParts + 1] = {0};
-    for (int64_t p = 0; p < parts; ++p) starts[p + 1] = starts[p] + (n - p + parts - 1) / parts;
+    for (int64_t p = 0; p < parts; ++p) starts[p + 1] = starts[p] + (n - p + parts - 1) / parts;  // ranks ≡ p
     parallel_shares({starts, size_t(parts + 1)}, [&](int64_t i, int64_t) {
       int64_t p = 0;
       while (i >= starts[p + 1]) ++p;

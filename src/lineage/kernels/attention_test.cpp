@@ -13,7 +13,7 @@ namespace lineage::kernels {
 namespace {
 
 TEST(Attention, MatchesRefOverLengthsAndThreads) {
-  for (int threads : {1, 2}) {
+  for (int threads : {1, 2, 3}) {  // 3: shares of unequal length in the prefill's dealing
     set_threads(threads);
     // hd 80: a head that is neither a multiple of 16 nor within one 64-column pass of the AVX-512
     // tile; (300, 40) and (0, 300): queries whose keys span two key tiles.

@@ -79,11 +79,10 @@ const GemmPath* own_gemm(DType weights) {
 // is [out, in] (a chunk is then one contiguous block, and a quarter of it streams as well), so the
 // threads finish within a quarter chunk of each other. [in, out] chunks stay whole: a narrower column
 // block walks the rows with a fraction of a cache line's worth of bytes per row and slowed GPT-2
-// decode by 12 %.
+// decode by 12 %. BF16 weights in the bf16 dot mode read x rounded to bf16 pairs by the bf16 GEMM's
+// own `prepare` (once for the group), so one token decoded gives what the same token gives inside a
+// prefill.
 constexpr int64_t kTailChunksPerThread = 2;
-//
-// BF16 weights in the bf16 dot mode read x rounded to bf16 pairs by the bf16 GEMM's own `prepare`
-// (once for the group), so one token decoded gives what the same token gives inside a prefill.
 void gemv_group(const float* x, std::span<const LinearOut> outs) {
   const GemvTable& k = gemv_table();
   const GemmPath* dot_path = gemm_table().bf16_dot;
