@@ -206,10 +206,15 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
         _mm512_mask_storeu_ps(O + i * hd + c, km, _mm512_mul_ps(vc, _mm512_maskz_loadu_ps(km, O + i * hd + c)));
       }
     }
-    for (int64_t i = 0; i < nq; i += kRows)
+    // Queries [i, i + rows) see keys below position first_pos + i + rows: on the diagonal the
+    // weights past that are zeros, and their rows of V are skipped.
+    for (int64_t i = 0; i < nq; i += kRows) {
+      const int64_t rows = std::min<int64_t>(kRows, nq - i), keys = std::min(nk, first_pos + i + rows - j0);
+      if (keys <= 0) continue;
       for (int64_t c0 = 0; c0 < hd; c0 += 64)
-        tile_for(std::min<int64_t>(kRows, nq - i), hd - c0 >= 64)(PT + i, 1, kQ, nk, v + j0 * hd + c0, hd,
-                                                                  Columns(hd - c0), O + i * hd + c0, hd, true);
+        tile_for(rows, hd - c0 >= 64)(PT + i, 1, kQ, keys, v + j0 * hd + c0, hd, Columns(hd - c0), O + i * hd + c0, hd,
+                                      true);
+    }
   }
   alignas(64) float total[kQ];
   for (int g = 0; g < 4; ++g) _mm512_store_ps(total + 16 * g, l[g]);
