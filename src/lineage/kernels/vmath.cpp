@@ -30,4 +30,14 @@ void softplus(const float* x, float* y, int64_t n) {
   else vmath_loops::softplus(x, y, n);
 }
 
+void layer_norm_row(const float* x, int64_t D, const float* w, const float* b, float eps, float* y) {
+  if (use_avx512()) layer_norm_row_avx512(x, D, w, b, eps, y);
+  else vmath_loops::layer_norm_row(x, D, w, b, eps, y);
+}
+
+void rms_norm_row(const float* x, int64_t D, const float* w, float eps, float* y) {
+  if (use_avx512()) rms_norm_row_avx512(x, D, w, eps, y);
+  else vmath_loops::rms_norm_row(x, D, w, eps, y);
+}
+
 }  // namespace lineage::kernels

@@ -16,4 +16,9 @@ void sigmoid(const float* x, float* y, int64_t n);
 // log1p that keeps full precision for tiny arguments. y may alias x.
 void softplus(const float* x, float* y, int64_t n);
 
+// One row of LayerNorm: y = (x − mean) / sqrt(var + eps) · w + b, biased variance, the sums in
+// double. One row of RMSNorm: y = x / sqrt(mean(x²) + eps) · w. x, y, w, b: [D]; y may alias x.
+void layer_norm_row(const float* x, int64_t D, const float* w, const float* b, float eps, float* y);
+void rms_norm_row(const float* x, int64_t D, const float* w, float eps, float* y);
+
 }  // namespace lineage::kernels

@@ -8,5 +8,7 @@ namespace lineage::kernels {
 void exp_nonpositive_avx512(const float* x, float* y, int64_t n);
 void sigmoid_avx512(const float* x, float* y, int64_t n);
 void softplus_avx512(const float* x, float* y, int64_t n);
+void layer_norm_row_avx512(const float* x, int64_t D, const float* w, const float* b, float eps, float* y);
+void rms_norm_row_avx512(const float* x, int64_t D, const float* w, float eps, float* y);
 
 }  // namespace lineage::kernels

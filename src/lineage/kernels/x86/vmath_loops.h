@@ -93,5 +93,30 @@ inline void softplus(const float* x, float* y, int64_t n) {
   });
 }
 
+// One row of LayerNorm, y = (x − mean) / sqrt(var + eps) · w + b (biased variance, as PyTorch): the
+// sums in double, over several partial sums (omp simd), not one serial chain. y may alias x.
+inline void layer_norm_row(const float* x, int64_t D, const float* w, const float* b, float eps, float* y) {
+  double mean = 0, var = 0;
+#pragma omp simd reduction(+ : mean)
+  for (int64_t i = 0; i < D; ++i) mean += x[i];
+  mean /= double(D);
+#pragma omp simd reduction(+ : var)
+  for (int64_t i = 0; i < D; ++i) var += (x[i] - mean) * (x[i] - mean);
+  var /= double(D);
+  const float inv = float(1.0 / std::sqrt(var + eps)), mu = float(mean);
+#pragma omp simd
+  for (int64_t i = 0; i < D; ++i) y[i] = (x[i] - mu) * inv * w[i] + b[i];
+}
+
+// One row of RMSNorm, y = x / sqrt(mean(x²) + eps) · w, the sum in double as above. y may alias x.
+inline void rms_norm_row(const float* x, int64_t D, const float* w, float eps, float* y) {
+  double ss = 0;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < D; ++i) ss += double(x[i]) * x[i];
+  const float inv = float(1.0 / std::sqrt(ss / double(D) + eps));
+#pragma omp simd
+  for (int64_t i = 0; i < D; ++i) y[i] = x[i] * inv * w[i];
+}
+
 }  // namespace
 }  // namespace lineage::kernels::vmath_loops
