@@ -7,6 +7,7 @@
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/activation.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/vmath.h"
 
 namespace lineage::kernels {
 
@@ -23,14 +24,11 @@ void short_conv(const float* x, int64_t T, int64_t C, int64_t ldx, const Tensor&
   // Input row r of the padded sequence [tail; x]: r < P comes from the tail, otherwise x[r − P].
   const auto row = [&](int64_t r) { return r < P ? tail + r * C : x + (r - P) * ldx; };
   parallel_for(C, [&](int64_t c0, int64_t c1) {
+    std::vector<const float*> rows(static_cast<size_t>(W));  // per call of the lambda: each thread its own
     for (int64_t t = 0; t < T; ++t) {
       float* yt = y + t * ldy;
-      for (int64_t c = c0; c < c1; ++c) yt[c] = 0.0f;
-      for (int64_t j = 0; j < W; ++j) {
-        const float* xr = row(t + j);
-        const float* tj = taps + j * C;
-        for (int64_t c = c0; c < c1; ++c) yt[c] += tj[c] * xr[c];
-      }
+      for (int64_t j = 0; j < W; ++j) rows[size_t(j)] = row(t + j);
+      conv_taps(rows.data(), taps, C, W, c0, c1, yt);
       if (silu) activate(Activation::Silu, yt + c0, c1 - c0);
     }
   }, std::max<int64_t>(64, grain_for(T * W)));

@@ -40,4 +40,9 @@ void rms_norm_row(const float* x, int64_t D, const float* w, float eps, float* y
   else vmath_loops::rms_norm_row(x, D, w, eps, y);
 }
 
+void conv_taps(const float* const* rows, const float* taps, int64_t C, int64_t W, int64_t c0, int64_t c1, float* y) {
+  if (use_avx512()) conv_taps_avx512(rows, taps, C, W, c0, c1, y);
+  else vmath_loops::conv_taps(rows, taps, C, W, c0, c1, y);
+}
+
 }  // namespace lineage::kernels

@@ -21,4 +21,8 @@ void softplus(const float* x, float* y, int64_t n);
 void layer_norm_row(const float* x, int64_t D, const float* w, const float* b, float eps, float* y);
 void rms_norm_row(const float* x, int64_t D, const float* w, float eps, float* y);
 
+// y[c] = Σ_j taps[j·C + c] · rows[j][c] over j < W (in order of j), for c in [c0, c1): one output row
+// of a depthwise causal convolution, weights tap-major [W, C].
+void conv_taps(const float* const* rows, const float* taps, int64_t C, int64_t W, int64_t c0, int64_t c1, float* y);
+
 }  // namespace lineage::kernels

@@ -10,5 +10,7 @@ void sigmoid_avx512(const float* x, float* y, int64_t n);
 void softplus_avx512(const float* x, float* y, int64_t n);
 void layer_norm_row_avx512(const float* x, int64_t D, const float* w, const float* b, float eps, float* y);
 void rms_norm_row_avx512(const float* x, int64_t D, const float* w, float eps, float* y);
+void conv_taps_avx512(const float* const* rows, const float* taps, int64_t C, int64_t W, int64_t c0, int64_t c1,
+                      float* y);
 
 }  // namespace lineage::kernels

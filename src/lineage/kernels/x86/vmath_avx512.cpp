@@ -13,5 +13,9 @@ void layer_norm_row_avx512(const float* x, int64_t D, const float* w, const floa
 void rms_norm_row_avx512(const float* x, int64_t D, const float* w, float eps, float* y) {
   vmath_loops::rms_norm_row(x, D, w, eps, y);
 }
+void conv_taps_avx512(const float* const* rows, const float* taps, int64_t C, int64_t W, int64_t c0, int64_t c1,
+                      float* y) {
+  vmath_loops::conv_taps(rows, taps, C, W, c0, c1, y);
+}
 
 }  // namespace lineage::kernels

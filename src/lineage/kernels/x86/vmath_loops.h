@@ -118,5 +118,17 @@ inline void rms_norm_row(const float* x, int64_t D, const float* w, float eps, f
   for (int64_t i = 0; i < D; ++i) y[i] = x[i] * inv * w[i];
 }
 
+// y[c] = Σ_j taps[j·C + c] · rows[j][c] over j < W, in order of j, for c in [c0, c1): one output row
+// of a depthwise causal convolution with tap-major weights.
+inline void conv_taps(const float* const* rows, const float* taps, int64_t C, int64_t W, int64_t c0, int64_t c1,
+                      float* y) {
+#pragma omp simd
+  for (int64_t c = c0; c < c1; ++c) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < W; ++j) s += taps[j * C + c] * rows[j][c];
+    y[c] = s;
+  }
+}
+
 }  // namespace
 }  // namespace lineage::kernels::vmath_loops
