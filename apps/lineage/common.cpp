@@ -13,8 +13,8 @@ namespace lineage::app {
 void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset) {
   auto* model = cmd.add_option("--model", src.dir, "Hugging Face model directory (config.json + safetensors)");
   cmd.add_flag("--no-mmap", src.no_mmap,
-               "copy the checkpoint's weights into the engine's own memory (huge pages) instead of mapping the "
-               "files: slower to load, faster decode")
+               "copy the checkpoint's weights into the engine's own memory (huge pages; GPT-2's Conv1D matrices "
+               "transposed to [out, in]) instead of mapping the files: slower to load, faster decode")
       ->needs(model);
   if (!allow_preset) {
     model->required();

@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -94,6 +96,34 @@ Tensor to_f32(const Tensor& t) {
     case DType::BF16: for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_f32(t.data<uint16_t>()[i]); break;
     case DType::F16: for (int64_t i = 0; i < n; ++i) o[i] = f16_to_f32(t.data<uint16_t>()[i]); break;
     default: LINEAGE_CHECK(false, "to_f32 of non-float dtype ", dtype_name(t.dtype()));
+  }
+  return out;
+}
+
+namespace {
+// d[c, r] = s[r, c] in square blocks, so the rows read and the rows written stay in cache meanwhile.
+template <class E>
+void transpose_as(const void* src, int64_t rows, int64_t cols, void* dst) {
+  const E* s = static_cast<const E*>(src);
+  E* d = static_cast<E*>(dst);
+  constexpr int64_t kBlock = 64;
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock)
+    for (int64_t c0 = 0; c0 < cols; c0 += kBlock)
+      for (int64_t c = c0; c < std::min(cols, c0 + kBlock); ++c)
+        for (int64_t r = r0; r < std::min(rows, r0 + kBlock); ++r) d[c * rows + r] = s[r * cols + c];
+}
+}  // namespace
+
+Tensor transposed(const Tensor& t) {
+  LINEAGE_CHECK(t.ndim() == 2, "transposed expects a 2-D tensor, got ", t.ndim(), " dims");
+  const int64_t rows = t.dim(0), cols = t.dim(1);
+  Tensor out = Tensor::empty(t.dtype(), {cols, rows});
+  switch (dtype_size(t.dtype())) {
+    case 1: transpose_as<uint8_t>(t.raw(), rows, cols, out.raw_mut()); break;
+    case 2: transpose_as<uint16_t>(t.raw(), rows, cols, out.raw_mut()); break;
+    case 4: transpose_as<uint32_t>(t.raw(), rows, cols, out.raw_mut()); break;
+    case 8: transpose_as<uint64_t>(t.raw(), rows, cols, out.raw_mut()); break;
+    default: LINEAGE_CHECK(false, "transposed: elements of ", dtype_size(t.dtype()), " bytes");
   }
   return out;
 }

@@ -56,5 +56,7 @@ class Tensor {
 Tensor to_f32(const Tensor& t);
 // Narrows an F32 tensor to `dtype` (F32 returns a copy).
 Tensor convert(const Tensor& t, DType dtype);
+// The transpose of a 2-D tensor [r, c] as an owned [c, r] tensor of the same dtype.
+Tensor transposed(const Tensor& t);
 
 }  // namespace lineage

@@ -90,8 +90,9 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
   out.model = (*build)(model::ArchInput{model::ConfigFields(cfg, cfg_path),
                                         [&](const std::string& n) { return ckpt->has(n); }});
   bind_weights(out.model, *ckpt, dir.string());
-  // Owned: every tensor copied, and the mappings go with `ckpt`, their last owner, at the return.
-  if (storage == WeightStorage::Owned)
+  // Owned: every tensor copied (Conv1D matrices then transposed for decode), and the mappings go
+  // with `ckpt`, their last owner, at the return.
+  if (storage == WeightStorage::Owned) {
     out.model.for_each_tensor([](const std::string&, Tensor& t, const Shape&, layers::Init) {
       if (!t.is_borrowed()) return;
       const Tensor mapped = t;
@@ -102,8 +103,10 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
       const uintptr_t first = begin / page * page, last = (begin + mapped.nbytes() + page - 1) / page * page;
       madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
     });
-  else
+    model::store_linear_weights_out_in(out.model);
+  } else {
     out.checkpoint = ckpt;
+  }
   out.dir = dir;
   if (with_tokenizer && (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json")))
     out.tokenizer = Tokenizer::load(dir);

@@ -11,6 +11,11 @@ namespace lineage::kernels {
 // How a weight matrix is stored. nn.Linear: [out, in]; GPT-2's Conv1D: [in, out].
 enum class Layout : uint8_t { OutIn, InOut };
 
+// The shape of a weight with `in` inputs and `out` outputs stored in `layout`.
+inline Shape stored_shape(Layout layout, int64_t in, int64_t out) {
+  return layout == Layout::OutIn ? Shape{out, in} : Shape{in, out};
+}
+
 // A weight matrix as it sits in memory (mapped or owned), with its layout.
 struct Weight {
   const Tensor* w = nullptr;

@@ -142,6 +142,13 @@ void forward(const Model& m, std::span<const int32_t> tokens, SequenceState& sta
   trace("logits", logits, {n, m.config.vocab_size});
 }
 
+void store_linear_weights_out_in(Model& m) {
+  for (Block& b : m.blocks) {
+    if (auto* a = std::get_if<layers::Attention>(&b.mixer)) layers::store_out_in(*a);
+    if (auto* f = std::get_if<layers::Mlp>(&b.ffn)) layers::store_out_in(*f);
+  }
+}
+
 ParamCount count_params(Model& m, DType unallocated_dtype) {
   ParamCount c;
   std::map<DType, size_t> by;

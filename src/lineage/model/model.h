@@ -95,6 +95,14 @@ enum class LogitRows : uint8_t { All, Last, None };
 void forward(const Model& m, std::span<const int32_t> tokens, SequenceState& state, LogitRows rows,
              float* logits, layers::Scratch& scratch, const layers::Trace& trace = {});
 
+// Owned weights (presets, `--no-mmap`): GPT-2's Conv1D matrices, stored [in, out] in checkpoints,
+// are transposed to [out, in], where the decode GEMV reads each output's weights as one contiguous
+// run (the [in, out] walk over 16-bit weights reads ~20 % slower per byte on the development CPU).
+// Prefill gives the same bits either way (the GEMM packs both layouts into the same panels); one
+// decoded token may differ in the last bits (another summation order). Mapped weights stay as the
+// files hold them: call this only on weights the model owns.
+void store_linear_weights_out_in(Model& m);
+
 // Parameters: total (every tensor once) and bytes per dtype. Tensors not allocated yet (a preset's
 // skeleton) count as `unallocated_dtype`.
 struct ParamCount {

@@ -15,19 +15,26 @@ std::string Mlp::describe() const {
 
 void Mlp::for_each_tensor(const std::string& prefix, const TensorVisitor& f) {
   const int64_t D = config.d_model, F = config.hidden;
-  f(prefix + ".c_fc.weight", weights.c_fc_weight, {D, F}, Init::Normal);
+  f(prefix + ".c_fc.weight", weights.c_fc_weight, kernels::stored_shape(weights.layout, D, F), Init::Normal);
   f(prefix + ".c_fc.bias", weights.c_fc_bias, {F}, Init::Zeros);
-  f(prefix + ".c_proj.weight", weights.c_proj_weight, {F, D}, Init::Normal);
+  f(prefix + ".c_proj.weight", weights.c_proj_weight, kernels::stored_shape(weights.layout, F, D), Init::Normal);
   f(prefix + ".c_proj.bias", weights.c_proj_bias, {D}, Init::Zeros);
+}
+
+void store_out_in(Mlp& m) {
+  if (m.weights.layout == kernels::Layout::OutIn) return;
+  m.weights.c_fc_weight = transposed(m.weights.c_fc_weight);
+  m.weights.c_proj_weight = transposed(m.weights.c_proj_weight);
+  m.weights.layout = kernels::Layout::OutIn;
 }
 
 void forward(const Mlp& m, const float* x, int64_t T, float* y, Scratch& scratch, const Trace& trace) {
   const int64_t D = m.config.d_model, F = m.config.hidden;
   float* h = scratch.get(3, size_t(T) * F);
-  kernels::linear(x, T, {&m.weights.c_fc_weight, kernels::Layout::InOut}, &m.weights.c_fc_bias, h);
+  kernels::linear(x, T, {&m.weights.c_fc_weight, m.weights.layout}, &m.weights.c_fc_bias, h);
   kernels::activate(m.config.act, h, T * F);
   trace("mlp.act", h, {T, F});
-  kernels::linear(h, T, {&m.weights.c_proj_weight, kernels::Layout::InOut}, &m.weights.c_proj_bias, y);
+  kernels::linear(h, T, {&m.weights.c_proj_weight, m.weights.layout}, &m.weights.c_proj_bias, y);
   trace("mlp.out", y, {T, D});
 }
 

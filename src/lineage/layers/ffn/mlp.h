@@ -2,6 +2,7 @@
 #pragma once
 
 #include "lineage/kernels/activation.h"
+#include "lineage/kernels/linear.h"
 #include "lineage/layers/common.h"
 
 namespace lineage::layers {
@@ -16,12 +17,17 @@ struct Mlp {
     Tensor c_fc_bias;      // [F]
     Tensor c_proj_weight;  // [F, D] Conv1D [in, out]
     Tensor c_proj_bias;    // [D]
+    // How c_fc and c_proj are stored: as checkpoints have them, or [out, in] after store_out_in.
+    kernels::Layout layout = kernels::Layout::InOut;
   };
   Config config;
   Weights weights;
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
   std::string describe() const;
 };
+
+// Transposes c_fc and c_proj into owned [out, in] tensors (no-op when they are already).
+void store_out_in(Mlp& m);
 
 // y[T, D] = c_proj(act(c_fc(x))). y must not alias x. Traces mlp.act, mlp.out.
 void forward(const Mlp& m, const float* x, int64_t T, float* y, Scratch& scratch, const Trace& trace);

@@ -78,10 +78,17 @@ std::string Attention::describe() const {
 
 void Attention::for_each_tensor(const std::string& prefix, const TensorVisitor& f) {
   const int64_t D = config.d_model;
-  f(prefix + ".c_attn.weight", weights.c_attn_weight, {D, 3 * D}, Init::Normal);
+  f(prefix + ".c_attn.weight", weights.c_attn_weight, kernels::stored_shape(weights.layout, D, 3 * D), Init::Normal);
   f(prefix + ".c_attn.bias", weights.c_attn_bias, {3 * D}, Init::Zeros);
-  f(prefix + ".c_proj.weight", weights.c_proj_weight, {D, D}, Init::Normal);
+  f(prefix + ".c_proj.weight", weights.c_proj_weight, kernels::stored_shape(weights.layout, D, D), Init::Normal);
   f(prefix + ".c_proj.bias", weights.c_proj_bias, {D}, Init::Zeros);
+}
+
+void store_out_in(Attention& a) {
+  if (a.weights.layout == kernels::Layout::OutIn) return;
+  a.weights.c_attn_weight = transposed(a.weights.c_attn_weight);
+  a.weights.c_proj_weight = transposed(a.weights.c_proj_weight);
+  a.weights.layout = kernels::Layout::OutIn;
 }
 
 void forward(const Attention& a, const float* x, int64_t T, Attention::State& s, float* y, Scratch& scratch,
@@ -89,7 +96,7 @@ void forward(const Attention& a, const float* x, int64_t T, Attention::State& s,
   const int64_t D = a.config.d_model, H = a.config.n_heads, hd = a.config.head_dim;
   float* qkv = scratch.get(0, size_t(T) * 3 * D);
   float* ctx = scratch.get(1, size_t(T) * D);
-  kernels::linear(x, T, {&a.weights.c_attn_weight, kernels::Layout::InOut}, &a.weights.c_attn_bias, qkv);
+  kernels::linear(x, T, {&a.weights.c_attn_weight, a.weights.layout}, &a.weights.c_attn_bias, qkv);
   trace("attn.qkv", qkv, {T, 3 * D});
 
   const int64_t p0 = s.length;
@@ -109,7 +116,7 @@ void forward(const Attention& a, const float* x, int64_t T, Attention::State& s,
   const float scale = a.config.scale_attn_weights ? 1.0f / std::sqrt(float(hd)) : 1.0f;
   kernels::attention_causal(q, T, p0, s.k.data<float>(), s.v.data<float>(), s.capacity * hd, H, hd, scale, ctx);
   trace("attn.context", ctx, {T, D});
-  kernels::linear(ctx, T, {&a.weights.c_proj_weight, kernels::Layout::InOut}, &a.weights.c_proj_bias, y);
+  kernels::linear(ctx, T, {&a.weights.c_proj_weight, a.weights.layout}, &a.weights.c_proj_bias, y);
   trace("attn.out", y, {T, D});
 }
 

@@ -17,6 +17,8 @@ struct Attention {
     Tensor c_attn_bias;    // [3D]
     Tensor c_proj_weight;  // [D, D] Conv1D [in, out]
     Tensor c_proj_bias;    // [D]
+    // How c_attn and c_proj are stored: as checkpoints have them, or [out, in] after store_out_in.
+    kernels::Layout layout = kernels::Layout::InOut;
   };
   // The KV cache. k, v: [H, capacity, hd] f32 (head-major so one head's keys are contiguous for
   // decode); rows 0 .. length-1 valid. Grows by doubling; bytes() counts what is in use.
@@ -41,6 +43,9 @@ struct Attention {
   size_t state_bytes_fixed() const { return 0; }
   std::string describe() const;
 };
+
+// Transposes c_attn and c_proj into owned [out, in] tensors (no-op when they are already).
+void store_out_in(Attention& a);
 
 // y[T, D] = attention of x[T, D] (already normalized) given the cached past; appends T rows to the
 // cache. y must not alias x. Traces attn.qkv, attn.context, attn.out.

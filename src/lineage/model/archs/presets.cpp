@@ -119,6 +119,7 @@ Model preset_skeleton(const std::string& name) {
 Model make_preset(const std::string& name, uint64_t seed, DType dtype) {
   Model m = preset_skeleton(name);
   init_random(m, seed, dtype);
+  store_linear_weights_out_in(m);  // owned, as --no-mmap's
   return m;
 }
 
