@@ -199,8 +199,8 @@ void gemm_blocked(const GemmPath& path, const GemmProblem& p) {
     parallel_for(p.T, [&](int64_t t0, int64_t t1) { path.prepare(p, t0, t1, prepared); }, grain_for(p.in));
   }
   const int64_t threads = num_threads(), panels = ceil_div(p.out, path.nr);
-  const int64_t col_blocks =
-      std::min(panels, std::max(kBlocksPerThread * threads, ceil_div(ceil_div(panels * path.nr, path.nc_max), threads) * threads));
+  const int64_t covering = ceil_div(ceil_div(panels * path.nr, path.nc_max), threads) * threads;
+  const int64_t col_blocks = std::min(panels, std::max(kBlocksPerThread * threads, covering));
   constexpr int64_t kRowUnit = 8;  // whole register tiles per row block
   const int64_t row_units = ceil_div(p.T, kRowUnit);
   const int64_t row_blocks = col_blocks >= threads ? 1 : std::min(row_units, ceil_div(threads, col_blocks));

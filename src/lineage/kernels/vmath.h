@@ -1,4 +1,5 @@
-// Vectorizable elementwise math (plain loops the compiler turns into SIMD at any ISA level).
+// Vectorizable math (plain loops the compiler turns into SIMD at any ISA level): elementwise
+// functions, and the row loops of the norms and the short conv.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The elementwise math loops of vmath.h, written once: included by vmath.cpp (the portable build)
+// The math loops of vmath.h, written once: included by vmath.cpp (the portable build)
 // and by vmath_avx512.cpp (compiled with AVX-512 flags, so the same loops become 16-lane code).
 // Internal linkage, so the linker can never hand the AVX-512 copy to the portable code.
 #pragma once
