@@ -190,6 +190,7 @@ void gemm_blocked(const GemmPath& path, const GemmProblem& p) {
   if (p.in == 0) {
     for (int64_t t = 0; t < p.T; ++t)
       for (int64_t o = 0; o < p.out; ++o) p.y[t * p.out + o] = p.bias ? p.bias[o] : 0.0f;
+    if (p.gelu) activate(Activation::GeluTanh, p.y, p.T * p.out);
     return;
   }
   thread_local std::vector<char> prepared_buf;
@@ -238,11 +239,11 @@ void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
   gemv_table().widen[dt](static_cast<const char*>(t.raw()) + offset * dtype_size(t.dtype()), n, dst);
 }
 
-void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y) {
+void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y, std::optional<Activation> act) {
   LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
   if (T <= 0) return;
   const GemmPath* own = own_gemm(W.w->dtype());
-  if (T > 1 && own) {  // adds the bias as it stores y
+  if (T > 1 && own) {  // adds the bias (and GELU) as it stores y
     const float* b = nullptr;
     thread_local std::vector<float> widened;
     if (bias) {
@@ -250,7 +251,10 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
       widen_row(*bias, 0, W.out(), widened.data());
       b = widened.data();
     }
-    gemm_blocked(*own, {x, W.w->raw(), dtype_index(W.w->dtype()), W.layout == Layout::OutIn, T, W.in(), W.out(), y, b});
+    GemmProblem p{x, W.w->raw(), dtype_index(W.w->dtype()), W.layout == Layout::OutIn, T, W.in(), W.out(), y, b};
+    p.gelu = act == Activation::GeluTanh;
+    gemm_blocked(*own, p);
+    if (act && !p.gelu) activate(*act, y, T * W.out());
     return;
   }
   if (T == 1) {
@@ -262,6 +266,7 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
     gemm_widened(x, T, W, y);
   }
   add_bias(bias, T, W.out(), y);
+  if (act) activate(*act, y, T * W.out());
 }
 
 void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs) {

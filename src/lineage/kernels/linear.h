@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "lineage/core/tensor.h"
+#include "lineage/kernels/activation.h"
 
 namespace lineage::kernels {
 
@@ -26,8 +28,11 @@ struct Weight {
 
 // y[t, o] = Σ_i x[t, i] · W(i, o) (+ bias[o]).   x: [T, in] f32; y: [T, out] f32; bias: [out] any
 // float dtype or null. y must not alias x. T = 1 runs the streaming GEMV (one pass over W, split
-// over output rows); T > 1 runs GEMM. Threaded over the engine's pool.
-void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y);
+// over output rows); T > 1 runs GEMM. Threaded over the engine's pool. With `act`, y ← act(y)
+// afterwards: GeluTanh inside the engine's own GEMM as it stores y (no second pass over y), the
+// others (and the GEMV's) by activate().
+void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y,
+            std::optional<Activation> act = std::nullopt);
 
 // BF16 weights only: multiply with bf16 dot products (vdpbf16ps) instead of widening W to f32. x is
 // rounded to bf16 once per product, in decode (T = 1) and prefill alike, so the two stay

@@ -11,6 +11,7 @@
 
 #include "lineage/core/parallel.h"
 #include "lineage/core/rng.h"
+#include "lineage/kernels/activation.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/ref/ref.h"
 #include "lineage/kernels/threads.h"
@@ -193,6 +194,39 @@ TEST(Linear, OneRowMatchesTheSameRowOfAGemm) {
         }
       }
   }
+}
+
+// linear() with an activation gives linear() then activate(): GELU fused into the GEMM's store
+// (T > 1 on the engine's own GEMM) within the ulps of two exp builds, every other case exactly;
+// bias included, both layouts, f32 and bf16 (exact and bf16 dot), 1 and 2 threads.
+TEST(Linear, ActivationAfterEqualsActivate) {
+  Bf16GemmMode restore(Bf16WeightGemm::Exact);
+  for (int threads : {1, 2}) {
+    set_threads(threads);
+    for (bool rounds : {false, true}) {
+      set_bf16_weight_gemm(rounds ? Bf16WeightGemm::RoundActivationsToBf16 : Bf16WeightGemm::Exact);
+      for (DType dt : {DType::F32, DType::BF16})
+        for (Layout layout : {Layout::OutIn, Layout::InOut})
+          for (Activation act : {Activation::GeluTanh, Activation::Silu})
+            for (int64_t T : {1, 5, 64}) {
+              constexpr int64_t in = 96, out = 200;  // 200: a partial 48-column tile at the right edge
+              const Tensor w = random_tensor(layout == Layout::OutIn ? Shape{out, in} : Shape{in, out}, dt, 5);
+              const Tensor b = random_tensor({out}, dt, 6);
+              const Tensor x = random_tensor({T, in}, DType::F32, 7);
+              std::vector<float> got(T * out), want(T * out);
+              linear(x.data<float>(), T, {&w, layout}, &b, got.data(), act);
+              linear(x.data<float>(), T, {&w, layout}, &b, want.data());
+              activate(act, want.data(), T * out);
+              const std::string where = std::string(dtype_name(dt)) + (rounds ? " bf16 dot" : "") + " layout " +
+                                        std::to_string(int(layout)) + " act " + std::to_string(int(act)) + " T " +
+                                        std::to_string(T) + " threads " + std::to_string(threads);
+              const bool fused = T > 1 && act == Activation::GeluTanh && gemm_table().exact;
+              if (fused) ASSERT_LE(rel_rms(got, want), 1e-6) << where;
+              else ASSERT_EQ(got, want) << where;
+            }
+    }
+  }
+  set_threads(0);
 }
 
 // A group of linear maps on one input gives what linear() gives for each (one shared parallel

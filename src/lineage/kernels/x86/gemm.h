@@ -17,6 +17,7 @@ struct GemmProblem {
   int64_t T, in, out;
   float* y;  // [T, out] f32, row-major; must not alias x
   const float* bias = nullptr;  // [out] f32 added to y after the whole reduction, or null
+  bool gelu = false;            // then y ← GELU(y), tanh form (GPT-2's gelu_new), as y is stored
 };
 
 // One GEMM implementation. `prepare`, where not null, converts rows [t0, t1) of x into the shared

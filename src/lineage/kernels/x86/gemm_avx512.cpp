@@ -77,7 +77,7 @@ void pack_out_in(const void* w, int64_t in, int64_t k0, int64_t kc, int64_t o0, 
 // y[M rows at c, 48 columns] (+)= Σ_k a[m*lda + k] · b[k][48] over k < kc.
 template <int M>
 void tile(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc, int64_t nv, bool accumulate,
-          const float* bias) {
+          Store st) {
   __m512 acc[M][3];
   load_tile<M>(acc, c, ldc, nv, accumulate);
   for (int64_t k = 0; k < kc; ++k, b += kNR) {
@@ -89,10 +89,10 @@ void tile(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int
       acc[m][2] = _mm512_fmadd_ps(av, b2, acc[m][2]);
     }
   }
-  store_tile<M>(acc, c, ldc, nv, bias);
+  store_tile<M>(acc, c, ldc, nv, st);
 }
 
-using TileFn = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t, bool, const float*);
+using TileFn = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t, bool, Store);
 constexpr TileFn kTiles[kMR + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
 
 template <int DT>
@@ -103,12 +103,13 @@ void block(const GemmProblem& p, int64_t t0, int64_t t1, int64_t o0, int64_t o1,
     const int64_t kc = min64(kKC, p.in - k0);
     if (p.out_in) pack_out_in<DT>(p.w, p.in, k0, kc, o0, nc, bp);
     else pack_in_out<DT>(p.w, p.out, k0, kc, o0, nc, bp);
-    const float* bias = p.bias && k0 + kKC >= p.in ? p.bias + o0 : nullptr;  // last slice only
+    const bool last = k0 + kKC >= p.in;  // the bias and GELU at the last slice's store only
+    const float* bias = p.bias && last ? p.bias + o0 : nullptr;
     for (int64_t t = t0; t < t1; t += kMR) {
       const TileFn f = kTiles[min64(kMR, t1 - t)];
       for (int64_t j = 0; j < nc; j += kNR)
         f(kc, p.x + t * p.in + k0, p.in, bp + j * kc, p.y + t * p.out + o0 + j, p.out, min64(kNR, nc - j), k0 > 0,
-          bias ? bias + j : nullptr);
+          Store{bias ? bias + j : nullptr, p.gelu && last});
     }
   }
 }

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "lineage/kernels/x86/avx512_util.h"
+
 namespace lineage::kernels::gemm_avx512 {
 namespace {
 
@@ -61,10 +63,28 @@ inline void load_tile(__m512 acc[M][3], const float* c, int64_t ldc, int64_t nv,
   }
 }
 
-// After the last slice of the reduction, `bias` (the tile's nv columns of it, or null) is added.
+// What the tile does to y as it stores it after the last slice of the reduction: add `bias` (the
+// tile's columns of it, or null), then apply GELU where `gelu`.
+struct Store {
+  const float* bias = nullptr;
+  bool gelu = false;
+};
+
+// GELU's tanh form, x·sigmoid(2·√(2/π)·(x + 0.044715·x³)) (= 0.5·x·(1 + tanh(√(2/π)·(…)))), with the
+// sigmoid formed from exp(−|z|) as in vmath's: no exponent is ever positive.
+inline __m512 gelu_tanh16(__m512 x) {
+  const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+  const __m512 z = _mm512_mul_ps(_mm512_set1_ps(2.0f * 0.7978845608028654f),
+                                 _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), cube, x));
+  const __m512 e = avx512::exp_nonpositive16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(z)));
+  const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+  const __mmask16 negative = _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ);
+  return _mm512_mul_ps(x, _mm512_mask_mul_ps(r, negative, e, r));
+}
+
 template <int M>
-inline void store_tile(__m512 acc[M][3], float* c, int64_t ldc, int64_t nv, const float* bias) {
-  if (bias) {
+inline void store_tile(__m512 acc[M][3], float* c, int64_t ldc, int64_t nv, Store st) {
+  if (const float* bias = st.bias) {
     const __m512 b0 = _mm512_maskz_loadu_ps(mask16(nv), bias), b1 = _mm512_maskz_loadu_ps(mask16(nv - 16), bias + 16),
                  b2 = _mm512_maskz_loadu_ps(mask16(nv - 32), bias + 32);
     for (int m = 0; m < M; ++m) {
@@ -73,6 +93,9 @@ inline void store_tile(__m512 acc[M][3], float* c, int64_t ldc, int64_t nv, cons
       acc[m][2] = _mm512_add_ps(acc[m][2], b2);
     }
   }
+  if (st.gelu)
+    for (int m = 0; m < M; ++m)
+      for (int v = 0; v < 3; ++v) acc[m][v] = gelu_tanh16(acc[m][v]);
   if (nv == kNR) {
     for (int m = 0; m < M; ++m)
       for (int v = 0; v < 3; ++v) _mm512_storeu_ps(c + m * ldc + 16 * v, acc[m][v]);

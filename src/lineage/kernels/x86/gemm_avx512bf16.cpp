@@ -101,7 +101,7 @@ void pack_out_in(const uint16_t* w, int64_t in, int64_t k0, int64_t kc, int64_t 
 // y[M rows at c, 48 columns] (+)= Σ_p dot(a[m*lda + p], b[p][48]) over p < kp.
 template <int M>
 void tile(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, float* c, int64_t ldc, int64_t nv, bool accumulate,
-          const float* bias) {
+          Store st) {
   __m512 acc[M][3];
   load_tile<M>(acc, c, ldc, nv, accumulate);
   for (int64_t p = 0; p < kp; ++p, b += kNR) {
@@ -114,10 +114,10 @@ void tile(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, float* 
       acc[m][2] = _mm512_dpbf16_ps(acc[m][2], av, b2);
     }
   }
-  store_tile<M>(acc, c, ldc, nv, bias);
+  store_tile<M>(acc, c, ldc, nv, st);
 }
 
-using TileFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, float*, int64_t, int64_t, bool, const float*);
+using TileFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, float*, int64_t, int64_t, bool, Store);
 constexpr TileFn kTiles[kMR + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
 
 void block(const GemmProblem& p, const void* prepared, int64_t t0, int64_t t1, int64_t o0, int64_t o1, void* scratch) {
@@ -129,12 +129,13 @@ void block(const GemmProblem& p, const void* prepared, int64_t t0, int64_t t1, i
     const int64_t kc = min64(kKC, p.in - k0), kp = (kc + 1) / 2;
     if (p.out_in) pack_out_in(w, p.in, k0, kc, o0, nc, bp);
     else pack_in_out(w, p.out, k0, kc, o0, nc, bp);
-    const float* bias = p.bias && k0 + kKC >= p.in ? p.bias + o0 : nullptr;  // last slice only
+    const bool last = k0 + kKC >= p.in;  // the bias and GELU at the last slice's store only
+    const float* bias = p.bias && last ? p.bias + o0 : nullptr;
     for (int64_t t = t0; t < t1; t += kMR) {
       const TileFn f = kTiles[min64(kMR, t1 - t)];
       for (int64_t j = 0; j < nc; j += kNR)
         f(kp, xp + t * ld + k0 / 2, ld, bp + j * kp, p.y + t * p.out + o0 + j, p.out, min64(kNR, nc - j), k0 > 0,
-          bias ? bias + j : nullptr);
+          Store{bias ? bias + j : nullptr, p.gelu && last});
     }
   }
 }
