@@ -24,7 +24,8 @@ void short_conv(const float* x, int64_t T, int64_t C, int64_t ldx, const Tensor&
   // Input row r of the padded sequence [tail; x]: r < P comes from the tail, otherwise x[r − P].
   const auto row = [&](int64_t r) { return r < P ? tail + r * C : x + (r - P) * ldx; };
   parallel_for(C, [&](int64_t c0, int64_t c1) {
-    std::vector<const float*> rows(static_cast<size_t>(W));  // per call of the lambda: each thread its own
+    thread_local std::vector<const float*> rows;  // named here, so each thread has its own
+    rows.resize(size_t(W));
     for (int64_t t = 0; t < T; ++t) {
       float* yt = y + t * ldy;
       for (int64_t j = 0; j < W; ++j) rows[size_t(j)] = row(t + j);
