@@ -104,7 +104,10 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
   for (int64_t j0 = 0; j0 < n_keys; j0 += kKeys) {
     const int64_t n = std::min(kKeys, n_keys - j0);
     const float* kj = k + j0 * hd;
-    for (int64_t j = 0; j < n; ++j, kj += hd) {
+    const char* vrow = reinterpret_cast<const char*>(v + j0 * hd);
+    for (int64_t j = 0; j < n; ++j, kj += hd, vrow += hd * 4) {
+      // This tile's V rows are requested while its K rows are read: two streams in flight.
+      for (int64_t b = 0; b < hd * 4; b += 64) _mm_prefetch(vrow + b, _MM_HINT_T0);
       __m512 d = _mm512_mul_ps(qv[0], load<Full>(kj, km[0]));
 #pragma GCC unroll 8
       for (int u = 1; u < NV; ++u) d = _mm512_fmadd_ps(qv[u], load<Full>(kj + 16 * u, km[u]), d);
