@@ -26,7 +26,9 @@ void times_sigmoid(float* x, int64_t n, float scale) {
   }
 }
 
-void activate_range(Activation act, float* x, int64_t n) {
+}  // namespace
+
+void activate_serial(Activation act, float* x, int64_t n) {
   switch (act) {
     case Activation::GeluTanh:
       // 0.5·(1 + tanh(y)) = sigmoid(2y): the tanh form through a sigmoid that never forms exp(+·).
@@ -44,14 +46,12 @@ void activate_range(Activation act, float* x, int64_t n) {
   }
 }
 
-}  // namespace
-
 void activate(Activation act, float* x, int64_t n) {
   // Elementwise, so any split gives the same result; about 16 flops per element.
   constexpr int64_t kChunk = 256;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   parallel_for(chunks, [&](int64_t c0, int64_t c1) {
-    activate_range(act, x + c0 * kChunk, std::min(n, c1 * kChunk) - c0 * kChunk);
+    activate_serial(act, x + c0 * kChunk, std::min(n, c1 * kChunk) - c0 * kChunk);
   }, grain_for(16 * kChunk));
 }
 

@@ -3,9 +3,11 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <atomic>
 #include <array>
+#include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <vector>
 
 #include "lineage/core/error.h"
@@ -43,23 +45,51 @@ void add_bias(const Tensor* bias, int64_t T, int64_t out, float* y) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// GEMV output rows (or columns) are handed out in chunks of whole 128s, so every chunk streams whole
-// cache lines and the [in, out] kernel keeps full 8-vector column blocks.
+// Rows [o0, o1) of one GEMV's y, just computed: y += bias, then y ← act(y), on this thread.
+void finish_rows(const LinearOut& o, int64_t o0, int64_t o1) {
+  if (o.bias) {
+    constexpr int64_t kBlock = 256;
+    float b[kBlock];
+    for (int64_t c = o0; c < o1; c += kBlock) {
+      const int64_t n = std::min(kBlock, o1 - c);
+      widen_row(*o.bias, c, n, b);
+      for (int64_t i = 0; i < n; ++i) o.y[c + i] += b[i];
+    }
+  }
+  if (o.act) activate_serial(*o.act, o.y + o0, o1 - o0);
+}
+
+// [out, in] weights: GEMV output rows are handed out in chunks of whole 128s (gemv_chunk), each a
+// contiguous block of the weight.
 int64_t gemv_chunk(int64_t in) { return (std::max<int64_t>(128, grain_for(in)) + 127) / 128 * 128; }
 
-// Rows [o0, o1) of y = W·x: on the exact path (k), or for BF16 weights in the bf16 dot mode (dot
-// not null) with x as the bf16 pairs xp.
-void gemv_rows(const GemvTable& k, const GemvBf16Dot* dot, const float* x, const uint32_t* xp, const Weight& W,
-               int64_t o0, int64_t o1, float* y) {
-  if (dot) {
-    const auto* w = static_cast<const uint16_t*>(W.w->raw());
-    if (W.layout == Layout::OutIn) dot->out_in(xp, w, W.in(), o0, o1, y);
-    else dot->in_out(xp, w, W.in(), W.out(), o0, o1, y);
-    return;
+// [in, out] weights: pieces of whole input rows (each also contiguous), of about kPieceElements
+// weights, the same for any thread count and group; a piece sums its rows into a partial y of its
+// own, and the partials are added in order once all are done, so the result depends on neither.
+constexpr int64_t kPieceElements = 131072;  // 256 KiB of bf16
+int64_t gemv_piece_rows(int64_t in, int64_t out) {
+  const int64_t rows = std::max<int64_t>(8, (kPieceElements / std::max<int64_t>(1, out) + 7) / 8 * 8);
+  return std::max<int64_t>(1, std::min(in, rows));
+}
+
+// Units of a GEMV group's work: output j's rows [a, b) ([out, in] weights, part < 0), or input rows
+// [a, b) of its weight summed into the partial at float offset `part` ([in, out] weights).
+struct GemvUnit {
+  int64_t j, a, b, part;
+};
+
+// Rows [u.a, u.b) of output o on the exact path (k), or for BF16 weights in the bf16 dot mode (dot
+// not null) with x as the bf16 pairs xp ([out, in]) or as x rounded to bf16 (xr, [in, out]).
+void gemv_unit(const GemvTable& k, const GemvBf16Dot* dot, const float* x, const uint32_t* xp, const float* xr,
+               const LinearOut& o, const GemvUnit& u, float* partials) {
+  const int dt = dtype_index(o.W.w->dtype());
+  if (o.W.layout == Layout::InOut) {
+    k.in_out[dt](dot ? xr : x, o.W.w->raw(), o.W.out(), u.a, u.b, partials + u.part);
+  } else if (dot) {
+    dot->out_in(xp, static_cast<const uint16_t*>(o.W.w->raw()), o.W.in(), u.a, u.b, o.y);
+  } else {
+    k.out_in[dt](x, o.W.w->raw(), o.W.in(), u.a, u.b, o.y);
   }
-  const int dt = dtype_index(W.w->dtype());
-  if (W.layout == Layout::OutIn) k.out_in[dt](x, W.w->raw(), W.in(), o0, o1, y);
-  else k.in_out[dt](x, W.w->raw(), W.in(), W.out(), o0, o1, y);
 }
 
 std::atomic<Bf16WeightGemm> g_bf16_weight_gemm{Bf16WeightGemm::Exact};
@@ -73,22 +103,23 @@ const GemmPath* own_gemm(DType weights) {
 }
 
 // The GEMVs of several weights on one input, in one parallel region: every output is cut into
-// chunks (gemv_chunk), and the chunks of all outputs, in order, into one near-equal share per thread
-// (parallel_shares: a thread streams its share front to back, then helps with the others' from their
-// back ends). The last kTailChunksPerThread chunks of each share are cut in quarters where the weight
-// is [out, in] (a chunk is then one contiguous block, and a quarter of it streams as well), so the
-// threads finish within a quarter chunk of each other. [in, out] chunks stay whole: a narrower column
-// block walks the rows with a fraction of a cache line's worth of bytes per row and slowed GPT-2
-// decode by 12 %. BF16 weights in the bf16 dot mode read x rounded to bf16 pairs by the bf16 GEMM's
-// own `prepare` (once for the group), so one token decoded gives what the same token gives inside a
-// prefill.
+// units (gemv_chunk, gemv_piece_rows), and the units of all outputs, in order, into one near-equal
+// share per thread (parallel_shares: a thread streams its share front to back, then helps with the
+// others' from their back ends). The last kTailChunksPerThread [out, in] chunks of each share are cut
+// in quarters, so the threads finish within a quarter chunk of each other.
+// A unit adds the bias and activation to its own rows ([out, in]); for [in, out] weights the thread
+// that completes an output's last piece adds its partials (in order, so the result does not depend on
+// which thread ran which piece), then the bias and activation. BF16 weights in the bf16 dot mode read
+// x rounded to bf16 pairs by the bf16 GEMM's own `prepare` (once for the group), so one token decoded
+// gives what the same token gives inside a prefill.
 constexpr int64_t kTailChunksPerThread = 2;
 void gemv_group(const float* x, std::span<const LinearOut> outs) {
   const GemvTable& k = gemv_table();
   const GemmPath* dot_path = gemm_table().bf16_dot;
   const GemvBf16Dot* dot = gemv_bf16_dot();
-  thread_local std::vector<char> prepared;
+  thread_local std::vector<char> prepared, rounded_x, partial_buf;
   const uint32_t* xp = nullptr;
+  const float* xr = nullptr;
   auto rounded = [&](const LinearOut& o) { return dot && dot_path && own_gemm(o.W.w->dtype()) == dot_path; };
   for (const LinearOut& o : outs) {
     LINEAGE_CHECK(o.W.in() == outs[0].W.in(), "linear_group: weights of different input sizes");
@@ -97,34 +128,70 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
     auto* buf = static_cast<uint32_t*>(aligned_scratch(prepared, dot_path->prepared_bytes(1, in)));
     dot_path->prepare(GemmProblem{x, o.W.w->raw(), 2, o.W.layout == Layout::OutIn, 1, in, o.W.out(), o.y}, 0, 1, buf);
     xp = buf;
+    auto* r = static_cast<float*>(aligned_scratch(rounded_x, size_t(in) * 4));
+    for (int64_t i = 0; i < in; ++i) {  // the same bf16 values as floats
+      const uint32_t bits = (i % 2 ? xp[i / 2] >> 16 : xp[i / 2] & 0xffffu) << 16;
+      std::memcpy(r + i, &bits, 4);
+    }
+    xr = r;
   }
-  thread_local std::vector<std::array<int64_t, 3>> units;  // (output, o0, o1)
+  thread_local std::vector<GemvUnit> units;
   thread_local std::vector<int64_t> starts;
+  thread_local std::vector<std::array<int64_t, 2>> spans;  // [in, out] outputs: first partial's offset, count
   units.clear();
   starts.clear();
+  spans.assign(outs.size(), {0, 0});
+  auto piece = [&](const LinearOut& o) {
+    return o.W.layout == Layout::OutIn ? gemv_chunk(o.W.in()) : gemv_piece_rows(o.W.in(), o.W.out());
+  };
   int64_t total = 0;
-  for (const LinearOut& o : outs) total += ceil_div(o.W.out(), gemv_chunk(o.W.in()));
+  for (const LinearOut& o : outs) total += ceil_div(o.W.layout == Layout::OutIn ? o.W.out() : o.W.in(), piece(o));
   const int64_t parts = parts_for(total);
-  int64_t index = 0, share = 0;  // the chunk's index and its share
+  int64_t index = 0, share = 0, floats = 0;  // the piece's index and its share; partial floats so far
   for (size_t j = 0; j < outs.size(); ++j) {
-    const int64_t out = outs[j].W.out(), chunk = gemv_chunk(outs[j].W.in());
-    const bool rows = outs[j].W.layout == Layout::OutIn;
-    for (int64_t o0 = 0; o0 < out; o0 += chunk, ++index) {
+    const LinearOut& o = outs[j];
+    const bool rows = o.W.layout == Layout::OutIn;
+    const int64_t n = rows ? o.W.out() : o.W.in(), step = piece(o), stride = (o.W.out() + 15) / 16 * 16;
+    if (!rows) spans[j][0] = floats;
+    if (!rows && n == 0) {  // no input rows: nothing to sum
+      std::fill(o.y, o.y + o.W.out(), 0.0f);
+      finish_rows(o, 0, o.W.out());
+    }
+    for (int64_t a = 0; a < n; a += step, ++index) {
       while (share < parts && index == total * share / parts) {
         starts.push_back(int64_t(units.size()));
         ++share;
       }
-      const bool tail = index >= total * share / parts - kTailChunksPerThread;
-      const int64_t o1 = std::min(out, o0 + chunk), piece = rows && tail ? chunk / 4 : chunk;
-      for (int64_t p0 = o0; p0 < o1; p0 += piece) units.push_back({int64_t(j), p0, std::min(o1, p0 + piece)});
+      const bool tail = rows && index >= total * share / parts - kTailChunksPerThread;
+      const int64_t b = std::min(n, a + step), cut = tail ? step / 4 : step;
+      for (int64_t c = a; c < b; c += cut) {
+        units.push_back({int64_t(j), c, std::min(b, c + cut), rows ? -1 : floats});
+        if (!rows) floats += stride, ++spans[j][1];
+      }
     }
   }
   starts.push_back(int64_t(units.size()));
-  const auto* u = units.data();  // a thread_local named inside the lambda would be the worker's own
+  if (units.empty()) return;
+  float* partials = floats ? static_cast<float*>(aligned_scratch(partial_buf, size_t(floats) * 4)) : nullptr;
+  thread_local std::unique_ptr<std::atomic<int64_t>[]> left;  // [in, out] outputs: pieces not yet done
+  thread_local size_t left_size = 0;
+  if (left_size < outs.size()) left.reset(new std::atomic<int64_t>[left_size = outs.size()]);
+  for (size_t j = 0; j < outs.size(); ++j) left[j].store(spans[j][1], std::memory_order_relaxed);
+  const GemvUnit* u = units.data();  // thread_locals named inside the lambda would be the worker's own
+  const auto* sp = spans.data();
+  std::atomic<int64_t>* remaining = left.get();
   parallel_shares(starts, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const LinearOut& o = outs[size_t(u[i][0])];
-      gemv_rows(k, rounded(o) ? dot : nullptr, x, xp, o.W, u[i][1], u[i][2], o.y);
+      const LinearOut& o = outs[size_t(u[i].j)];
+      gemv_unit(k, rounded(o) ? dot : nullptr, x, xp, xr, o, u[i], partials);
+      if (u[i].part < 0) {
+        finish_rows(o, u[i].a, u[i].b);
+      } else if (remaining[u[i].j].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        const int64_t stride = (o.W.out() + 15) / 16 * 16;
+        const auto [first, count] = sp[u[i].j];
+        k.sum_parts(partials + first, count, stride, o.W.out(), o.y);
+        finish_rows(o, 0, o.W.out());
+      }
     }
   });
 }
@@ -258,9 +325,11 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
     return;
   }
   if (T == 1) {
-    const LinearOut one{W, nullptr, y};
+    const LinearOut one{W, bias, y, act};
     gemv_group(x, {&one, 1});
-  } else if (W.w->dtype() == DType::F32) {
+    return;
+  }
+  if (W.w->dtype() == DType::F32) {
     gemm_f32(x, T, W, y);
   } else {
     gemm_widened(x, T, W, y);
@@ -272,11 +341,10 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
 void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs) {
   for (const LinearOut& o : outs) LINEAGE_CHECK(o.W.w && o.W.w->ndim() == 2, "linear needs a 2-D weight");
   if (T != 1) {  // GEMMs are one region each anyway
-    for (const LinearOut& o : outs) linear(x, T, o.W, o.bias, o.y);
+    for (const LinearOut& o : outs) linear(x, T, o.W, o.bias, o.y, o.act);
     return;
   }
   gemv_group(x, outs);
-  for (const LinearOut& o : outs) add_bias(o.bias, 1, o.W.out(), o.y);
 }
 
 }  // namespace lineage::kernels

@@ -28,9 +28,10 @@ struct Weight {
 
 // y[t, o] = Σ_i x[t, i] · W(i, o) (+ bias[o]).   x: [T, in] f32; y: [T, out] f32; bias: [out] any
 // float dtype or null. y must not alias x. T = 1 runs the streaming GEMV (one pass over W, split
-// over output rows); T > 1 runs GEMM. Threaded over the engine's pool. With `act`, y ← act(y)
-// afterwards: GeluTanh inside the engine's own GEMM as it stores y (no second pass over y), the
-// others (and the GEMV's) by activate().
+// over output rows, or over input rows for [in, out] weights); T > 1 runs GEMM. Threaded over the
+// engine's pool. With `act`, y ← act(y) afterwards. The GEMV adds the bias and applies `act` to each
+// run of finished rows on the thread that computed them; the engine's own GEMM adds the bias and
+// GeluTanh as it stores y; otherwise a second pass over y does.
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y,
             std::optional<Activation> act = std::nullopt);
 
@@ -41,11 +42,12 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
 // mode is on: false where the CPU lacks AVX512_BF16 (or LINEAGE_ISA forced a lower ISA).
 bool use_bf16_dot_products(bool on);
 
-// One of several linear maps of the same input: y = x·W (+ bias).
+// One of several linear maps of the same input: y = act(x·W (+ bias)).
 struct LinearOut {
   Weight W;
   const Tensor* bias = nullptr;
   float* y = nullptr;
+  std::optional<Activation> act = std::nullopt;
 };
 
 // linear() for each of `outs` on the same x. For one token (T = 1, decode) their GEMVs share one

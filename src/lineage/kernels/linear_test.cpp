@@ -35,7 +35,7 @@ Tensor random_tensor(Shape s, DType dt, uint64_t seed) {
 }
 
 TEST(Linear, MatchesRefOverSizesDtypesLayoutsThreads) {
-  const int64_t sizes[] = {1, 3, 15, 16, 17, 63, 64, 65, 130};
+  const int64_t sizes[] = {0, 1, 3, 15, 16, 17, 63, 64, 65, 130};  // inputs (0: y is the bias)
   for (int threads : {1, 2}) {
     set_threads(threads);
     for (DType dt : {DType::F32, DType::F16, DType::BF16})
@@ -71,9 +71,20 @@ TEST(Linear, EveryIsaTableMatchesScalar) {
           t->out_in[dt](x.data<float>(), w.raw(), in, 0, out, got.data());
           ref::linear(x.data<float>(), 1, {&w, Layout::OutIn}, nullptr, want.data());
           ASSERT_LE(rel_rms(got, want), 1e-5) << t->isa << " out_in dtype " << dt << " " << in << "x" << out;
-          t->in_out[dt](x.data<float>(), wt.raw(), in, out, 0, out, got.data());
+          t->in_out[dt](x.data<float>(), wt.raw(), out, 0, in, got.data());
           ref::linear(x.data<float>(), 1, {&wt, Layout::InOut}, nullptr, want.data());
           ASSERT_LE(rel_rms(got, want), 1e-5) << t->isa << " in_out dtype " << dt << " " << in << "x" << out;
+          // Partial sums over rows [i0, i1): the same as x zero outside them.
+          const int64_t i0 = in / 3, i1 = in - in / 4;
+          Tensor xs = random_tensor({in}, DType::F32, 5);
+          for (int64_t i = 0; i < in; ++i)
+            if (i < i0 || i >= i1) xs.data<float>()[i] = 0.0f;
+          t->in_out[dt](x.data<float>(), wt.raw(), out, i0, i1, got.data());
+          ref::linear(xs.data<float>(), 1, {&wt, Layout::InOut}, nullptr, want.data());
+          ASSERT_LE(rel_rms(got, want), 1e-5) << t->isa << " in_out rows " << i0 << ".." << i1 << " dtype " << dt;
+          std::vector<float> parts = {1, 2, 3, 4, -5, 6, 7, 8, 9}, sum(2);
+          t->sum_parts(parts.data(), 3, 3, 2, sum.data());
+          ASSERT_EQ(sum, (std::vector<float>{1 + 4 + 7, 2 - 5 + 8})) << t->isa;
           std::vector<float> wide(out * in), scalar(out * in);
           t->widen[dt](w.raw(), out * in, wide.data());
           gemv_table_scalar().widen[dt](w.raw(), out * in, scalar.data());
@@ -81,16 +92,22 @@ TEST(Linear, EveryIsaTableMatchesScalar) {
         }
 }
 
+// Repeated calls give identical bits, for both layouts ([in, out] weights of 2000 rows: several
+// pieces, each summed into its own partial by whichever thread takes it).
 TEST(Linear, DeterministicForAThreadCount) {
   set_threads(2);
-  const Tensor w = random_tensor({300, 200}, DType::BF16, 9);
-  const Tensor x = random_tensor({7, 200}, DType::F32, 10);
+  const Tensor w = random_tensor({300, 200}, DType::BF16, 9), wt = random_tensor({2000, 300}, DType::BF16, 11);
+  const Tensor x = random_tensor({7, 2000}, DType::F32, 10);
   std::vector<float> a(7 * 300), b(7 * 300);
-  for (int64_t T : {1, 7}) {
-    linear(x.data<float>(), T, {&w, Layout::OutIn}, nullptr, a.data());
-    linear(x.data<float>(), T, {&w, Layout::OutIn}, nullptr, b.data());
-    EXPECT_EQ(a, b);
-  }
+  for (int64_t T : {1, 7})
+    for (const Weight& W : {Weight{&w, Layout::OutIn}, Weight{&wt, Layout::InOut}})
+      for (int rep = 0; rep < 20; ++rep) {
+        const std::vector<float> was = a;
+        linear(x.data<float>(), T, W, nullptr, a.data());
+        if (rep) {
+          EXPECT_EQ(a, was) << "T " << T << " layout " << int(W.layout);
+        }
+      }
   set_threads(0);
 }
 

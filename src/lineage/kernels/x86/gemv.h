@@ -10,18 +10,22 @@ struct GemvTable {
   const char* isa;
   // OutIn weights [out, in]: y[o] = Σ_i x[i]·W[o, i] for o in [o0, o1).
   void (*out_in[3])(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, float* y);
-  // InOut weights [in, out]: y[o] = Σ_i x[i]·W[i, o] for o in [o0, o1); y is overwritten.
-  void (*in_out[3])(const float* x, const void* w, int64_t in, int64_t out, int64_t o0, int64_t o1, float* y);
+  // InOut weights [in, out], rows [i0, i1) of them: p[o] = Σ_{i0 <= i < i1} x[i]·W[i, o] for every
+  // o < out (partial sums over a range of inputs; p is overwritten).
+  void (*in_out[3])(const float* x, const void* w, int64_t out, int64_t i0, int64_t i1, float* p);
   // dst[i] = widen(src[i]) for i in [0, n).
   void (*widen[3])(const void* src, int64_t n, float* dst);
+  // y[o] = Σ_k parts[k·stride + o] over k in [0, n), in order of k, for o < out.
+  void (*sum_parts)(const float* parts, int64_t n, int64_t stride, int64_t out, float* y);
 };
 
 // BF16 weights in the bf16 dot mode (gemm.h, Bf16WeightGemm::RoundActivationsToBf16): xp holds x
 // as bf16 pairs (x[2p], x[2p+1]) exactly as the bf16 GEMM's `prepare` writes one row of them (zero
 // past `in`, 64-byte aligned, whole 16-pair vectors), so decode and prefill round x identically.
+// [in, out] weights take the exact in_out kernel on x rounded the same way (a product of two bf16
+// is exact in f32, so only the order of the additions differs from vdpbf16ps).
 struct GemvBf16Dot {
   void (*out_in)(const uint32_t* xp, const uint16_t* w, int64_t in, int64_t o0, int64_t o1, float* y);
-  void (*in_out)(const uint32_t* xp, const uint16_t* w, int64_t in, int64_t out, int64_t o0, int64_t o1, float* y);
 };
 const GemvBf16Dot& gemv_bf16_dot_avx512bf16();
 // The bf16 dot GEMV where this CPU (and the chosen ISA) has the bf16 dot GEMM, else null.

@@ -60,44 +60,45 @@ void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, f
 }
 
 template <class S, int DT>
-void in_out(const float* x, const void* w, int64_t in, int64_t out, int64_t o0, int64_t o1, float* y) {
+void in_out(const float* x, const void* w, int64_t out, int64_t i0, int64_t i1, float* p) {
+  // Rows [i0, i1) front to back, each row added into the partial sums p (out floats, in L1 for the
+  // widths of these models): one sequential stream per thread, as in out_in. Walking the rows down
+  // 128-column blocks instead (eight accumulators in registers, the next rows prefetched) read 16-bit
+  // weights at 29-44 GB/s where this reads 53-57 (a stand-alone two-thread test on c_fc's shape);
+  // two or four rows at a time (fewer passes over p) halve the bandwidth, as interleaved rows do in
+  // out_in. Each p[o] adds its rows in order: deterministic.
   constexpr int W = S::kWidth;
-  // Eight vectors of columns stay in registers while the rows stream by, so each row contributes
-  // a run of 8·W contiguous weights (whole cache lines) before the walk jumps a row down. The
-  // prefetchers do not follow that stride far enough ahead, so the block kPrefetchRows rows below is
-  // requested explicitly, 16 KiB of the block's data ahead (in alternating A/B runs of GPT-2 decode
-  // on Zen 5: f32 ~10 % faster than 4 KiB ahead, bf16 the same; no prefetch: bf16 ~25 % slower),
-  // into L2 rather than L1 (`__builtin_prefetch(p, 0, 2)`: the L1 has too few miss buffers for that
-  // many lines in flight; c_fc-shaped GEMVs 12-13 % faster in alternating micro-benchmark runs).
-  constexpr int kAcc = 8;
-  constexpr int64_t kBlock = kAcc * W;
-  constexpr int64_t kElem = DT == 0 ? 4 : 2;
-  constexpr int64_t kPrefetchRows = 16384 / (kBlock * kElem);
-  const char* bytes = static_cast<const char*>(w);
-  int64_t o = o0;
-  for (; o + kBlock <= o1; o += kBlock) {
-    typename S::Vec a[kAcc];
-    for (int j = 0; j < kAcc; ++j) a[j] = S::zero();
-    for (int64_t i = 0; i < in; ++i) {
-      if (i + kPrefetchRows < in) {
-        const char* ahead = bytes + ((i + kPrefetchRows) * out + o) * kElem;
-        for (int64_t line = 0; line < kBlock * kElem; line += 64) __builtin_prefetch(ahead + line, 0, 2);
-      }
-      const typename S::Vec xv = S::broadcast(x[i]);
-      const int64_t base = i * out + o;
-      for (int j = 0; j < kAcc; ++j) a[j] = S::fma(xv, load<S, DT>(w, base + j * W), a[j]);
+  const int64_t unroll_end = out / (4 * W) * (4 * W), vec_end = out / W * W;
+  for (int64_t o = 0; o < out; ++o) p[o] = 0.0f;
+  for (int64_t i = i0; i < i1; ++i) {
+    const typename S::Vec xv = S::broadcast(x[i]);
+    const int64_t row = i * out;
+    int64_t o = 0;
+    for (; o < unroll_end; o += 4 * W) {
+      S::store(p + o, S::fma(xv, load<S, DT>(w, row + o), S::load_f32(p + o)));
+      S::store(p + o + W, S::fma(xv, load<S, DT>(w, row + o + W), S::load_f32(p + o + W)));
+      S::store(p + o + 2 * W, S::fma(xv, load<S, DT>(w, row + o + 2 * W), S::load_f32(p + o + 2 * W)));
+      S::store(p + o + 3 * W, S::fma(xv, load<S, DT>(w, row + o + 3 * W), S::load_f32(p + o + 3 * W)));
     }
-    for (int j = 0; j < kAcc; ++j) S::store(y + o + j * W, a[j]);
+    for (; o < vec_end; o += W) S::store(p + o, S::fma(xv, load<S, DT>(w, row + o), S::load_f32(p + o)));
+    for (; o < out; ++o) p[o] += x[i] * load_scalar<DT>(w, row + o);
   }
-  for (; o + W <= o1; o += W) {
-    typename S::Vec a = S::zero();
-    for (int64_t i = 0; i < in; ++i) a = S::fma(S::broadcast(x[i]), load<S, DT>(w, i * out + o), a);
+}
+
+// y[o] = Σ_k parts[k·stride + o] for k in [0, n), in order of k.
+template <class S>
+void sum_parts(const float* parts, int64_t n, int64_t stride, int64_t out, float* y) {
+  constexpr int W = S::kWidth;
+  int64_t o = 0;
+  for (; o + W <= out; o += W) {
+    typename S::Vec a = S::load_f32(parts + o);
+    for (int64_t k = 1; k < n; ++k) a = S::add(a, S::load_f32(parts + k * stride + o));
     S::store(y + o, a);
   }
-  for (; o < o1; ++o) {
-    float r = 0;
-    for (int64_t i = 0; i < in; ++i) r += x[i] * load_scalar<DT>(w, i * out + o);
-    y[o] = r;
+  for (; o < out; ++o) {
+    float a = parts[o];
+    for (int64_t k = 1; k < n; ++k) a += parts[k * stride + o];
+    y[o] = a;
   }
 }
 
@@ -114,7 +115,8 @@ GemvTable make_table(const char* isa) {
   return GemvTable{isa,
                    {out_in<S, 0>, out_in<S, 1>, out_in<S, 2>},
                    {in_out<S, 0>, in_out<S, 1>, in_out<S, 2>},
-                   {widen<S, 0>, widen<S, 1>, widen<S, 2>}};
+                   {widen<S, 0>, widen<S, 1>, widen<S, 2>},
+                   sum_parts<S>};
 }
 
 }  // namespace
