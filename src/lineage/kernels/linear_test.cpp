@@ -92,6 +92,25 @@ TEST(Linear, EveryIsaTableMatchesScalar) {
         }
 }
 
+// [in, out] weights wider than a partial sum fits in L1: pieces of a few input rows, each partial
+// in L2, summed in order; the same result as the reference, at 1 and 2 threads alike.
+TEST(Linear, WideInOutGemvMatchesRef) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    constexpr int64_t in = 40, out = 9001;
+    const Tensor w = random_tensor({in, out}, dt, 12), b = random_tensor({out}, dt, 13);
+    const Tensor x = random_tensor({in}, DType::F32, 14);
+    std::vector<float> want(out), one(out), two(out);
+    ref::linear(x.data<float>(), 1, {&w, Layout::InOut}, &b, want.data());
+    set_threads(1);
+    linear(x.data<float>(), 1, {&w, Layout::InOut}, &b, one.data());
+    set_threads(2);
+    linear(x.data<float>(), 1, {&w, Layout::InOut}, &b, two.data());
+    EXPECT_LE(rel_rms(one, want), 1e-5) << dtype_name(dt);
+    EXPECT_EQ(one, two) << dtype_name(dt);
+  }
+  set_threads(0);
+}
+
 // Repeated calls give identical bits, for both layouts ([in, out] weights of 2000 rows: several
 // pieces, each summed into its own partial by whichever thread takes it).
 TEST(Linear, DeterministicForAThreadCount) {
