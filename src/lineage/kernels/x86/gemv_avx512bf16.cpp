@@ -4,6 +4,7 @@
 // exact path widens every weight to f32 first.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "lineage/kernels/x86/avx512_util.h"
@@ -13,22 +14,32 @@ namespace lineage::kernels {
 namespace {
 
 inline __mmask32 first32(int64_t n) { return n >= 32 ? __mmask32(0xffffffffu) : n <= 0 ? 0 : __mmask32((1u << n) - 1); }
+// The pairs holding the first n elements (n <= 0: none).
+inline __mmask16 pairs16(int64_t n) { return n >= 32 ? __mmask16(0xffff) : n <= 0 ? 0 : __mmask16((1u << ((n + 1) / 2)) - 1); }
 
 // W [out, in]: a row's bf16 are already pairs along i. One row at a time, front to back (one
-// sequential stream per thread, as in the exact path), four accumulators, fixed combine order.
+// sequential stream per thread, as in the exact path), four accumulators, fixed combine order. Where
+// a row does not start on a cache line but on a pair, its weights before the first line boundary go
+// in one masked step, so that no 64-byte load of the stream straddles two lines (checkpoint tensors
+// lie wherever the safetensors header leaves them; see to_line in gemv_simd.h).
 void out_in(const uint32_t* xp, const uint16_t* w, int64_t in, int64_t o0, int64_t o1, float* y) {
-  const int64_t full = in / 128 * 128;
   for (int64_t o = o0; o < o1; ++o) {
     const uint16_t* row = w + o * in;
+    const auto addr = reinterpret_cast<uintptr_t>(row);
+    const int64_t head = addr % 4 ? 0 : std::min<int64_t>(in, int64_t((64 - addr % 64) % 64) / 2);
     __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    int64_t i = 0;
+    if (head)
+      a[1] = _mm512_dpbf16_ps(a[1], (__m512bh)_mm512_maskz_loadu_epi16(first32(head), row),
+                              (__m512bh)_mm512_maskz_loadu_epi32(pairs16(head), xp));
+    const int64_t full = head + (in - head) / 128 * 128;
+    int64_t i = head;
     for (; i < full; i += 128)
       for (int j = 0; j < 4; ++j)
         a[j] = _mm512_dpbf16_ps(a[j], (__m512bh)_mm512_loadu_si512(row + i + 32 * j),
-                                (__m512bh)_mm512_load_si512(xp + (i + 32 * j) / 2));
-    for (; i < in; i += 32)  // x pairs past `in` are zero, and so are the masked weights
+                                (__m512bh)_mm512_loadu_si512(xp + (i + 32 * j) / 2));
+    for (; i < in; i += 32)  // the weights and x pairs past `in` masked to zero
       a[0] = _mm512_dpbf16_ps(a[0], (__m512bh)_mm512_maskz_loadu_epi16(first32(in - i), row + i),
-                              (__m512bh)_mm512_load_si512(xp + i / 2));
+                              (__m512bh)_mm512_maskz_loadu_epi32(pairs16(in - i), xp + i / 2));
     y[o] = avx512::hsum(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
   }
 }

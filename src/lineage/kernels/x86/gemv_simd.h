@@ -5,6 +5,7 @@
 // are deterministic for a given ISA.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -35,17 +36,34 @@ inline float load_scalar(const void* w, int64_t i) {
   }
 }
 
+// How many elements of a weight row starting at element `at` come before its first 64-byte boundary
+// (0 where elements are not aligned to their own size, or for the scalar build). The vector loops
+// start there, so no vector load of a streamed weight straddles two cache lines: checkpoint tensors
+// lie wherever the safetensors header leaves them (GPT-2's: 48 bytes past a line), and f32 rows read
+// through straddling 512-bit loads streamed at 35 GB/s where aligned ones reached 55 (two threads,
+// c_fc's shape; 16-bit rows, read 256 bits at a time, were not slowed).
+template <class S, int DT>
+inline int64_t to_line(const void* w, int64_t at) {
+  constexpr int64_t kElem = DT == 0 ? 4 : 2;
+  if constexpr (S::kWidth == 1) return 0;
+  const auto addr = reinterpret_cast<uintptr_t>(w) + uintptr_t(at * kElem);
+  return addr % kElem ? 0 : int64_t((64 - addr % 64) % 64) / kElem;
+}
+
 template <class S, int DT>
 void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, float* y) {
   // One row at a time, front to back: each thread reads its rows as a single sequential stream,
   // which the hardware prefetchers follow at full bandwidth (interleaving two or four rows halves
-  // the bandwidth on Zen 5). Four accumulators hide the FMA latency; fixed combine order.
+  // the bandwidth on Zen 5). Four accumulators hide the FMA latency; fixed combine order. The
+  // row's elements before its first cache line boundary (to_line) are added one by one.
   constexpr int W = S::kWidth;
-  const int64_t unroll_end = in / (4 * W) * (4 * W), vec_end = in / W * W;
   for (int64_t o = o0; o < o1; ++o) {
-    const int64_t row = o * in;
+    const int64_t row = o * in, head = std::min(in, to_line<S, DT>(w, row));
+    const int64_t unroll_end = head + (in - head) / (4 * W) * (4 * W), vec_end = head + (in - head) / W * W;
     typename S::Vec a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
-    int64_t i = 0;
+    float h = 0.0f;
+    for (int64_t i = 0; i < head; ++i) h += x[i] * load_scalar<DT>(w, row + i);
+    int64_t i = head;
     for (; i < unroll_end; i += 4 * W) {
       a0 = S::fma(S::load_f32(x + i), load<S, DT>(w, row + i), a0);
       a1 = S::fma(S::load_f32(x + i + W), load<S, DT>(w, row + i + W), a1);
@@ -53,7 +71,7 @@ void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, f
       a3 = S::fma(S::load_f32(x + i + 3 * W), load<S, DT>(w, row + i + 3 * W), a3);
     }
     for (; i < vec_end; i += W) a0 = S::fma(S::load_f32(x + i), load<S, DT>(w, row + i), a0);
-    float r = S::sum(S::add(S::add(a0, a1), S::add(a2, a3)));
+    float r = S::sum(S::add(S::add(a0, a1), S::add(a2, a3))) + h;
     for (; i < in; ++i) r += x[i] * load_scalar<DT>(w, row + i);
     y[o] = r;
   }
@@ -66,14 +84,16 @@ void in_out(const float* x, const void* w, int64_t out, int64_t i0, int64_t i1, 
   // 128-column blocks instead (eight accumulators in registers, the next rows prefetched) read 16-bit
   // weights at 29-44 GB/s where this reads 53-57 (a stand-alone two-thread test on c_fc's shape);
   // two or four rows at a time (fewer passes over p) halve the bandwidth, as interleaved rows do in
-  // out_in. Each p[o] adds its rows in order: deterministic.
+  // out_in. Each p[o] adds its rows in order: deterministic. Columns before the row's first cache
+  // line boundary (to_line) go one by one.
   constexpr int W = S::kWidth;
-  const int64_t unroll_end = out / (4 * W) * (4 * W), vec_end = out / W * W;
   for (int64_t o = 0; o < out; ++o) p[o] = 0.0f;
   for (int64_t i = i0; i < i1; ++i) {
     const typename S::Vec xv = S::broadcast(x[i]);
-    const int64_t row = i * out;
+    const int64_t row = i * out, head = std::min(out, to_line<S, DT>(w, row));
+    const int64_t unroll_end = head + (out - head) / (4 * W) * (4 * W), vec_end = head + (out - head) / W * W;
     int64_t o = 0;
+    for (; o < head; ++o) p[o] += x[i] * load_scalar<DT>(w, row + o);
     for (; o < unroll_end; o += 4 * W) {
       S::store(p + o, S::fma(xv, load<S, DT>(w, row + o), S::load_f32(p + o)));
       S::store(p + o + W, S::fma(xv, load<S, DT>(w, row + o + W), S::load_f32(p + o + W)));
