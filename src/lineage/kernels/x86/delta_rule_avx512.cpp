@@ -16,6 +16,7 @@
 #include <iterator>
 #include <vector>
 
+#include "lineage/core/scratch.h"
 #include "lineage/kernels/x86/avx512_util.h"
 
 namespace lineage::kernels {
@@ -96,8 +97,9 @@ void small_gemm(int64_t M, int64_t N, Seg s0, Seg s1, float* c, int64_t ldc, Ini
   }
 }
 
+// Every array starts on a cache line (a vector load across two lines costs a second access).
 struct Scratch {
-  std::vector<float> mem;
+  std::vector<char> mem;
   float *e, *F, *Bk, *qg, *kg, *kl, *A, *N, *U, *kd, *beta;
   void size_for(int64_t K, int64_t V) {
     const int64_t C = kMaxChunk;
@@ -105,8 +107,7 @@ struct Scratch {
     float** ptrs[] = {&e, &F, &Bk, &qg, &kg, &kl, &A, &N, &U, &kd, &beta};
     int64_t total = 0;
     for (int64_t s : sizes) total += (s + 15) / 16 * 16;
-    if (int64_t(mem.size()) < total) mem.resize(total);
-    float* p = mem.data();
+    float* p = static_cast<float*>(aligned_scratch(mem, size_t(total) * sizeof(float)));
     for (size_t i = 0; i < std::size(sizes); ++i) {
       *ptrs[i] = p;
       p += (sizes[i] + 15) / 16 * 16;
