@@ -72,6 +72,18 @@ int64_t gemv_piece_rows(int64_t in, int64_t out) {
   return std::max<int64_t>(1, std::min(in, rows));
 }
 
+// A partial of an [in, out] weight starts `lead` floats into its slot, so that where the kernel
+// starts a row's vector loop on a cache line of the weight (gemv_simd.h, to_line) the partial sums
+// it reads and writes beside them are on a line too (the rows of a matrix whose rows are whole lines
+// all start at the same place in a line). Slots have room for the lead.
+int64_t partial_lead(const Weight& W) {
+  const int64_t elem = int64_t(dtype_size(W.w->dtype()));
+  const auto addr = reinterpret_cast<uintptr_t>(W.w->raw());
+  const int64_t head = addr % elem ? 0 : int64_t((64 - addr % 64) % 64) / elem;
+  return (16 - head % 16) % 16;
+}
+int64_t partial_stride(int64_t out) { return (out + 15) / 16 * 16 + 16; }
+
 // Units of a GEMV group's work: output j's rows [a, b) ([out, in] weights, part < 0), or input rows
 // [a, b) of its weight summed into the partial at float offset `part` ([in, out] weights).
 struct GemvUnit {
@@ -151,8 +163,8 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   for (size_t j = 0; j < outs.size(); ++j) {
     const LinearOut& o = outs[j];
     const bool rows = o.W.layout == Layout::OutIn;
-    const int64_t n = rows ? o.W.out() : o.W.in(), step = piece(o), stride = (o.W.out() + 15) / 16 * 16;
-    if (!rows) spans[j][0] = floats;
+    const int64_t n = rows ? o.W.out() : o.W.in(), step = piece(o), stride = partial_stride(o.W.out());
+    if (!rows) spans[j][0] = floats + partial_lead(o.W);
     if (!rows && n == 0) {  // no input rows: nothing to sum
       std::fill(o.y, o.y + o.W.out(), 0.0f);
       finish_rows(o, 0, o.W.out());
@@ -165,7 +177,7 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
       const bool tail = rows && index >= total * share / parts - kTailChunksPerThread;
       const int64_t b = std::min(n, a + step), cut = tail ? step / 4 : step;
       for (int64_t c = a; c < b; c += cut) {
-        units.push_back({int64_t(j), c, std::min(b, c + cut), rows ? -1 : floats});
+        units.push_back({int64_t(j), c, std::min(b, c + cut), rows ? -1 : floats + partial_lead(o.W)});
         if (!rows) floats += stride, ++spans[j][1];
       }
     }
@@ -187,9 +199,8 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
       if (u[i].part < 0) {
         finish_rows(o, u[i].a, u[i].b);
       } else if (remaining[u[i].j].fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        const int64_t stride = (o.W.out() + 15) / 16 * 16;
         const auto [first, count] = sp[u[i].j];
-        k.sum_parts(partials + first, count, stride, o.W.out(), o.y);
+        k.sum_parts(partials + first, count, partial_stride(o.W.out()), o.W.out(), o.y);
         finish_rows(o, 0, o.W.out());
       }
     }
