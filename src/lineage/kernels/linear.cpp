@@ -140,8 +140,12 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
     auto* buf = static_cast<uint32_t*>(aligned_scratch(prepared, dot_path->prepared_bytes(1, in)));
     dot_path->prepare(GemmProblem{x, o.W.w->raw(), 2, o.W.layout == Layout::OutIn, 1, in, o.W.out(), o.y}, 0, 1, buf);
     xp = buf;
+  }
+  for (const LinearOut& o : outs) {  // [in, out] weights read the same bf16 values as floats
+    if (xr || !xp || !rounded(o) || o.W.layout != Layout::InOut) continue;
+    const int64_t in = o.W.in();
     auto* r = static_cast<float*>(aligned_scratch(rounded_x, size_t(in) * 4));
-    for (int64_t i = 0; i < in; ++i) {  // the same bf16 values as floats
+    for (int64_t i = 0; i < in; ++i) {
       const uint32_t bits = (i % 2 ? xp[i / 2] >> 16 : xp[i / 2] & 0xffffu) << 16;
       std::memcpy(r + i, &bits, 4);
     }
@@ -164,7 +168,8 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
     const LinearOut& o = outs[j];
     const bool rows = o.W.layout == Layout::OutIn;
     const int64_t n = rows ? o.W.out() : o.W.in(), step = piece(o), stride = partial_stride(o.W.out());
-    if (!rows) spans[j][0] = floats + partial_lead(o.W);
+    const int64_t lead = rows ? 0 : partial_lead(o.W);
+    if (!rows) spans[j][0] = floats + lead;
     if (!rows && n == 0) {  // no input rows: nothing to sum
       std::fill(o.y, o.y + o.W.out(), 0.0f);
       finish_rows(o, 0, o.W.out());
@@ -177,7 +182,7 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
       const bool tail = rows && index >= total * share / parts - kTailChunksPerThread;
       const int64_t b = std::min(n, a + step), cut = tail ? step / 4 : step;
       for (int64_t c = a; c < b; c += cut) {
-        units.push_back({int64_t(j), c, std::min(b, c + cut), rows ? -1 : floats + partial_lead(o.W)});
+        units.push_back({int64_t(j), c, std::min(b, c + cut), rows ? -1 : floats + lead});
         if (!rows) floats += stride, ++spans[j][1];
       }
     }
