@@ -1,6 +1,7 @@
 // The delta-rule kernels at the presets' size (H = HV = 12, K = V = 64), delta rule on, for each gate:
 // one decode step (T = 1, the recurrent kernel; bound by reading and writing the state) and a 4096-token
-// sequence (recurrent and chunked; bound by the multiply-adds).
+// sequence (recurrent and chunked; bound by the multiply-adds). The `/K128` rows repeat the per-channel
+// gate at Kimi Linear's head size (H = HV = 6, K = V = 128).
 #include <cmath>
 #include <string>
 
@@ -11,7 +12,12 @@
 namespace lineage::bench {
 namespace {
 
-constexpr int64_t kLayers = 12, kH = 12, kK = 64, kV = 64;
+constexpr int64_t kLayers = 12;
+
+struct Heads {
+  int64_t H, K, V;
+};
+constexpr Heads kPreset{12, 64, 64}, kKimi{6, 128, 128};
 
 struct Inputs {
   std::vector<float> q, k, v, beta, log_decay, out;
@@ -20,7 +26,8 @@ struct Inputs {
 
 // q, k unit rows per head (as the layer's L2 norm leaves them), β ∈ (0.1, 0.9), log decay in
 // (−0.11, −0.01] per step: values the trained models produce.
-Inputs make_inputs(int64_t T, kernels::Gate gate) {
+Inputs make_inputs(int64_t T, kernels::Gate gate, Heads hd) {
+  const int64_t kH = hd.H, kK = hd.K, kV = hd.V;
   Inputs in;
   in.q = random_floats(T * kH * kK, 6);
   in.k = random_floats(T * kH * kK, 7);
@@ -53,8 +60,9 @@ const char* gate_label(kernels::Gate g) {
   return "?";
 }
 
-void bm_delta_rule(benchmark::State& state, kernels::Gate gate, int64_t T, bool chunked) {
-  Inputs in = make_inputs(T, gate);
+void bm_delta_rule(benchmark::State& state, kernels::Gate gate, int64_t T, bool chunked, Heads hd) {
+  const int64_t kH = hd.H, kK = hd.K, kV = hd.V;
+  Inputs in = make_inputs(T, gate, hd);
   kernels::DeltaRuleArgs a;
   a.T = T, a.H = kH, a.HV = kH, a.K = kK, a.V = kV;
   a.gate = gate;
@@ -81,19 +89,24 @@ void bm_delta_rule(benchmark::State& state, kernels::Gate gate, int64_t T, bool 
   });
 }
 
+void register_gate(kernels::Gate g, Heads hd, const std::string& heads) {
+  const std::string gate = heads + "/gate_" + gate_label(g);
+  benchmark::RegisterBenchmark(("delta_rule_recurrent/T1" + gate).c_str(), bm_delta_rule, g, int64_t(1), false, hd)
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(("delta_rule_recurrent/T4096" + gate).c_str(), bm_delta_rule, g, int64_t(4096), false,
+                               hd)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark(("delta_rule_chunked/T4096" + gate).c_str(), bm_delta_rule, g, int64_t(4096), true, hd)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+}
+
 const bool registered = [] {
-  for (kernels::Gate g : {kernels::Gate::None, kernels::Gate::PerHead, kernels::Gate::PerChannel}) {
-    const std::string gate = std::string("/gate_") + gate_label(g);
-    benchmark::RegisterBenchmark(("delta_rule_recurrent/T1" + gate).c_str(), bm_delta_rule, g, int64_t(1), false)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark(("delta_rule_recurrent/T4096" + gate).c_str(), bm_delta_rule, g, int64_t(4096), false)
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(("delta_rule_chunked/T4096" + gate).c_str(), bm_delta_rule, g, int64_t(4096), true)
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond);
-  }
+  for (kernels::Gate g : {kernels::Gate::None, kernels::Gate::PerHead, kernels::Gate::PerChannel})
+    register_gate(g, kPreset, "");
+  register_gate(kernels::Gate::PerChannel, kKimi, "/K128");
   return true;
 }();
 

@@ -75,6 +75,11 @@ CASES = [
     _case("kda", "f32_gva", 2302, vocab_size=270, hidden_size=64, num_heads=2, num_v_heads=4, head_dim=16,
           expand_v=1.5, intermediate_size=128),
     _case("kda", "bf16", 2303, "BF16", hidden_size=64, num_heads=2, head_dim=32, tie_word_embeddings=True),
+    # Released heads' sizes (Kimi Linear: K = V = 128; fla's GatedDeltaNet: V = 2K), where the AVX-512
+    # recurrent sweep splits a head's state columns into blocks.
+    _case("kda", "f32_head128", 2304, hidden_size=64, num_heads=2, head_dim=128, intermediate_size=128),
+    _case("gated_deltanet", "f32_v128", 2203, hidden_size=64, num_heads=2, head_dim=64, expand_v=2.0,
+          use_gate=True, intermediate_size=128),
 ]
 
 

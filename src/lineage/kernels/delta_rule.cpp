@@ -133,9 +133,10 @@ void delta_rule_recurrent(const DeltaRuleArgs& a) {
   if (a.T == 0) return;
   static const bool avx512 = std::string(gemv_table().isa) == "avx512";
   if (avx512 && delta_rule_recurrent_avx512_supports(a)) {
+    const int64_t items = delta_rule_recurrent_avx512_items(a);
     parallel_for(
-        a.HV, [&](int64_t j0, int64_t j1) { delta_rule_recurrent_heads_avx512(a, j0, j1); },
-        grain_for(a.T * 3 * a.K * a.V));
+        items, [&](int64_t i0, int64_t i1) { delta_rule_recurrent_items_avx512(a, i0, i1); },
+        grain_for(a.T * 3 * a.K * a.V * a.HV / items));
     return;
   }
   parallel_for(

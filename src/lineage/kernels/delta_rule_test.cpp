@@ -213,7 +213,9 @@ TEST(DeltaRule, FastMatchesRefTwins) {
   struct Shape {
     int64_t T, H, HV, K, V;
   };
-  const Shape shapes[] = {{37, 1, 3, 5, 7}, {100, 2, 4, 16, 24}, {130, 4, 4, 64, 64}, {17, 3, 3, 1, 1}};
+  // K = V = 128 is Kimi Linear's head; V = 144 and 80 split into uneven column blocks; K = 256 narrows them.
+  const Shape shapes[] = {{37, 1, 3, 5, 7},    {100, 2, 4, 16, 24}, {130, 4, 4, 64, 64}, {17, 3, 3, 1, 1},
+                          {70, 2, 2, 128, 128}, {21, 1, 2, 32, 144}, {9, 1, 1, 256, 80}};
   const Family families[] = {{"kda_strong", Gate::PerChannel, Decay::Strong, true, false},
                              {"gdn_mild", Gate::PerHead, Decay::Mild, true, false},
                              {"deltanet", Gate::None, Decay::None, true, false},
@@ -395,6 +397,31 @@ TEST(DeltaRule, DeterministicForAThreadCount) {
     const Result a = run(in, p, 64), b = run(in, p, 64);
     EXPECT_EQ(0, std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float))) << path_name(p);
     EXPECT_EQ(0, std::memcmp(a.state.data(), b.state.data(), a.state.size() * sizeof(float))) << path_name(p);
+  }
+}
+
+// Every fast kernel computes a head (and the recurrent one a block of a head's state columns) the
+// same way wherever the threads split the work: 1 and 2 threads agree bit for bit, including at
+// Kimi Linear's K = V = 128 where the recurrent sweep cuts each head into two column blocks.
+TEST(DeltaRule, SplitInvariantAcrossThreadCounts) {
+  for (int64_t kv : {int64_t(64), int64_t(128)}) {
+    Case c;
+    c.T = 90, c.H = 2, c.HV = 4, c.K = kv, c.V = kv, c.gate = Gate::PerChannel, c.decay = Decay::Mild;
+    const Inputs in = make_inputs(c);
+    for (Path p : {Path::Recurrent, Path::Chunked}) {
+      Result one, two;
+      {
+        const ScopedThreads scope(1);
+        one = run(in, p, 16);
+      }
+      {
+        const ScopedThreads scope(2);
+        two = run(in, p, 16);
+      }
+      SCOPED_TRACE(c.name() + " " + path_name(p));
+      EXPECT_EQ(0, std::memcmp(one.out.data(), two.out.data(), one.out.size() * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(one.state.data(), two.state.data(), one.state.size() * sizeof(float)));
+    }
   }
 }
 

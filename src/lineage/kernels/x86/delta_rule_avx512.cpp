@@ -319,18 +319,20 @@ void prefetch_chunk(const DeltaRuleArgs& a, int64_t j, int64_t t0, int64_t n) {
   }
 }
 
-// Recurrent path (docs/math/delta_rule.md §2): one sweep over S per token applies the pending write of
-// token t−1, the decay, and sums S̃ᵀk and S̃ᵀq, with the VB = V / 16 column vectors in registers.
+// Recurrent path (docs/math/delta_rule.md §2) for the state columns [c0, c0 + 16·VB) of value head j:
+// one sweep over those columns per token applies the pending write of token t−1, the decay, and sums
+// S̃ᵀk and S̃ᵀq, with the VB column vectors in registers. No column's arithmetic involves another
+// column, so a head's columns can be swept as separate blocks, in any order, with equal results.
 template <int VB>
-void recurrent_head(const DeltaRuleArgs& a, int64_t j, float* e) {
+void recurrent_block(const DeltaRuleArgs& a, int64_t j, int64_t c0, float* e) {
   const int64_t K = a.K, V = a.V, h = qk_head(a, j);
   const bool pc = a.gate == Gate::PerChannel;
-  float* S = a.state + j * K * V;
-  const float* kp = nullptr;  // previous token's k (the pending write is kp upᵀ)
+  float* S = a.state + j * K * V + c0;  // row d of the block starts at S + d·V
+  const float* kp = nullptr;            // previous token's k (the pending write is kp upᵀ)
   __m512 up[VB];
   for (int b = 0; b < VB; ++b) up[b] = _mm512_setzero_ps();
   for (int64_t t = 0; t < a.T; ++t) {
-    const float *q = a.q + (t * a.H + h) * K, *k = a.k + (t * a.H + h) * K, *v = a.v + (t * a.HV + j) * V;
+    const float *q = a.q + (t * a.H + h) * K, *k = a.k + (t * a.H + h) * K, *v = a.v + (t * a.HV + j) * V + c0;
     if (t + 4 < a.T) {
       const int64_t tn = t + 4;
       for (int64_t b = 0; b < K; b += 16) {
@@ -338,8 +340,8 @@ void recurrent_head(const DeltaRuleArgs& a, int64_t j, float* e) {
         _mm_prefetch(reinterpret_cast<const char*>(a.k + (tn * a.H + h) * K + b), _MM_HINT_T0);
         if (pc) _mm_prefetch(reinterpret_cast<const char*>(a.log_decay + (tn * a.HV + j) * K + b), _MM_HINT_T0);
       }
-      for (int64_t b = 0; b < V; b += 16)
-        _mm_prefetch(reinterpret_cast<const char*>(a.v + (tn * a.HV + j) * V + b), _MM_HINT_T0);
+      for (int b = 0; b < VB; ++b)
+        _mm_prefetch(reinterpret_cast<const char*>(a.v + (tn * a.HV + j) * V + c0 + 16 * b), _MM_HINT_T0);
     }
     float es = 1.0f;
     if (pc) {
@@ -365,7 +367,7 @@ void recurrent_head(const DeltaRuleArgs& a, int64_t j, float* e) {
     for (int64_t d = 0; d < K; d += 16) qkv = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), qkv);
     const __m512 qk = _mm512_set1_ps(_mm512_reduce_add_ps(qkv));
     const __m512 bv = _mm512_set1_ps(a.beta ? a.beta[t * a.HV + j] : 1.0f), sc = _mm512_set1_ps(a.scale);
-    float* o = a.out + (t * a.HV + j) * V;
+    float* o = a.out + (t * a.HV + j) * V + c0;
     for (int b = 0; b < VB; ++b) {
       const __m512 vv = _mm512_loadu_ps(v + 16 * b);
       up[b] = _mm512_mul_ps(bv, a.delta ? _mm512_sub_ps(vv, ks[b]) : vv);
@@ -381,20 +383,39 @@ void recurrent_head(const DeltaRuleArgs& a, int64_t j, float* e) {
   }
 }
 
+// A head's V / 16 column vectors in blocks of at most four (the registers one sweep keeps) and at most
+// 32 KiB of state (K·16·VB floats, so a block stays in L1 from token to token), split as evenly as
+// they go: `count` blocks, the first `extra` of base + 1 vectors, the rest of `base`.
+struct ColumnBlocks {
+  int64_t count, base, extra;
+};
+
+ColumnBlocks column_blocks(const DeltaRuleArgs& a) {
+  const int64_t vectors = a.V / 16;
+  const int64_t widest = std::clamp<int64_t>(32768 / (a.K * 64), 1, 4);
+  const int64_t count = (vectors + widest - 1) / widest;
+  return {count, vectors / count, vectors % count};
+}
+
 }  // namespace
 
 bool delta_rule_recurrent_avx512_supports(const DeltaRuleArgs& a) {
-  return a.K % 16 == 0 && a.V % 16 == 0 && a.V <= 64 && !a.normalize;
+  return a.K % 16 == 0 && a.V % 16 == 0 && !a.normalize;
 }
 
-void delta_rule_recurrent_heads_avx512(const DeltaRuleArgs& a, int64_t j0, int64_t j1) {
+int64_t delta_rule_recurrent_avx512_items(const DeltaRuleArgs& a) { return a.HV * column_blocks(a).count; }
+
+void delta_rule_recurrent_items_avx512(const DeltaRuleArgs& a, int64_t i0, int64_t i1) {
+  const ColumnBlocks cb = column_blocks(a);
   std::vector<float> e(a.K);
-  for (int64_t j = j0; j < j1; ++j) {
-    switch (a.V / 16) {
-      case 1: recurrent_head<1>(a, j, e.data()); break;
-      case 2: recurrent_head<2>(a, j, e.data()); break;
-      case 3: recurrent_head<3>(a, j, e.data()); break;
-      default: recurrent_head<4>(a, j, e.data()); break;
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t j = i / cb.count, blk = i % cb.count;
+    const int64_t c0 = 16 * (blk * cb.base + std::min(blk, cb.extra));
+    switch (cb.base + (blk < cb.extra ? 1 : 0)) {
+      case 1: recurrent_block<1>(a, j, c0, e.data()); break;
+      case 2: recurrent_block<2>(a, j, c0, e.data()); break;
+      case 3: recurrent_block<3>(a, j, c0, e.data()); break;
+      default: recurrent_block<4>(a, j, c0, e.data()); break;
     }
   }
 }

@@ -1,4 +1,5 @@
-// AVX-512 chunked delta rule (the WY / UT form of docs/math/delta_rule.md §3), one value head at a time.
+// AVX-512 delta rule: the chunked WY / UT form of docs/math/delta_rule.md §3, one value head at a time,
+// and the recurrent sweep of §2.
 #pragma once
 
 #include <cstdint>
@@ -15,9 +16,12 @@ bool delta_rule_chunked_avx512_supports(const DeltaRuleArgs& a);
 // of the others, so results do not depend on how heads are split across threads.
 void delta_rule_chunked_heads_avx512(const DeltaRuleArgs& a, int64_t j0, int64_t j1, int chunk);
 
-// delta_rule_recurrent for value heads [j0, j1) when K and V are multiples of 16, V ≤ 64 and there is
-// no normalizer: the same fused sweep, 16 lanes wide, state columns in registers.
+// delta_rule_recurrent when K and V are multiples of 16 and there is no normalizer: the same fused
+// sweep, 16 lanes wide, over work items that are blocks of a value head's state columns (up to 64
+// columns in registers, up to 32 KiB of state). Items [i0, i1) of delta_rule_recurrent_avx512_items;
+// no column's arithmetic depends on the blocks or their order, so results do not depend on the split.
 bool delta_rule_recurrent_avx512_supports(const DeltaRuleArgs& a);
-void delta_rule_recurrent_heads_avx512(const DeltaRuleArgs& a, int64_t j0, int64_t j1);
+int64_t delta_rule_recurrent_avx512_items(const DeltaRuleArgs& a);
+void delta_rule_recurrent_items_avx512(const DeltaRuleArgs& a, int64_t i0, int64_t i1);
 
 }  // namespace lineage::kernels
