@@ -1,6 +1,8 @@
 // AVX2 + FMA GEMV (8 lanes): f16 widened with vcvtph2ps (F16C), bf16 with a 16-bit shift.
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "lineage/kernels/x86/gemv.h"
 #include "lineage/kernels/x86/gemv_simd.h"
 
@@ -17,6 +19,21 @@ struct Avx2 {
     const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
   }
+  // The first n (0 < n ≤ 8) elements, the other lanes zero; nothing past them is read (AVX2 has no
+  // masked 16-bit load, so those go through a zeroed copy).
+  static __m256i first(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+  static Vec load_f32_n(const float* p, int n) { return _mm256_maskload_ps(p, first(n)); }
+  static Vec load_f16_n(const uint16_t* p, int n) {
+    alignas(16) uint16_t b[8] = {};
+    std::memcpy(b, p, size_t(n) * 2);
+    return load_f16(b);
+  }
+  static Vec load_bf16_n(const uint16_t* p, int n) {
+    alignas(16) uint16_t b[8] = {};
+    std::memcpy(b, p, size_t(n) * 2);
+    return load_bf16(b);
+  }
+  static void store_n(float* p, Vec v, int n) { _mm256_maskstore_ps(p, first(n), v); }
   static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
   static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
   static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }

@@ -21,6 +21,15 @@ struct Avx512 {
     const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
   }
+  // The first n (0 < n ≤ 16) elements, the other lanes zero; masked, so nothing past them is read.
+  static __mmask16 first(int n) { return __mmask16((1u << n) - 1); }
+  static Vec load_f32_n(const float* p, int n) { return _mm512_maskz_loadu_ps(first(n), p); }
+  static Vec load_f16_n(const uint16_t* p, int n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first(n), p)); }
+  static Vec load_bf16_n(const uint16_t* p, int n) {
+    const __m512i u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(first(n), p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+  }
+  static void store_n(float* p, Vec v, int n) { _mm512_mask_storeu_ps(p, first(n), v); }
   static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
   static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
   static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }

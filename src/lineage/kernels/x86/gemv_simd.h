@@ -22,6 +22,14 @@ inline typename S::Vec load(const void* w, int64_t i) {
   else return S::load_bf16(static_cast<const uint16_t*>(w) + i);
 }
 
+// The first n elements at w + i (0 < n ≤ the vector width), the other lanes zero.
+template <class S, int DT>
+inline typename S::Vec load_n(const void* w, int64_t i, int n) {
+  if constexpr (DT == 0) return S::load_f32_n(static_cast<const float*>(w) + i, n);
+  else if constexpr (DT == 1) return S::load_f16_n(static_cast<const uint16_t*>(w) + i, n);
+  else return S::load_bf16_n(static_cast<const uint16_t*>(w) + i, n);
+}
+
 template <int DT>
 inline float load_scalar(const void* w, int64_t i) {
   if constexpr (DT == 0) {
@@ -37,8 +45,9 @@ inline float load_scalar(const void* w, int64_t i) {
 }
 
 // How many elements of a weight row starting at element `at` come before its first 64-byte boundary
-// (0 where elements are not aligned to their own size, or for the scalar build). The vector loops
-// start there, so no vector load of a streamed weight straddles two cache lines: checkpoint tensors
+// (0 where elements are not aligned to their own size, or for the scalar build). The [in, out] loops
+// and the f32 [out, in] loop start there, so their vector loads of a streamed weight straddle no
+// cache line (16-bit [out, in] rows start at their first element; see out_in): checkpoint tensors
 // lie wherever the safetensors header leaves them (GPT-2's: 48 bytes past a line), and f32 rows read
 // through straddling 512-bit loads streamed at 35 GB/s where aligned ones reached 55 (two threads,
 // c_fc's shape; 16-bit rows, read 256 bits at a time, were not slowed).
@@ -54,15 +63,22 @@ template <class S, int DT>
 void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, float* y) {
   // One row at a time, front to back: each thread reads its rows as a single sequential stream,
   // which the hardware prefetchers follow at full bandwidth (interleaving two or four rows halves
-  // the bandwidth on Zen 5). Four accumulators hide the FMA latency; fixed combine order. The
-  // row's elements before its first cache line boundary (to_line) are added one by one.
+  // the bandwidth on Zen 5). Four accumulators hide the FMA latency; fixed combine order. An f32
+  // row's elements before its first cache line boundary (to_line) and any row's elements after its
+  // last full vector are taken by masked steps (added one by one, they were a chain of dependent
+  // scalar adds per row). 16-bit rows are not peeled: their 256-bit loads straddle a line at most
+  // every other step, while peeling leaves every 512-bit load of x straddling one (1024-wide bf16
+  // rows 40 bytes past a line, as in a checkpoint: 32 GB/s peeled with scalar steps, 38 with masked
+  // steps, 52 unpeeled, the same rows on a line 49).
   constexpr int W = S::kWidth;
   for (int64_t o = o0; o < o1; ++o) {
-    const int64_t row = o * in, head = std::min(in, to_line<S, DT>(w, row));
+    const int64_t row = o * in, head = DT == 0 ? std::min(in, to_line<S, DT>(w, row)) : 0;
     const int64_t unroll_end = head + (in - head) / (4 * W) * (4 * W), vec_end = head + (in - head) / W * W;
     typename S::Vec a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
-    float h = 0.0f;
-    for (int64_t i = 0; i < head; ++i) h += x[i] * load_scalar<DT>(w, row + i);
+    for (int64_t i = 0; i < head; i += W) {
+      const int n = int(std::min<int64_t>(W, head - i));
+      a3 = S::fma(S::load_f32_n(x + i, n), load_n<S, DT>(w, row + i, n), a3);
+    }
     int64_t i = head;
     for (; i < unroll_end; i += 4 * W) {
       a0 = S::fma(S::load_f32(x + i), load<S, DT>(w, row + i), a0);
@@ -71,9 +87,8 @@ void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, f
       a3 = S::fma(S::load_f32(x + i + 3 * W), load<S, DT>(w, row + i + 3 * W), a3);
     }
     for (; i < vec_end; i += W) a0 = S::fma(S::load_f32(x + i), load<S, DT>(w, row + i), a0);
-    float r = S::sum(S::add(S::add(a0, a1), S::add(a2, a3))) + h;
-    for (; i < in; ++i) r += x[i] * load_scalar<DT>(w, row + i);
-    y[o] = r;
+    if (i < in) a1 = S::fma(S::load_f32_n(x + i, int(in - i)), load_n<S, DT>(w, row + i, int(in - i)), a1);
+    y[o] = S::sum(S::add(S::add(a0, a1), S::add(a2, a3)));
   }
 }
 
@@ -84,16 +99,20 @@ void in_out(const float* x, const void* w, int64_t out, int64_t i0, int64_t i1, 
   // 128-column blocks instead (eight accumulators in registers, the next rows prefetched) read 16-bit
   // weights at 38-44 GB/s where this reads 50-57 (a stand-alone two-thread test on c_fc's shape), and
   // GPT-2 decode from a mapped bf16 checkpoint ran ~40 % faster with this; two or four rows at a time
-  // (fewer passes over p) halve the bandwidth, as interleaved rows do in out_in. Each p[o] adds its rows in order: deterministic. Columns before the row's first cache
-  // line boundary (to_line) go one by one.
+  // (fewer passes over p) halve the bandwidth, as interleaved rows do in out_in. Each p[o] adds its
+  // rows in order: deterministic. Columns before the row's first cache line boundary (to_line) and
+  // after its last full vector are taken by masked steps.
   constexpr int W = S::kWidth;
   for (int64_t o = 0; o < out; ++o) p[o] = 0.0f;
   for (int64_t i = i0; i < i1; ++i) {
     const typename S::Vec xv = S::broadcast(x[i]);
     const int64_t row = i * out, head = std::min(out, to_line<S, DT>(w, row));
     const int64_t unroll_end = head + (out - head) / (4 * W) * (4 * W), vec_end = head + (out - head) / W * W;
-    int64_t o = 0;
-    for (; o < head; ++o) p[o] += x[i] * load_scalar<DT>(w, row + o);
+    for (int64_t o = 0; o < head; o += W) {
+      const int n = int(std::min<int64_t>(W, head - o));
+      S::store_n(p + o, S::fma(xv, load_n<S, DT>(w, row + o, n), S::load_f32_n(p + o, n)), n);
+    }
+    int64_t o = head;
     for (; o < unroll_end; o += 4 * W) {
       S::store(p + o, S::fma(xv, load<S, DT>(w, row + o), S::load_f32(p + o)));
       S::store(p + o + W, S::fma(xv, load<S, DT>(w, row + o + W), S::load_f32(p + o + W)));
@@ -101,7 +120,10 @@ void in_out(const float* x, const void* w, int64_t out, int64_t i0, int64_t i1, 
       S::store(p + o + 3 * W, S::fma(xv, load<S, DT>(w, row + o + 3 * W), S::load_f32(p + o + 3 * W)));
     }
     for (; o < vec_end; o += W) S::store(p + o, S::fma(xv, load<S, DT>(w, row + o), S::load_f32(p + o)));
-    for (; o < out; ++o) p[o] += x[i] * load_scalar<DT>(w, row + o);
+    if (o < out) {
+      const int n = int(out - o);
+      S::store_n(p + o, S::fma(xv, load_n<S, DT>(w, row + o, n), S::load_f32_n(p + o, n)), n);
+    }
   }
 }
 
