@@ -273,28 +273,31 @@ TEST(Linear, ActivationAfterEqualsActivate) {
 // offset gives the reference's result, both layouts, f32 and bf16, exact and bf16 dot products.
 TEST(Linear, WeightsOffTheCacheLineMatchRef) {
   Bf16GemmMode restore(Bf16WeightGemm::Exact);
-  constexpr int64_t in = 200, out = 100;  // rows of 800 / 400 bytes: each starts elsewhere in its line
-  for (DType dt : {DType::F32, DType::BF16})
-    for (Layout layout : {Layout::OutIn, Layout::InOut})
-      for (size_t offset : {4, 8, 48, 62}) {
-        if (offset % dtype_size(dt)) continue;
-        const Tensor w = random_tensor(layout == Layout::OutIn ? Shape{out, in} : Shape{in, out}, dt, offset + 40);
-        auto bytes = std::make_shared<std::vector<char>>(w.nbytes() + 128);
-        char* line = bytes->data() + (64 - reinterpret_cast<uintptr_t>(bytes->data()) % 64) % 64;
-        std::memcpy(line + offset, w.raw(), w.nbytes());
-        const Tensor shifted = Tensor::borrow(dt, w.shape(), line + offset, bytes);
-        ASSERT_NE(reinterpret_cast<uintptr_t>(shifted.raw()) % 64, 0u);
-        const Tensor x = random_tensor({in}, DType::F32, 41), xr = rounded_to_bf16(x);
-        for (bool rounds : {false, true}) {
-          if (rounds && (dt != DType::BF16 || !use_bf16_dot_products(true))) continue;
-          set_bf16_weight_gemm(rounds ? Bf16WeightGemm::RoundActivationsToBf16 : Bf16WeightGemm::Exact);
-          std::vector<float> got(out), want(out);
-          linear(x.data<float>(), 1, {&shifted, layout}, nullptr, got.data());
-          ref::linear((rounds ? xr : x).data<float>(), 1, {&w, layout}, nullptr, want.data());
-          ASSERT_LE(rel_rms(got, want), 1e-5) << worst(got, want) << "; " << dtype_name(dt) << " layout " << int(layout)
-                                              << " offset " << offset << (rounds ? " bf16 dot" : "");
+  // in = 200: rows of 800 / 400 bytes, each starting elsewhere in its line; in = 256: every row at the
+  // same place, where the f32 [out, in] GEMV moves x to put it on a line beside the peeled rows.
+  constexpr int64_t out = 100;
+  for (int64_t in : {int64_t(200), int64_t(256)})
+    for (DType dt : {DType::F32, DType::BF16})
+      for (Layout layout : {Layout::OutIn, Layout::InOut})
+        for (size_t offset : {4, 8, 48, 62}) {
+          if (offset % dtype_size(dt)) continue;
+          const Tensor w = random_tensor(layout == Layout::OutIn ? Shape{out, in} : Shape{in, out}, dt, offset + 40);
+          auto bytes = std::make_shared<std::vector<char>>(w.nbytes() + 128);
+          char* line = bytes->data() + (64 - reinterpret_cast<uintptr_t>(bytes->data()) % 64) % 64;
+          std::memcpy(line + offset, w.raw(), w.nbytes());
+          const Tensor shifted = Tensor::borrow(dt, w.shape(), line + offset, bytes);
+          ASSERT_NE(reinterpret_cast<uintptr_t>(shifted.raw()) % 64, 0u);
+          const Tensor x = random_tensor({in}, DType::F32, 41), xr = rounded_to_bf16(x);
+          for (bool rounds : {false, true}) {
+            if (rounds && (dt != DType::BF16 || !use_bf16_dot_products(true))) continue;
+            set_bf16_weight_gemm(rounds ? Bf16WeightGemm::RoundActivationsToBf16 : Bf16WeightGemm::Exact);
+            std::vector<float> got(out), want(out);
+            linear(x.data<float>(), 1, {&shifted, layout}, nullptr, got.data());
+            ref::linear((rounds ? xr : x).data<float>(), 1, {&w, layout}, nullptr, want.data());
+            ASSERT_LE(rel_rms(got, want), 1e-5) << worst(got, want) << "; " << dtype_name(dt) << " layout " << int(layout)
+                                                << " in " << in << " offset " << offset << (rounds ? " bf16 dot" : "");
+          }
         }
-      }
 }
 
 // A group of linear maps on one input gives what linear() gives for each (one shared parallel
