@@ -33,7 +33,6 @@ struct Avx2 {
     std::memcpy(b, p, size_t(n) * 2);
     return load_bf16(b);
   }
-  static void store_n(float* p, Vec v, int n) { _mm256_maskstore_ps(p, first(n), v); }
   static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
   static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
   static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }

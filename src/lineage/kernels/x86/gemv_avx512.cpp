@@ -29,7 +29,6 @@ struct Avx512 {
     const __m512i u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(first(n), p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
   }
-  static void store_n(float* p, Vec v, int n) { _mm512_mask_storeu_ps(p, first(n), v); }
   static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
   static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
   static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }

@@ -15,9 +15,6 @@ struct Scalar {
   static Vec load_f32_n(const float* p, int n) { return n ? *p : 0.0f; }
   static Vec load_f16_n(const uint16_t* p, int n) { return n ? load_f16(p) : 0.0f; }
   static Vec load_bf16_n(const uint16_t* p, int n) { return n ? load_bf16(p) : 0.0f; }
-  static void store_n(float* p, Vec v, int n) {
-    if (n) *p = v;
-  }
   static Vec add(Vec a, Vec b) { return a + b; }
   static Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
   static void store(float* p, Vec v) { *p = v; }
