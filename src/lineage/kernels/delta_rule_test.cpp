@@ -213,9 +213,10 @@ TEST(DeltaRule, FastMatchesRefTwins) {
   struct Shape {
     int64_t T, H, HV, K, V;
   };
-  // K = V = 128 is Kimi Linear's head; V = 144 and 80 split into uneven column blocks; K = 256 narrows them.
-  const Shape shapes[] = {{37, 1, 3, 5, 7},    {100, 2, 4, 16, 24}, {130, 4, 4, 64, 64}, {17, 3, 3, 1, 1},
-                          {70, 2, 2, 128, 128}, {21, 1, 2, 32, 144}, {9, 1, 1, 256, 80}};
+  // K = V = 128 is Kimi Linear's head; V = 144 and 80 split into uneven column blocks, which the
+  // recurrent kernel packs side by side for T > 1 and sweeps in place for one token.
+  const Shape shapes[] = {{37, 1, 3, 5, 7},     {100, 2, 4, 16, 24}, {130, 4, 4, 64, 64}, {17, 3, 3, 1, 1},
+                          {70, 2, 2, 128, 128}, {21, 1, 2, 32, 144}, {9, 1, 1, 256, 80},  {1, 1, 2, 128, 144}};
   const Family families[] = {{"kda_strong", Gate::PerChannel, Decay::Strong, true, false},
                              {"gdn_mild", Gate::PerHead, Decay::Mild, true, false},
                              {"deltanet", Gate::None, Decay::None, true, false},

@@ -17,8 +17,8 @@ bool delta_rule_chunked_avx512_supports(const DeltaRuleArgs& a);
 void delta_rule_chunked_heads_avx512(const DeltaRuleArgs& a, int64_t j0, int64_t j1, int chunk);
 
 // delta_rule_recurrent when K and V are multiples of 16 and there is no normalizer: the same fused
-// sweep, 16 lanes wide, over work items that are blocks of a value head's state columns (up to 64
-// columns in registers, up to 32 KiB of state). Items [i0, i1) of delta_rule_recurrent_avx512_items;
+// sweep, 16 lanes wide, over work items that are blocks of up to 64 of a value head's state columns
+// (kept in registers). Items [i0, i1) of delta_rule_recurrent_avx512_items;
 // no column's arithmetic depends on the blocks or their order, so results do not depend on the split.
 bool delta_rule_recurrent_avx512_supports(const DeltaRuleArgs& a);
 int64_t delta_rule_recurrent_avx512_items(const DeltaRuleArgs& a);
