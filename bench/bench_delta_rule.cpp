@@ -1,7 +1,8 @@
 // The delta-rule kernels at the presets' size (H = HV = 12, K = V = 64), delta rule on, for each gate:
 // one decode step (T = 1, the recurrent kernel; bound by reading and writing the state) and a 4096-token
 // sequence (recurrent and chunked; bound by the multiply-adds). The `/K128` rows repeat the per-channel
-// gate at Kimi Linear's head size (H = HV = 6, K = V = 128).
+// gate at Kimi Linear's head size (H = HV = 6, K = V = 128), the `/K256V512` rows the per-head gate at
+// the head size of flash-linear-attention's Gated DeltaNet (head_dim 256, expand_v 2; H = HV = 6).
 #include <cmath>
 #include <string>
 
@@ -17,7 +18,7 @@ constexpr int64_t kLayers = 12;
 struct Heads {
   int64_t H, K, V;
 };
-constexpr Heads kPreset{12, 64, 64}, kKimi{6, 128, 128};
+constexpr Heads kPreset{12, 64, 64}, kKimi{6, 128, 128}, kGatedDeltaNet{6, 256, 512};
 
 struct Inputs {
   std::vector<float> q, k, v, beta, log_decay, out;
@@ -107,6 +108,7 @@ const bool registered = [] {
   for (kernels::Gate g : {kernels::Gate::None, kernels::Gate::PerHead, kernels::Gate::PerChannel})
     register_gate(g, kPreset, "");
   register_gate(kernels::Gate::PerChannel, kKimi, "/K128");
+  register_gate(kernels::Gate::PerHead, kGatedDeltaNet, "/K256V512");
   return true;
 }();
 
