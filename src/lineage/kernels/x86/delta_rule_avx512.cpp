@@ -419,10 +419,11 @@ int64_t delta_rule_recurrent_avx512_items(const DeltaRuleArgs& a) { return a.HV 
 void delta_rule_recurrent_items_avx512(const DeltaRuleArgs& a, int64_t i0, int64_t i1) {
   const ColumnBlocks cb = column_blocks(a);
   std::vector<float> e(a.K);
-  // One block's rows side by side (recurrent_block), on a cache line; only when rows get packed.
-  std::vector<float> packed_store(a.T > 1 && cb.count > 1 ? size_t(a.K * 16 * (cb.base + 1) + 16) : 0);
-  float* packed = packed_store.data();
-  if (packed) packed += (16 - reinterpret_cast<uintptr_t>(packed) / sizeof(float) % 16) % 16;
+  // One block's rows side by side (recurrent_block), kept per thread; only when rows get packed.
+  thread_local std::vector<char> packed_mem;
+  float* packed = nullptr;
+  if (a.T > 1 && cb.count > 1)
+    packed = static_cast<float*>(aligned_scratch(packed_mem, size_t(a.K * 16 * (cb.base + 1)) * sizeof(float)));
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t j = i / cb.count, blk = i % cb.count;
     const int64_t c0 = 16 * (blk * cb.base + std::min(blk, cb.extra));
