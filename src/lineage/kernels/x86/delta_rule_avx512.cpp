@@ -323,17 +323,17 @@ void prefetch_chunk(const DeltaRuleArgs& a, int64_t j, int64_t t0, int64_t n) {
 // one sweep over those columns per token applies the pending write of token t−1, the decay, and sums
 // S̃ᵀk and S̃ᵀq, with the VB column vectors in registers. No column's arithmetic involves another
 // column, so a head's columns can be swept as separate blocks, in any order, with equal results.
-// When the block is narrower than the head and there is more than one token, its rows are first
-// copied next to each other into `packed` (K·16·VB floats) and back at the end: left in place, rows
-// V floats apart fall into a few L1 sets (at V = 512, 2 KiB apart: two of 64), so the block misses
-// L1 at every token (K = 256, V = 512: 4096 tokens in 414 ms unpacked, 134 packed; the chunked
-// kernel takes 81-96 ms there).
+// Given `packed` (K·16·VB floats; the caller passes it when the block is narrower than the head and
+// there is more than one token), the block's rows are first copied next to each other there and back
+// at the end: left in place, rows V floats apart fall into a few L1 sets (at V = 512, 2 KiB apart:
+// two of 64), so the block misses L1 at every token (K = 256, V = 512: 4096 tokens in 414 ms
+// unpacked, 134 packed; the chunked kernel takes 81-96 ms there).
 template <int VB>
 void recurrent_block(const DeltaRuleArgs& a, int64_t j, int64_t c0, float* e, float* packed) {
   const int64_t K = a.K, V = a.V, h = qk_head(a, j);
   const bool pc = a.gate == Gate::PerChannel;
   float* const home = a.state + j * K * V + c0;  // row d of the block starts at home + d·V
-  const bool pack = a.T > 1 && V != 16 * VB;
+  const bool pack = packed != nullptr;
   const int64_t ld = pack ? 16 * VB : V;
   float* S = pack ? packed : home;
   if (pack)
