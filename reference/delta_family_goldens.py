@@ -75,10 +75,13 @@ CASES = [
     _case("kda", "f32_gva", 2302, vocab_size=270, hidden_size=64, num_heads=2, num_v_heads=4, head_dim=16,
           expand_v=1.5, intermediate_size=128),
     _case("kda", "bf16", 2303, "BF16", hidden_size=64, num_heads=2, head_dim=32, tie_word_embeddings=True),
-    # Released heads' sizes (Kimi Linear: K = V = 128; fla's GatedDeltaNet: V = 2K), where the AVX-512
-    # recurrent sweep splits a head's state columns into blocks.
+    # Released heads' sizes (Kimi Linear: K = V = 128; fla's GatedDeltaNet: K = 256, V = 2K), where the
+    # AVX-512 recurrent sweep splits a head's state columns into blocks, and K = 256 takes the chunked
+    # kernel from 4 tokens on.
     _case("kda", "f32_head128", 2304, hidden_size=64, num_heads=2, head_dim=128, intermediate_size=128),
     _case("gated_deltanet", "f32_v128", 2203, hidden_size=64, num_heads=2, head_dim=64, expand_v=2.0,
+          use_gate=True, intermediate_size=128),
+    _case("gated_deltanet", "f32_head256", 2204, hidden_size=64, num_heads=1, head_dim=256, expand_v=2.0,
           use_gate=True, intermediate_size=128),
 ]
 

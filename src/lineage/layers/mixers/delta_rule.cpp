@@ -336,7 +336,7 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
   args.z = c.normalize ? s.z.data<float>() : nullptr;
   args.out = core;
   const DeltaRulePath path = g_path.load();
-  if (path == DeltaRulePath::Chunked || (path == DeltaRulePath::Auto && T >= kChunkThreshold))
+  if (path == DeltaRulePath::Chunked || (path == DeltaRulePath::Auto && T >= chunk_threshold(K)))
     kernels::delta_rule_chunked(args, kChunkSize);
   else
     kernels::delta_rule_recurrent(args);
