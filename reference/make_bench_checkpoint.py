@@ -5,6 +5,7 @@ a file as a downloaded checkpoint's are, tensors wherever the safetensors header
 Run with the system interpreter (it has torch):
   /usr/bin/python3 reference/make_bench_checkpoint.py --out DIR --model gpt2-124m --dtype BF16
   /usr/bin/python3 reference/make_bench_checkpoint.py --out DIR --model kda-head128 --dtype BF16
+  /usr/bin/python3 reference/make_bench_checkpoint.py --out DIR --model gated-deltanet-head256
 
 The weights follow the golden cases' initialisation (gpt2_goldens / delta_family_goldens), so the
 models compute finite, non-degenerate activations; nothing is checked against the reference here."""
@@ -27,6 +28,10 @@ MODELS = {
     # Kimi Linear's KDA head (K = V = 128) in a model of GPT-2 medium's width: D = 1024, 8 heads, 12 layers.
     "kda-head128": lambda dtype: fla._case("kda", "bench", 7, dtype, hidden_size=1024, num_heads=8,
                                            head_dim=128, num_hidden_layers=12, vocab_size=32000),
+    # flash-linear-attention's Gated DeltaNet head (K = 256, V = 512) at the same width: 4 heads.
+    "gated-deltanet-head256": lambda dtype: fla._case("gated_deltanet", "bench", 7, dtype, hidden_size=1024,
+                                                      num_heads=4, head_dim=256, expand_v=2.0, use_gate=True,
+                                                      num_hidden_layers=12, vocab_size=32000),
 }
 
 
