@@ -1,16 +1,18 @@
 // The GEMV loops written once over a SIMD traits type; included by one .cpp per instruction set,
 // each compiled with its own target flags. Everything here has internal linkage (anonymous
-// namespace), so the linker can never hand an AVX-512 copy of a helper to the portable code.
+// namespace), so the linker can never hand an AVX-512 copy of a helper to the portable code (the
+// ctest isa_objects_export_no_wide_code checks that nothing it calls leaks such a copy either).
 // Every reduction has a fixed order (lane-wise partial sums combined in a fixed tree), so results
 // are deterministic for a given ISA.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "lineage/core/dtype.h"
+#include "lineage/core/scratch.h"
 #include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels::simd {
@@ -60,23 +62,6 @@ inline int64_t to_line(const void* w, int64_t at) {
   return addr % kElem ? 0 : int64_t((64 - addr % 64) % 64) / kElem;
 }
 
-// A thread's buffer of at least n floats on a cache line (kept between calls); null if memory ran out.
-inline float* thread_floats(int64_t n) {
-  struct Buffer {
-    float* p = nullptr;
-    int64_t n = 0;
-    ~Buffer() { std::free(p); }
-  };
-  thread_local Buffer b;
-  if (b.n < n) {
-    std::free(b.p);
-    b.n = (n + 15) / 16 * 16;
-    b.p = static_cast<float*>(std::aligned_alloc(64, size_t(b.n) * sizeof(float)));
-    if (!b.p) b.n = 0;
-  }
-  return b.p;
-}
-
 template <class S, int DT>
 void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, float* y) {
   // One row at a time, front to back: each thread reads its rows as a single sequential stream,
@@ -96,9 +81,10 @@ void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, f
   if constexpr (W > 1 && kPeel) {
     if (o1 > o0 && in % 16 == 0) {
       const int64_t head = std::min(in, to_line<S, DT>(w, o0 * in));
-      float* buffer = reinterpret_cast<uintptr_t>(x + head) % 64 ? thread_floats(in + 16) : nullptr;
-      if (buffer) {
-        float* moved = buffer + (16 - head % 16) % 16;
+      if (reinterpret_cast<uintptr_t>(x + head) % 64) {
+        thread_local std::vector<char> buffer;
+        float* moved = static_cast<float*>(aligned_scratch(buffer, size_t(in + 16) * sizeof(float)));
+        moved += (16 - head % 16) % 16;
         std::memcpy(moved, x, size_t(in) * sizeof(float));
         x = moved;
       }
