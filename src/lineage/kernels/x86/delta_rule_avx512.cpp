@@ -418,20 +418,21 @@ int64_t delta_rule_recurrent_avx512_items(const DeltaRuleArgs& a) { return a.HV 
 
 void delta_rule_recurrent_items_avx512(const DeltaRuleArgs& a, int64_t i0, int64_t i1) {
   const ColumnBlocks cb = column_blocks(a);
-  std::vector<float> e(a.K);
-  // One block's rows side by side (recurrent_block), kept per thread; only when rows get packed.
-  thread_local std::vector<char> packed_mem;
-  float* packed = nullptr;
-  if (a.T > 1 && cb.count > 1)
-    packed = static_cast<float*>(aligned_scratch(packed_mem, size_t(a.K * 16 * (cb.base + 1)) * sizeof(float)));
+  // Per thread, kept from call to call: a token's decay factors (K floats), then, when rows get
+  // packed, one block's rows side by side (recurrent_block).
+  thread_local std::vector<char> mem;
+  const int64_t e_floats = (a.K + 15) / 16 * 16;
+  const int64_t packed_floats = a.T > 1 && cb.count > 1 ? a.K * 16 * (cb.base + 1) : 0;
+  float* const e = static_cast<float*>(aligned_scratch(mem, size_t(e_floats + packed_floats) * sizeof(float)));
+  float* const packed = packed_floats ? e + e_floats : nullptr;
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t j = i / cb.count, blk = i % cb.count;
     const int64_t c0 = 16 * (blk * cb.base + std::min(blk, cb.extra));
     switch (cb.base + (blk < cb.extra ? 1 : 0)) {
-      case 1: recurrent_block<1>(a, j, c0, e.data(), packed); break;
-      case 2: recurrent_block<2>(a, j, c0, e.data(), packed); break;
-      case 3: recurrent_block<3>(a, j, c0, e.data(), packed); break;
-      default: recurrent_block<4>(a, j, c0, e.data(), packed); break;
+      case 1: recurrent_block<1>(a, j, c0, e, packed); break;
+      case 2: recurrent_block<2>(a, j, c0, e, packed); break;
+      case 3: recurrent_block<3>(a, j, c0, e, packed); break;
+      default: recurrent_block<4>(a, j, c0, e, packed); break;
     }
   }
 }
