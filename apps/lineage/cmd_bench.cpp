@@ -89,9 +89,12 @@ void check_limits(const model::Model& m, const Opts& o) {
                                m.config.max_positions_field, ")");
   if (o.prompt > limit) throw Error(cat("--prompt ", o.prompt, " exceeds", hint));
   for (int64_t d : o.depths)
-    if (d + o.gen > limit)
+    if (d + o.gen > limit) {
+      std::string fix = o.gen < limit ? cat("depths up to ", limit - o.gen) : std::string();
+      if (d < limit) fix += cat(fix.empty() ? "" : " or ", "--gen up to ", limit - d);
       throw Error(cat("--depth ", d, " + --gen ", o.gen, " = ", d + o.gen, " tokens exceeds", hint,
-                      "\nHINT: use depths up to ", limit - o.gen, " or a smaller --gen"));
+                      "\nHINT: use ", fix.empty() ? cat("a depth and --gen adding up to at most ", limit) : fix));
+    }
 }
 
 // pp N: prefill of N random tokens from an empty state, one warm-up then R timed repetitions.
