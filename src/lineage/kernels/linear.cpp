@@ -45,7 +45,7 @@ void add_bias(const Tensor* bias, int64_t T, int64_t out, float* y) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Rows [o0, o1) of one GEMV's y, just computed: y += bias, then y ← act(y), on this thread.
+// Rows [o0, o1) of one GEMV's y, just computed: y += bias, then y ← act(y), then o.then, on this thread.
 void finish_rows(const LinearOut& o, int64_t o0, int64_t o1) {
   if (o.bias) {
     constexpr int64_t kBlock = 256;
@@ -57,6 +57,7 @@ void finish_rows(const LinearOut& o, int64_t o0, int64_t o1) {
     }
   }
   if (o.act) activate_serial(*o.act, o.y + o0, o1 - o0);
+  if (o.then) o.then(o0, o1);
 }
 
 // [out, in] weights: GEMV output rows are handed out in chunks of whole 128s (gemv_chunk), each a
@@ -355,7 +356,10 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
 }
 
 void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs) {
-  for (const LinearOut& o : outs) LINEAGE_CHECK(o.W.w && o.W.w->ndim() == 2, "linear needs a 2-D weight");
+  for (const LinearOut& o : outs) {
+    LINEAGE_CHECK(o.W.w && o.W.w->ndim() == 2, "linear needs a 2-D weight");
+    LINEAGE_CHECK(T == 1 || !o.then, "linear_group: `then` is for one token, got ", T);
+  }
   if (T != 1) {  // GEMMs are one region each anyway
     for (const LinearOut& o : outs) linear(x, T, o.W, o.bias, o.y, o.act);
     return;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 
@@ -48,12 +49,17 @@ struct LinearOut {
   const Tensor* bias = nullptr;
   float* y = nullptr;
   std::optional<Activation> act = std::nullopt;
+  // One token (T = 1) only: called as then(o0, o1) once outputs [o0, o1) of y are final (bias and
+  // act applied), on the thread that finished them, for work on those outputs alone (a short
+  // convolution's step): it joins the GEMV's parallel region and reads y where it was just written,
+  // instead of a serial pass pulling half of y from the other cores' caches afterwards.
+  std::function<void(int64_t o0, int64_t o1)> then = {};
 };
 
 // linear() for each of `outs` on the same x. For one token (T = 1, decode) their GEMVs share one
 // parallel region, the row chunks of all outputs split into one share per thread (a thread that
 // finishes early takes chunks from the back of the others' shares): fewer thread wake-ups per
-// layer than one linear() call each. Results equal linear()'s.
+// layer than one linear() call each. Results equal linear()'s. `then` needs T = 1.
 void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs);
 
 // Widens `n` consecutive elements of a float tensor starting at element `offset` into dst.

@@ -14,4 +14,13 @@ namespace lineage::kernels {
 void short_conv(const float* x, int64_t T, int64_t C, int64_t ldx, const Tensor& w, float* tail, bool silu,
                 float* y, int64_t ldy);
 
+// One token of short_conv for channels [c0, c1) only: y[c] = act(Σ_{j<W−1} w[c, j] · tail[j][c] +
+// w[c, W−1] · x[c]), then those channels of tail shift up one row and its last row takes x[c]. Rows
+// of tail are ld_tail floats apart, so the channels of several convolutions may share one tail. Each
+// channel gets the same arithmetic as in short_conv, so splitting [0, C) into any ranges (the row
+// chunks of a parallel GEMV, each convolved on the thread that computed it) gives short_conv's result
+// bit for bit.
+void short_conv_step(const float* x, int64_t c0, int64_t c1, const Tensor& w, float* tail, int64_t ld_tail, bool silu,
+                     float* y);
+
 }  // namespace lineage::kernels

@@ -206,11 +206,26 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
   float* gate = swish_gate || low_rank_gate ? scratch.get(kGate, size_t(T) * HV * V) : nullptr;
   float* low_gate = low_rank_gate ? scratch.get(kLowGate, size_t(T) * V) : nullptr;
 
-  // 1. The projections. One token: every projection of x in one parallel region.
+  float* qkv = scratch.get(kLowRank, size_t(T) * C);  // q | k | v after the short conv
+
+  // 1. The projections. One token: every projection of x in one parallel region, each chunk of
+  // q, k and v rows convolved (one short-conv step) by the thread that computed it.
+  const bool step_conv = T == 1 && c.conv_size > 0;
   if (T == 1) {
     kernels::LinearOut outs[6] = {{lin(w.q_proj), nullptr, raw},
                                   {lin(w.k_proj), nullptr, raw + Cq},
                                   {lin(w.v_proj), nullptr, raw + Cq + Ck}};
+    if (step_conv) {
+      float* tail = s.conv_tail.data<float>();
+      const auto conv = [&](const Tensor& cw, int64_t off, bool silu) {
+        return [=, &cw](int64_t o0, int64_t o1) {
+          kernels::short_conv_step(raw + off, o0, o1, cw, tail + off, C, silu, qkv + off);
+        };
+      };
+      outs[0].then = conv(w.q_conv, 0, c.qk_conv_silu);
+      outs[1].then = conv(w.k_conv, Cq, c.qk_conv_silu);
+      outs[2].then = conv(w.v_conv, Cq + Ck, true);
+    }
     size_t n = 3;
     if (has_beta) outs[n++] = {lin(w.b_proj), nullptr, beta};
     if (per_channel) outs[n++] = {lin(w.f_a), nullptr, low_decay};
@@ -230,8 +245,7 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
   float* q = scratch.get(kQ, size_t(T) * H * K);
   float* kk = scratch.get(kK, size_t(T) * H * K);
   float* v = scratch.get(kV, size_t(T) * HV * V);
-  float* qkv = scratch.get(kLowRank, size_t(T) * C);
-  if (c.conv_size > 0) {
+  if (c.conv_size > 0 && !step_conv) {
     // One tail for all channels; q/k and v differ only in whether SiLU follows.
     float* tail = s.conv_tail.data<float>();
     const int64_t P = c.conv_size - 1;
@@ -250,7 +264,7 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
       std::memcpy(tail + r * C + Cq, tk.data() + r * Ck, Ck * 4);
       std::memcpy(tail + r * C + Cq + Ck, tv.data() + r * Cv, Cv * 4);
     }
-  } else {
+  } else if (c.conv_size == 0) {
     std::memcpy(qkv, raw, size_t(T) * C * 4);
     if (c.delta) {  // fla applies the activation directly when there is no short conv
       for (int64_t t = 0; t < T; ++t) {
