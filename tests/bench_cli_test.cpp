@@ -85,18 +85,27 @@ TEST(BenchCli, DeltaNetStateCostIsTheSameAtEveryDepth) {
   EXPECT_GT(j[1]["state_bytes_per_token"].get<double>(), 0.0);
 }
 
-// A checkpoint's weights stay mapped from its files, and the rows say so (the header too); with
-// --no-mmap they are the engine's own.
+// A checkpoint's weights stay mapped from its files, and the rows say so (the header too, with the
+// share on 2 MiB pages); with --no-mmap they are the engine's own.
 TEST(BenchCli, CheckpointWeightsAreReportedMapped) {
   const std::string dir = test::shell_quote((test::testdata() / "kda" / "f32").string());
   const auto j = run_bench_json("--model " + dir + " --prompt 4 --gen 2 --repetitions 1 --threads 1");
   ASSERT_EQ(j.size(), 2u);
-  for (const auto& row : j) EXPECT_TRUE(row["weights_mapped"].get<bool>()) << row.dump();
+  for (const auto& row : j) {  // how much of the file the kernel maps with 2 MiB entries is its choice
+    EXPECT_TRUE(row["weights_mapped"].get<bool>()) << row.dump();
+    const double share = row["weights_huge_page_share"].get<double>();
+    EXPECT_GE(share, 0.0);
+    EXPECT_LE(share, 1.0);
+  }
   const auto text = run_lineage("bench --model " + dir + " --prompt 4 --gen 2 --repetitions 1 --threads 1");
   EXPECT_NE(text.out.find("mapped from files"), std::string::npos) << text.out;
   const auto owned = run_bench_json("--model " + dir + " --no-mmap --prompt 4 --gen 2 --repetitions 1 --threads 1");
   ASSERT_EQ(owned.size(), 2u);
-  for (const auto& row : owned) EXPECT_FALSE(row["weights_mapped"].get<bool>()) << row.dump();
+  for (const auto& row : owned) {
+    EXPECT_FALSE(row["weights_mapped"].get<bool>()) << row.dump();
+    EXPECT_TRUE(row["weights_huge_page_share"].is_null()) << row.dump();
+  }
+
 }
 
 TEST(BenchCli, BadValuesExitTwo) {

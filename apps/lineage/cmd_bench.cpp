@@ -183,15 +183,17 @@ std::string per_token_label(const Row& r) {
 struct Context {
   std::string model, dtype;
   int threads = 0;
-  bool mapped = false;  // weights mapped from checkpoint files (4 KiB pages), not owned
+  bool mapped = false;  // weights mapped from checkpoint files, not owned
+  std::string mapped_label;  // where mapped: how much of them sits on 2 MiB pages (after the tests)
+  double huge_share = 0;     // the same as a fraction of the resident mapped bytes
   Ceilings ceil;
 };
 
-// Whether any weight is mapped from a file rather than owned: mapped pages stay 4 KiB here, while
-// owned buffers (and the bandwidth probe) get huge pages, which decode notices.
+// Whether any weight is mapped from a file rather than owned, and how much of it the kernel maps with
+// 2 MiB entries (owned buffers and the bandwidth probe get huge pages; decode notices the difference).
 void print_header(const Context& c, const model::Model& m, const std::vector<Row>& rows) {
   std::printf("lineage bench: %s (%s), weights %s%s, threads %d%s\n", c.model.c_str(), m.config.model_type.c_str(),
-              c.dtype.c_str(), c.mapped ? " mapped from files (4 KiB pages; --no-mmap copies them to huge pages)" : "",
+              c.dtype.c_str(), c.mapped_label.c_str(),
               c.threads, bf16_dot_in_effect() ? ", bf16 dot products (--bf16-dot)" : "");
   std::printf("roofline: read bandwidth %.2f GB/s best (%s), peak %.1f GFLOP/s (%s)\n", c.ceil.bandwidth / 1e9,
               c.ceil.read_kernel.c_str(), c.ceil.peak / 1e9, c.ceil.peak_kernel.c_str());
@@ -231,6 +233,7 @@ nlohmann::json row_json(const Context& c, const Row& r, int repetitions) {
                       {"threads", c.threads},
                       {"bf16_dot", bf16_dot_in_effect()},
                       {"weights_mapped", c.mapped},
+                      {"weights_huge_page_share", c.mapped ? nlohmann::json(c.huge_share) : nlohmann::json()},
                       {"test", r.test},
                       {"depth", r.depth},
                       {"repetitions", repetitions},
@@ -309,6 +312,11 @@ void run(const Opts& o) {
     for (int64_t d : o.depths) done(bench_decode(s, o, d, probe));
   }
   c.ceil = measure_ceilings(dtype, c.threads, c.ceil);
+  if (c.mapped) {  // every weight has been read by now
+    const MappedPages p = mapped_pages(m);
+    c.mapped_label = mapped_label(p);
+    c.huge_share = p.resident ? double(p.huge) / double(p.resident) : 0.0;
+  }
   for (const Row& r : rows)
     for (double bw : r.bandwidth) c.ceil.bandwidth = std::max(c.ceil.bandwidth, bw);
   for (Row& r : rows) {
