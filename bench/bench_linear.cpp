@@ -3,8 +3,8 @@
 // both layouts, and BF16 in the --bf16-dot mode ("bf16dot": vdpbf16ps on activations rounded to bf16)
 // where the CPU has AVX512_BF16. Each call takes the next of several copies of the weight
 // (cold_weights). `gemv_mapped` rows read the copies mapped from a file, as a checkpoint's weights
-// are read by default (4 KiB page-cache pages on this kernel; the other rows' copies sit on huge
-// pages, as presets' and --no-mmap's weights do).
+// are read by default (page-cache pages in the folios the file system made as the file was written:
+// some 4 KiB; the other rows' copies sit on huge pages, as presets' and --no-mmap's weights do).
 #include <string>
 
 #include "bench_support.h"

@@ -30,8 +30,9 @@ std::vector<float> random_floats(int64_t n, uint64_t seed, float scale = 1.0f);
 const std::vector<Tensor>& cold_weights(int64_t rows, int64_t cols, DType dtype);
 inline constexpr size_t kColdBytes = size_t(512) << 20;
 // The same copies written to a temporary file and mapped read-only from it, as a checkpoint's
-// weights are by default (page-cache pages: 4 KiB on kernels without file huge pages, where the
-// copies above sit on huge pages). The file is unlinked at once; the mapping lives with the set.
+// weights are by default (page-cache pages in whatever folios the writes made, where the copies
+// above sit on huge pages; a checkpoint read in through the loader's advised mapping comes in
+// mostly as 2 MiB folios where the file system keeps large folios). The file is unlinked at once; the mapping lives with the set.
 const std::vector<Tensor>& mapped_cold_weights(int64_t rows, int64_t cols, DType dtype);
 // "f32", "f16", "bf16".
 const char* dtype_label(DType t);
