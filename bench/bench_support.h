@@ -32,7 +32,8 @@ inline constexpr size_t kColdBytes = size_t(512) << 20;
 // The same copies written to a temporary file and mapped read-only from it, as a checkpoint's
 // weights are by default (page-cache pages in whatever folios the writes made, where the copies
 // above sit on huge pages; a checkpoint read in through the loader's advised mapping comes in
-// mostly as 2 MiB folios where the file system keeps large folios). The file is unlinked at once; the mapping lives with the set.
+// mostly as 2 MiB folios where the file system keeps large folios). The file is unlinked at once;
+// the mapping lives with the set.
 const std::vector<Tensor>& mapped_cold_weights(int64_t rows, int64_t cols, DType dtype);
 // "f32", "f16", "bf16".
 const char* dtype_label(DType t);

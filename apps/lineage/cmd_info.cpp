@@ -31,7 +31,7 @@ void add_info(CLI::App& app) {
     const size_t state_total = sc.fixed + sc.per_token * size_t(context);
     // Where a checkpoint's weights live (a preset's are drawn into owned memory when it runs).
     const char* storage = !o.src.preset.empty() ? "owned (preset, drawn when it runs)"
-                          : weights_mapped(m)   ? "mapped from the files (2 MiB pages where the kernel keeps them so; --no-mmap copies them)"
+                          : weights_mapped(m)   ? "mapped from the files (huge pages advised; --no-mmap copies them)"
                                                 : "owned copy (2 MiB-aligned, huge pages advised; --no-mmap)";
     nlohmann::json layers = nlohmann::json::array();
     for (size_t i = 0; i < m.blocks.size(); ++i) {
