@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -320,6 +321,44 @@ TEST(Linear, GroupEqualsOneCallEach) {
       EXPECT_EQ(ya, wa) << "T " << T << " threads " << threads;
       EXPECT_EQ(yb, wb) << "T " << T << " threads " << threads;
       EXPECT_EQ(yc, wc) << "T " << T << " threads " << threads;
+    }
+  }
+  set_threads(0);
+}
+
+// A group member's `then` sees each of its outputs exactly once, already final (bias and act
+// applied), on whichever thread finished it; for both layouts (long enough to be split into many
+// chunks and pieces), one and two threads.
+TEST(Linear, GroupThenSeesEveryFinishedOutputOnce) {
+  const Tensor a = random_tensor({3000, 200}, DType::BF16, 41), b = random_tensor({900, 1300}, DType::F32, 42);
+  const Tensor bias = random_tensor({1300}, DType::F32, 43);
+  const Tensor x = random_tensor({1, 900}, DType::F32, 44), xa = random_tensor({1, 200}, DType::F32, 45);
+  for (int threads : {1, 2}) {
+    set_threads(threads);
+    for (int which : {0, 1}) {
+      const Tensor& w = which ? b : a;
+      const Layout layout = which ? Layout::InOut : Layout::OutIn;
+      const int64_t out = which ? 1300 : 3000;
+      const float* in = which ? x.data<float>() : xa.data<float>();
+      const auto n = static_cast<size_t>(out);
+      std::vector<float> y(n), want(n), seen(n, 0.0f);
+      std::vector<std::atomic<int>> calls(n);
+      LinearOut o{{&w, layout}, which ? &bias : nullptr, y.data(), Activation::Silu};
+      o.then = [&](int64_t o0, int64_t o1) {
+        for (int64_t i = o0; i < o1; ++i) {
+          calls[size_t(i)].fetch_add(1);
+          seen[size_t(i)] = y[size_t(i)];
+        }
+      };
+      linear_group(in, 1, {&o, 1});
+      linear(in, 1, {&w, layout}, which ? &bias : nullptr, want.data(), Activation::Silu);
+      for (int64_t i = 0; i < out; ++i) {
+        ASSERT_EQ(calls[size_t(i)].load(), 1) << "output " << i << " layout " << which << " threads " << threads;
+        ASSERT_EQ(seen[size_t(i)], want[size_t(i)]) << "output " << i << " layout " << which << " threads " << threads;
+      }
+      if (threads == 1) {
+        EXPECT_DEATH(linear_group(in, 2, {&o, 1}), "`then` is for one token");
+      }
     }
   }
   set_threads(0);
