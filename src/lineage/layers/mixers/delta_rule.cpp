@@ -230,7 +230,7 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
     if (has_beta) outs[n++] = {lin(w.b_proj), nullptr, beta};
     if (per_channel) outs[n++] = {lin(w.f_a), nullptr, low_decay};
     else if (decay) outs[n++] = {lin(w.a_proj), nullptr, decay};
-    if (swish_gate) outs[n++] = {lin(w.g_proj), nullptr, gate};
+    if (swish_gate) outs[n++] = {lin(w.g_proj), nullptr, gate, kernels::Activation::Silu};
     if (low_rank_gate) outs[n++] = {lin(w.g_a), nullptr, low_gate};
     kernels::linear_group(x, 1, {outs, n});
   } else {
@@ -313,12 +313,6 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
   }
   if (decay) {
     const int64_t width = decay_width;
-    if (per_channel) {
-      if (T > 1) kernels::linear(x, T, lin(w.f_a), nullptr, low_decay);
-      kernels::linear(low_decay, T, lin(w.f_b), nullptr, decay);
-    } else if (T > 1) {
-      kernels::linear(x, T, lin(w.a_proj), nullptr, decay);
-    }
     thread_local std::vector<float> A, dt;
     A.resize(HV), dt.resize(width);
     kernels::widen_row(w.A_log, 0, HV, A.data());
@@ -326,14 +320,27 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
     for (float& a : A) a = -std::exp(a);
     const float* Ap = A.data();  // thread_local: the workers must see the caller's copies
     const float* dtp = dt.data();
-    over_rows(T, 24 * width, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        float* a = decay + t * width;
-        for (int64_t i = 0; i < width; ++i) a[i] += dtp[i];
-        kernels::softplus(a, a, width);
-        for (int64_t i = 0; i < width; ++i) a[i] *= Ap[per_channel ? i / K : i];
+    // Entries [i0, i1) of one token's decay row: + dt_bias, softplus, × the head's A.
+    const auto finish = [=](float* a, int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) a[i] += dtp[i];
+      kernels::softplus(a + i0, a + i0, i1 - i0);
+      for (int64_t i = i0; i < i1; ++i) a[i] *= Ap[per_channel ? i / K : i];
+    };
+    if (per_channel && T == 1) {  // each chunk finished by the thread that computed it
+      kernels::LinearOut up{lin(w.f_b), nullptr, decay};
+      up.then = [&](int64_t o0, int64_t o1) { finish(decay, o0, o1); };
+      kernels::linear_group(low_decay, 1, {&up, 1});
+    } else {
+      if (per_channel) {
+        if (T > 1) kernels::linear(x, T, lin(w.f_a), nullptr, low_decay);
+        kernels::linear(low_decay, T, lin(w.f_b), nullptr, decay);
+      } else if (T > 1) {
+        kernels::linear(x, T, lin(w.a_proj), nullptr, decay);
       }
-    });
+      over_rows(T, 24 * width, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) finish(decay + t * width, 0, width);
+      });
+    }
     trace("attn.log_decay", decay, {T, width});
   }
 
@@ -361,15 +368,21 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
   thread_local std::vector<float> onw;
   onw.assign(V, 1.0f);
   if (c.out_norm_weight) kernels::widen_row(w.o_norm, 0, V, onw.data());
-  if (swish_gate) {
-    if (T > 1) kernels::linear(x, T, lin(w.g_proj), nullptr, gate);
-    kernels::activate(kernels::Activation::Silu, gate, T * HV * V);
+  if (swish_gate && T > 1) {  // one token: SiLU applied by the projections' GEMV
+    kernels::linear(x, T, lin(w.g_proj), nullptr, gate, kernels::Activation::Silu);
   } else if (low_rank_gate) {
-    if (T > 1) kernels::linear(x, T, lin(w.g_a), nullptr, low_gate);
-    kernels::linear(low_gate, T, lin(w.g_b), m.g_b_has_bias ? &w.g_b_bias : nullptr, gate);
-    over_rows(T, 16 * HV * V, [&](int64_t t0, int64_t t1) {
-      kernels::sigmoid(gate + t0 * HV * V, gate + t0 * HV * V, (t1 - t0) * HV * V);
-    });
+    const Tensor* g_bias = m.g_b_has_bias ? &w.g_b_bias : nullptr;
+    if (T == 1) {  // the sigmoid on each chunk, by the thread that computed it
+      kernels::LinearOut up{lin(w.g_b), g_bias, gate};
+      up.then = [&](int64_t o0, int64_t o1) { kernels::sigmoid(gate + o0, gate + o0, o1 - o0); };
+      kernels::linear_group(low_gate, 1, {&up, 1});
+    } else {
+      kernels::linear(x, T, lin(w.g_a), nullptr, low_gate);
+      kernels::linear(low_gate, T, lin(w.g_b), g_bias, gate);
+      over_rows(T, 16 * HV * V, [&](int64_t t0, int64_t t1) {
+        kernels::sigmoid(gate + t0 * HV * V, gate + t0 * HV * V, (t1 - t0) * HV * V);
+      });
+    }
   }
   const float* onw_p = onw.data();  // thread_local, as above
   over_rows(T * HV, 4 * V, [&](int64_t r0, int64_t r1) {
