@@ -215,17 +215,19 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
     kernels::LinearOut outs[6] = {{lin(w.q_proj), nullptr, raw},
                                   {lin(w.k_proj), nullptr, raw + Cq},
                                   {lin(w.v_proj), nullptr, raw + Cq + Ck}};
-    if (step_conv) {
-      float* tail = s.conv_tail.data<float>();
-      const auto conv = [&](const Tensor& cw, int64_t off, bool silu) {
-        return [=, &cw](int64_t o0, int64_t o1) {
-          kernels::short_conv_step(raw + off, o0, o1, cw, tail + off, C, silu, qkv + off);
-        };
-      };
-      outs[0].then = conv(w.q_conv, 0, c.qk_conv_silu);
-      outs[1].then = conv(w.k_conv, Cq, c.qk_conv_silu);
-      outs[2].then = conv(w.v_conv, Cq + Ck, true);
-    }
+    struct ConvStep {
+      const Tensor* w;
+      int64_t off;  // first channel in raw, the tail and qkv
+      bool silu;
+    };
+    const ConvStep steps[3] = {{&w.q_conv, 0, c.qk_conv_silu}, {&w.k_conv, Cq, c.qk_conv_silu}, {&w.v_conv, Cq + Ck, true}};
+    float* tail = step_conv ? s.conv_tail.data<float>() : nullptr;
+    const auto conv = [&](int i, int64_t o0, int64_t o1) {
+      const ConvStep& st = steps[i];
+      kernels::short_conv_step(raw + st.off, o0, o1, *st.w, tail + st.off, C, st.silu, qkv + st.off);
+    };
+    for (int i = 0; step_conv && i < 3; ++i)  // two words each: std::function keeps them without allocating
+      outs[i].then = [&conv, i](int64_t o0, int64_t o1) { conv(i, o0, o1); };
     size_t n = 3;
     if (has_beta) outs[n++] = {lin(w.b_proj), nullptr, beta};
     if (per_channel) outs[n++] = {lin(w.f_a), nullptr, low_decay};
