@@ -313,7 +313,7 @@ void run(const Opts& o) {
   }
   c.ceil = measure_ceilings(dtype, c.threads, c.ceil);
   if (c.mapped) {  // every weight has been read by now
-    const MappedPages p = mapped_pages(m);
+    const io::MappedPages p = mapped_pages(m);
     c.mapped_label = mapped_label(p);
     c.huge_share = p.resident ? double(p.huge) / double(p.resident) : 0.0;
   }

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "lineage/core/error.h"
@@ -77,31 +75,16 @@ bool weights_mapped(model::Model& m) {
   return mapped;
 }
 
-MappedPages mapped_pages(model::Model& m) {
+io::MappedPages mapped_pages(model::Model& m) {
   std::vector<uintptr_t> at;
   m.for_each_tensor([&](const std::string&, Tensor& t, const Shape&, layers::Init) {
     if (t.is_borrowed() && t.raw()) at.push_back(reinterpret_cast<uintptr_t>(t.raw()));
   });
   std::sort(at.begin(), at.end());
-  MappedPages pages;
-  std::ifstream smaps("/proc/self/smaps");
-  bool holds = false;  // whether the current mapping holds a weight
-  for (std::string line; std::getline(smaps, line);) {
-    unsigned long lo = 0, hi = 0;
-    size_t kb = 0;
-    char key[64];
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
-      const auto it = std::lower_bound(at.begin(), at.end(), uintptr_t(lo));
-      holds = it != at.end() && *it < hi;
-    } else if (holds && std::sscanf(line.c_str(), "%63[^:]: %zu kB", key, &kb) == 2) {
-      if (std::strcmp(key, "Rss") == 0) pages.resident += kb << 10;
-      if (std::strcmp(key, "FilePmdMapped") == 0) pages.huge += kb << 10;
-    }
-  }
-  return pages;
+  return io::mapped_pages(at);
 }
 
-std::string mapped_label(const MappedPages& p) {
+std::string mapped_label(const io::MappedPages& p) {
   if (!p.resident) return " mapped from files (--no-mmap copies them to huge pages)";
   return cat(" mapped from files (", int(std::lround(100.0 * double(p.huge) / double(p.resident))),
              " % of them on 2 MiB pages; --no-mmap copies them to huge pages)");

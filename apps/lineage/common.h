@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lineage/io/load_model.h"
+#include "lineage/io/mapped_pages.h"
 
 namespace lineage::app {
 
@@ -32,16 +33,10 @@ bool bf16_dot_in_effect();
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer);
 // Whether any weight is borrowed from a checkpoint file's mapping.
 bool weights_mapped(model::Model& m);
-// The checkpoint mappings that hold m's borrowed weights, as /proc/self/smaps counts them: bytes in
-// memory, and of those the bytes mapped by 2 MiB entries (file pages that came in as 2 MiB folios;
-// the rest sit in 4 KiB pages, a TLB miss and a restart of the hardware prefetchers each). Zeros
-// where nothing is mapped or smaps cannot be read.
-struct MappedPages {
-  size_t resident = 0, huge = 0;
-};
-MappedPages mapped_pages(model::Model& m);
+// io::mapped_pages of the mappings that hold m's borrowed weights.
+io::MappedPages mapped_pages(model::Model& m);
 // " mapped from files (N % of them on 2 MiB pages; --no-mmap copies them to huge pages)".
-std::string mapped_label(const MappedPages& p);
+std::string mapped_label(const io::MappedPages& p);
 
 // The whole string as a base-10 integer, or nothing (no partial parses, no exceptions).
 std::optional<long long> parse_integer(const std::string& s);
