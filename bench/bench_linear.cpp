@@ -1,7 +1,8 @@
 // kernels::linear on GPT-2 small's shapes: GEMV (T = 1, decode), bound by reading the weight once
 // from memory, and GEMM (T = 512, prefill), bound by the multiply-adds; F32 / F16 / BF16 weights,
-// both layouts, and BF16 in the --bf16-dot mode ("bf16dot": vdpbf16ps on activations rounded to bf16)
-// where the CPU has AVX512_BF16. Each call takes the next of several copies of the weight
+// both layouts; BF16 both exact ("bf16": widened to f32, the --bf16-exact path) and with bf16 dot
+// products ("bf16dot": vdpbf16ps on activations rounded to bf16, the default where the CPU has
+// AVX512_BF16). Each call takes the next of several copies of the weight
 // (cold_weights). `gemv_mapped` rows read the copies mapped from a file, as a checkpoint's weights
 // are read by default (page-cache pages in the folios the file system made as the file was written:
 // some 4 KiB; the other rows' copies sit on huge pages, as presets' and --no-mmap's weights do).
@@ -22,6 +23,7 @@ constexpr LinearShape kShapes[] = {{"c_attn", 768, 2304},    {"attn_c_proj", 768
 
 void bm_linear(benchmark::State& state, LinearShape s, DType dtype, kernels::Layout layout, int64_t T, bool dot,
                bool mapped) {
+  const bool before = kernels::bf16_dot_products();
   kernels::use_bf16_dot_products(dot);
   const bool out_in = layout == kernels::Layout::OutIn;
   const int64_t rows = out_in ? s.out : s.in, cols = out_in ? s.in : s.out;
@@ -40,12 +42,12 @@ void bm_linear(benchmark::State& state, LinearShape s, DType dtype, kernels::Lay
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   });
-  kernels::use_bf16_dot_products(false);
+  kernels::use_bf16_dot_products(before);
 }
 
 const bool registered = [] {
-  const bool dot_available = kernels::use_bf16_dot_products(true);
-  kernels::use_bf16_dot_products(false);
+  const bool before = kernels::bf16_dot_products(), dot_available = kernels::use_bf16_dot_products(true);
+  kernels::use_bf16_dot_products(before);
   struct Variant {
     int64_t T;
     bool mapped;

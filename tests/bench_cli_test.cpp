@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lineage/kernels/linear.h"
 #include "test_support.h"
 
 namespace lineage {
@@ -108,6 +109,22 @@ TEST(BenchCli, CheckpointWeightsAreReportedMapped) {
 
 }
 
+// BF16 weights take bf16 dot products by default where the CPU has AVX512_BF16, exact f32 products
+// with --bf16-exact (or on a CPU without), and the rows and the header say which.
+TEST(BenchCli, Bf16ProductsAreReported) {
+  const std::string dir = test::shell_quote((test::testdata() / "kda" / "bf16").string());
+  const std::string args = "--model " + dir + " --prompt 4 --gen 2 --repetitions 1 --threads 1";
+  const bool dot_here = kernels::bf16_dot_products();  // this process's default: whether the CPU can
+  for (const auto& row : run_bench_json(args)) EXPECT_EQ(row["bf16_dot"].get<bool>(), dot_here) << row.dump();
+  for (const auto& row : run_bench_json(args + " --bf16-exact")) EXPECT_FALSE(row["bf16_dot"].get<bool>()) << row.dump();
+  const auto exact = run_lineage("bench " + args + " --bf16-exact");
+  EXPECT_NE(exact.out.find("exact f32 products for the bf16 weights"), std::string::npos) << exact.out;
+  if (dot_here) {
+    const auto dot = run_lineage("bench " + args);
+    EXPECT_NE(dot.out.find("bf16 dot products (--bf16-exact"), std::string::npos) << dot.out;
+  }
+}
+
 TEST(BenchCli, BadValuesExitTwo) {
   const struct {
     std::string args, expect;
@@ -123,6 +140,7 @@ TEST(BenchCli, BadValuesExitTwo) {
       {"bench --preset gpt2-124m --depth 128 --gen 1500", "use --gen up to 896"},
       {"bench --preset gpt2-124m --depth 2000 --gen 1500", "at most 1024"},
       {"bench", "--model DIR or --preset NAME"},
+      {"bench --preset gpt2-124m --bf16-dot --bf16-exact", "excludes"},
   };
   for (const auto& c : cases) {
     const auto r = run_lineage(c.args);

@@ -186,6 +186,8 @@ struct Context {
   bool mapped = false;  // weights mapped from checkpoint files, not owned
   std::string mapped_label;  // where mapped: how much of them sits on 2 MiB pages (after the tests)
   double huge_share = 0;     // the same as a fraction of the resident mapped bytes
+  bool bf16_dot = false;     // BF16 weights multiplied with bf16 dot products
+  std::string products_label;  // bf16_products_label
   Ceilings ceil;
 };
 
@@ -193,8 +195,7 @@ struct Context {
 // 2 MiB entries (owned buffers and the bandwidth probe get huge pages; decode notices the difference).
 void print_header(const Context& c, const model::Model& m, const std::vector<Row>& rows) {
   std::printf("lineage bench: %s (%s), weights %s%s, threads %d%s\n", c.model.c_str(), m.config.model_type.c_str(),
-              c.dtype.c_str(), c.mapped_label.c_str(),
-              c.threads, bf16_dot_in_effect() ? ", bf16 dot products (--bf16-dot)" : "");
+              c.dtype.c_str(), c.mapped_label.c_str(), c.threads, c.products_label.c_str());
   std::printf("roofline: read bandwidth %.2f GB/s best (%s), peak %.1f GFLOP/s (%s)\n", c.ceil.bandwidth / 1e9,
               c.ceil.read_kernel.c_str(), c.ceil.peak / 1e9, c.ceil.peak_kernel.c_str());
   double lo = 0, hi = 0;
@@ -231,7 +232,7 @@ nlohmann::json row_json(const Context& c, const Row& r, int repetitions) {
   nlohmann::json j = {{"model", c.model},
                       {"weights_dtype", c.dtype},
                       {"threads", c.threads},
-                      {"bf16_dot", bf16_dot_in_effect()},
+                      {"bf16_dot", c.bf16_dot},
                       {"weights_mapped", c.mapped},
                       {"weights_huge_page_share", c.mapped ? nlohmann::json(c.huge_share) : nlohmann::json()},
                       {"test", r.test},
@@ -297,6 +298,8 @@ void run(const Opts& o) {
   c.mapped = weights_mapped(m);
   c.dtype = lower(dtype_name(dtype));
   c.threads = num_threads();
+  c.bf16_dot = bf16_dot_in_effect(m);
+  c.products_label = bf16_products_label(m);
   c.ceil = measure_ceilings(dtype, c.threads, {});
 
   runtime::Session s(m);
@@ -352,7 +355,7 @@ void add_bench(CLI::App& app) {
                                           "measured in the same run");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
-  add_bf16_dot_option(*cmd);
+  add_bf16_options(*cmd);
   cmd->add_option("--prompt", o.prompt, "pp test: tokens prefilled from an empty state (default 512)")
       ->check(tokens_at_least(1));
   cmd->add_option("--gen", o.gen, "tg test: tokens decoded after each depth (default 32)")

@@ -9,6 +9,7 @@
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/threads.h"
 #include "lineage/model/archs/presets.h"
+#include "lineage/model/model.h"
 
 namespace lineage::app {
 
@@ -39,25 +40,39 @@ void add_threads_option(CLI::App& cmd) {
   cmd.parse_complete_callback([] { kernels::set_threads(threads); });
 }
 
-namespace {
-bool g_bf16_dot = false;
-}
-
-void add_bf16_dot_option(CLI::App& cmd) {
-  // A flag callback, not the subcommand's parse callbacks: those belong to add_threads_option.
-  cmd.add_flag_callback(
+void add_bf16_options(CLI::App& cmd) {
+  // Flag callbacks, not the subcommand's parse callbacks: those belong to add_threads_option.
+  CLI::Option* dot = cmd.add_flag_callback(
       "--bf16-dot",
       [] {
-        g_bf16_dot = kernels::use_bf16_dot_products(true);
-        if (!g_bf16_dot)
+        if (!kernels::use_bf16_dot_products(true))
           std::fprintf(stderr, "lineage: --bf16-dot: this CPU (or LINEAGE_ISA) has no AVX512_BF16; using exact f32 "
                                "products\n");
       },
-      "BF16 weights: round activations to bf16 and multiply with vdpbf16ps (decode and prefill alike; "
-      "~1.7e-3 relative error per product; needs AVX512_BF16)");
+      "BF16 weights: round activations to bf16 and multiply with vdpbf16ps, in decode and prefill alike "
+      "(~1.7e-3 relative error per product, as llama.cpp does for bf16 weights); the default where the CPU "
+      "has AVX512_BF16");
+  CLI::Option* exact = cmd.add_flag_callback(
+      "--bf16-exact", [] { kernels::use_bf16_dot_products(false); },
+      "BF16 weights: widen to f32 and multiply with f32 FMAs (the stored weights' exact products; about "
+      "half the bf16 dot products' arithmetic rate)");
+  dot->excludes(exact);
 }
 
-bool bf16_dot_in_effect() { return g_bf16_dot; }
+namespace {
+bool has_bf16_weights(model::Model& m) {
+  const auto by_dtype = model::count_params(m).bytes_by_dtype;
+  return std::any_of(by_dtype.begin(), by_dtype.end(), [](const auto& d) { return d.first == DType::BF16 && d.second; });
+}
+}  // namespace
+
+bool bf16_dot_in_effect(model::Model& m) { return kernels::bf16_dot_products() && has_bf16_weights(m); }
+
+std::string bf16_products_label(model::Model& m) {
+  if (!has_bf16_weights(m)) return "";
+  return kernels::bf16_dot_products() ? ", bf16 dot products (--bf16-exact: exact f32 products)"
+                                      : ", exact f32 products for the bf16 weights";
+}
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
   if (src.dir.empty() && src.preset.empty()) throw Error("one of --model DIR or --preset NAME is required");

@@ -24,11 +24,15 @@ struct ModelSource {
 void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset);
 // Adds --threads N and applies it before the command runs.
 void add_threads_option(CLI::App& cmd);
-// Adds --bf16-dot (BF16 weights multiplied by bf16 dot products) and applies it before the command
-// runs; where the CPU cannot, says so on stderr and keeps the exact products.
-void add_bf16_dot_option(CLI::App& cmd);
-// Whether --bf16-dot is in effect for this run.
-bool bf16_dot_in_effect();
+// Adds --bf16-exact (BF16 weights widened to f32, exact products) and --bf16-dot (bf16 dot
+// products, the default where the CPU has AVX512_BF16; given explicitly on a CPU without, says so on
+// stderr and keeps the exact products). They exclude each other.
+void add_bf16_options(CLI::App& cmd);
+// " bf16 dot products (--bf16-exact: exact)" or " exact products (...)" for a model whose weights
+// include BF16 ones, else "": what the BF16 weights were multiplied with.
+std::string bf16_products_label(model::Model& m);
+// Whether m has BF16 weights and they are multiplied with bf16 dot products.
+bool bf16_dot_in_effect(model::Model& m);
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer);
 // Whether any weight is borrowed from a checkpoint file's mapping.

@@ -105,7 +105,7 @@ void gemv_unit(const GemvTable& k, const GemvBf16Dot* dot, const float* x, const
   }
 }
 
-std::atomic<Bf16WeightGemm> g_bf16_weight_gemm{Bf16WeightGemm::Exact};
+std::atomic<Bf16WeightGemm> g_bf16_weight_gemm{Bf16WeightGemm::RoundActivationsToBf16};  // exact where the CPU cannot
 
 // The GEMM this CPU and setting call for, or null for OpenBLAS.
 const GemmPath* own_gemm(DType weights) {
@@ -314,6 +314,10 @@ bool use_bf16_dot_products(bool on) {
   const bool can = gemm_table().bf16_dot != nullptr;
   set_bf16_weight_gemm(on && can ? Bf16WeightGemm::RoundActivationsToBf16 : Bf16WeightGemm::Exact);
   return on && can;
+}
+
+bool bf16_dot_products() {
+  return gemm_table().bf16_dot != nullptr && bf16_weight_gemm() == Bf16WeightGemm::RoundActivationsToBf16;
 }
 
 void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {

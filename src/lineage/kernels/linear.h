@@ -39,9 +39,15 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
 // BF16 weights only: multiply with bf16 dot products (vdpbf16ps) instead of widening W to f32. x is
 // rounded to bf16 once per product, in decode (T = 1) and prefill alike, so the two stay
 // interchangeable; the price is a relative error of ~1.7e-3 per product (llama.cpp rounds its
-// activations the same way for bf16 weights). Process-wide, off by default. Returns whether the
-// mode is on: false where the CPU lacks AVX512_BF16 (or LINEAGE_ISA forced a lower ISA).
+// activations the same way for bf16 weights, and PyTorch's bf16 matmul takes bf16 inputs). On by
+// default where the CPU has AVX512_BF16: about twice the exact path's arithmetic rate in prefill,
+// and decode streams its weights faster (one instruction per 32 weights instead of a widening and
+// two FMAs). use_bf16_dot_products(false) selects the exact path (W widened to f32, f32 products;
+// the CLI's --bf16-exact). Process-wide. Returns whether the mode is on: false where the CPU lacks
+// AVX512_BF16 (or LINEAGE_ISA forced a lower ISA).
 bool use_bf16_dot_products(bool on);
+// Whether BF16 weights are multiplied with bf16 dot products now (the mode is on and the CPU can).
+bool bf16_dot_products();
 
 // One of several linear maps of the same input: y = act(x·W (+ bias)).
 struct LinearOut {

@@ -37,7 +37,19 @@ Tensor random_tensor(Shape s, DType dt, uint64_t seed) {
   return dt == DType::F32 ? f : convert(f, dt);
 }
 
+// Sets the BF16 GEMM mode for one test and restores the one before (and the default thread count)
+// on the way out, failed assertions included.
+struct Bf16GemmMode {
+  explicit Bf16GemmMode(Bf16WeightGemm mode) : before(bf16_weight_gemm()) { set_bf16_weight_gemm(mode); }
+  ~Bf16GemmMode() {
+    set_bf16_weight_gemm(before);
+    set_threads(0);
+  }
+  Bf16WeightGemm before;
+};
+
 TEST(Linear, MatchesRefOverSizesDtypesLayoutsThreads) {
+  Bf16GemmMode exact(Bf16WeightGemm::Exact);  // the bf16 dot path: GemmPathsMatchRefOverAwkwardSizes
   const int64_t sizes[] = {0, 1, 3, 15, 16, 17, 63, 64, 65, 130};  // inputs (0: y is the bias)
   for (int threads : {1, 2}) {
     set_threads(threads);
@@ -98,6 +110,7 @@ TEST(Linear, EveryIsaTableMatchesScalar) {
 // [in, out] weights wider than a partial sum fits in L1: pieces of a few input rows, each partial
 // in L2, summed in order; the same result as the reference, at 1 and 2 threads alike.
 TEST(Linear, WideInOutGemvMatchesRef) {
+  Bf16GemmMode exact(Bf16WeightGemm::Exact);
   for (DType dt : {DType::F32, DType::BF16}) {
     constexpr int64_t in = 40, out = 9001;
     const Tensor w = random_tensor({in, out}, dt, 12), b = random_tensor({out}, dt, 13);
@@ -156,16 +169,6 @@ std::vector<std::array<int64_t, 3>> awkward_gemm_shapes() {
   for (auto s : {std::array<int64_t, 3>{65, 770, 770}, {513, 770, 65}, {513, 65, 770}}) shapes.push_back(s);
   return shapes;
 }
-
-// Sets the BF16 GEMM mode for one test and restores the defaults (and the thread count) on the way
-// out, failed assertions included.
-struct Bf16GemmMode {
-  explicit Bf16GemmMode(Bf16WeightGemm mode) { set_bf16_weight_gemm(mode); }
-  ~Bf16GemmMode() {
-    set_bf16_weight_gemm(Bf16WeightGemm::Exact);
-    set_threads(0);
-  }
-};
 
 Tensor rounded_to_bf16(const Tensor& x) {
   Tensor r = Tensor::empty(DType::F32, x.shape());

@@ -54,8 +54,8 @@ const GemmTable& gemm_table();
 //   RoundActivationsToBf16:     round x to bf16 and use vdpbf16ps, about twice the exact path's rate;
 //                               relative RMS error vs ref::linear ≈ 1.7e-3 for normal data (the rounding
 //                               of x alone; measured and bounded in linear_test).
-// Process-wide, default Exact (the CLI's --bf16-dot turns it on). Where gemm_table().bf16_dot is
-// null, RoundActivationsToBf16 runs the exact path.
+// Process-wide, default RoundActivationsToBf16 (the CLI's --bf16-exact turns it off). Where
+// gemm_table().bf16_dot is null, RoundActivationsToBf16 runs the exact path.
 enum class Bf16WeightGemm : uint8_t { Exact, RoundActivationsToBf16 };
 void set_bf16_weight_gemm(Bf16WeightGemm mode);
 Bf16WeightGemm bf16_weight_gemm();
