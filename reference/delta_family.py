@@ -2,7 +2,8 @@
 KimiDeltaAttention inside fla's *ForCausalLM), written from docs spec linear-attention-family.md.
 The golden reference for the C++ linear_attn / delta_net / gated_deltanet / kda paths: every token mixer
 runs the naive token-by-token recurrence of spec section 1.5 (never a chunked form), in the dtype of the
-weights it is given (float64 for goldens), and records every named intermediate."""
+weights it is given (float64 for goldens), and records every named intermediate. With bf16_inputs it also
+emulates the engine's bf16 dot products (the input of each Linear on a BF16 weight rounded to bf16)."""
 
 from dataclasses import dataclass, fields
 from typing import Optional
@@ -273,6 +274,30 @@ def canonical_weights(cfg: FlaConfig, tensors: dict, dtype: torch.dtype) -> dict
     return {name: t.to(dtype) for name, t in tensors.items()}
 
 
+def bf16_weight_names(tensors: dict) -> frozenset:
+    """Names of the checkpoint tensors stored in BF16: the bf16_inputs of fla_forward that emulate the
+    engine's bf16 dot products."""
+    return frozenset(name for name, t in tensors.items() if t.dtype == torch.bfloat16)
+
+
+def round_bf16(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to the nearest bf16 (ties to even), back in x's dtype."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+class Weights(dict):
+    """name -> tensor (from canonical_weights) as the forward reads them, and how it applies a Linear."""
+
+    def __init__(self, tensors: dict, bf16_inputs: frozenset = frozenset()):
+        super().__init__(tensors)
+        self.bf16_inputs = bf16_inputs
+
+    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """x [..., in] @ W^T, W = self[name] [out, in]. A weight named in bf16_inputs takes x rounded to
+        bf16 (the engine rounds the input of every linear on it, a low-rank pair's middle included)."""
+        return (round_bf16(x) if name in self.bf16_inputs else x) @ self[name].T
+
+
 # ---------------------------------------------------------------------------------------------------
 # Building blocks (spec section 1)
 
@@ -345,11 +370,11 @@ def initial_cache(cfg: FlaConfig, dtype: torch.dtype) -> list:
 # ---------------------------------------------------------------------------------------------------
 # Token mixers (spec sections 2-5)
 
-def _feature_map(cfg: FlaConfig, w: dict, name: str, x: torch.Tensor) -> torch.Tensor:
+def _feature_map(cfg: FlaConfig, w: Weights, name: str, x: torch.Tensor) -> torch.Tensor:
     """fla LinearAttention feature map on [T, H, K] (spec 2.2)."""
     if cfg.feature_map == "elementwise_product":
         l1, l2 = name + ".layer1.", name + ".layer2."
-        return (x @ w[l2 + "weight"].T + w[l2 + "bias"]) * (x @ w[l1 + "weight"].T + w[l1 + "bias"])
+        return (w.linear(x, l2 + "weight") + w[l2 + "bias"]) * (w.linear(x, l1 + "weight") + w[l1 + "bias"])
     if cfg.feature_map == "elu":
         return torch.nn.functional.elu(x) + 1.0
     if cfg.feature_map == "relu":
@@ -357,14 +382,14 @@ def _feature_map(cfg: FlaConfig, w: dict, name: str, x: torch.Tensor) -> torch.T
     return x
 
 
-def linear_attention(cfg: FlaConfig, w: dict, p: str, x: torch.Tensor, state: dict, rec) -> torch.Tensor:
+def linear_attention(cfg: FlaConfig, w: Weights, p: str, x: torch.Tensor, state: dict, rec) -> torch.Tensor:
     """fla LinearAttention, x [T, D] (after attn_norm) -> [T, D]. Heads of k_proj/v_proj are repeated
     consecutively to the H query heads; scale K^-0.5; optional normaliser o / (scale q.z_t + 1e-10)."""
     T, H, K, V = x.shape[0], cfg.num_heads, cfg.head_k_dim, cfg.head_v_dim
     G = H // cfg.kv_proj_heads
-    q = (x @ w[p + "q_proj.weight"].T).reshape(T, H, K)
-    k = (x @ w[p + "k_proj.weight"].T).reshape(T, H // G, K).repeat_interleave(G, dim=1)
-    v = (x @ w[p + "v_proj.weight"].T).reshape(T, H // G, V).repeat_interleave(G, dim=1)
+    q = w.linear(x, p + "q_proj.weight").reshape(T, H, K)
+    k = w.linear(x, p + "k_proj.weight").reshape(T, H // G, K).repeat_interleave(G, dim=1)
+    v = w.linear(x, p + "v_proj.weight").reshape(T, H // G, V).repeat_interleave(G, dim=1)
     q = _feature_map(cfg, w, p + "feature_map_q", q)
     k = _feature_map(cfg, w, p + "feature_map_k", k)
     rec("attn.q", q.reshape(T, H * K))
@@ -383,16 +408,16 @@ def linear_attention(cfg: FlaConfig, w: dict, p: str, x: torch.Tensor, state: di
     rec("attn.core", o.reshape(T, H * V))
     rec("attn.state", state["S"])
     o = rms_norm(o, w.get(p + "norm.weight"), cfg.norm_eps)
-    return o.reshape(T, H * V) @ w[p + "o_proj.weight"].T
+    return w.linear(o.reshape(T, H * V), p + "o_proj.weight")
 
 
-def _qkv_delta(cfg: FlaConfig, w: dict, p: str, x: torch.Tensor, state: dict):
+def _qkv_delta(cfg: FlaConfig, w: Weights, p: str, x: torch.Tensor, state: dict):
     """q, k [T, H*K], v [T, HV*V] of the delta mixers: projection, short conv (SiLU on q/k only when the
     q/k activation is silu; always on v), or plain SiLU without short convs."""
     qk_silu = cfg.model_type != "delta_net" or cfg.qk_activation == "silu"
     out = {}
     for c in ("q", "k", "v"):
-        raw = x @ w[f"{p}{c}_proj.weight"].T
+        raw = w.linear(x, f"{p}{c}_proj.weight")
         activate = qk_silu or c == "v"
         if cfg.conv_channels:
             out[c], state["conv"][c] = short_conv(raw, w[f"{p}{c}_conv1d.weight"], state["conv"][c], activate)
@@ -401,32 +426,32 @@ def _qkv_delta(cfg: FlaConfig, w: dict, p: str, x: torch.Tensor, state: dict):
     return out["q"], out["k"], out["v"]
 
 
-def _log_decay(cfg: FlaConfig, w: dict, p: str, x: torch.Tensor):
+def _log_decay(cfg: FlaConfig, w: Weights, p: str, x: torch.Tensor):
     """a_t <= 0: None (DeltaNet); GDN [T, HV] = -exp(A_log) softplus(a_proj(x) + dt_bias);
     KDA [T, HV, K] = -exp(A_log[h]) softplus(f_proj(x)[h, d] + dt_bias[h*K + d])."""
     HV, K = cfg.v_heads, cfg.head_k_dim
     if cfg.decay_kind == "head":
-        return -torch.exp(w[p + "A_log"]) * softplus(x @ w[p + "a_proj.weight"].T + w[p + "dt_bias"])
+        return -torch.exp(w[p + "A_log"]) * softplus(w.linear(x, p + "a_proj.weight") + w[p + "dt_bias"])
     if cfg.decay_kind == "channel":
-        f = (x @ w[p + "f_proj.0.weight"].T @ w[p + "f_proj.1.weight"].T).reshape(-1, HV, K)
+        f = w.linear(w.linear(x, p + "f_proj.0.weight"), p + "f_proj.1.weight").reshape(-1, HV, K)
         return -torch.exp(w[p + "A_log"])[:, None] * softplus(f + w[p + "dt_bias"].reshape(HV, K))
     return None
 
 
-def _output_norm(cfg: FlaConfig, w: dict, p: str, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+def _output_norm(cfg: FlaConfig, w: Weights, p: str, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     """o [T, HV, V] -> per-head RMSNorm(o) * o_norm.weight, times the output gate: swish(g_proj(x)) for
     DeltaNet/GDN with use_gate, sigmoid(g_proj.1(g_proj.0(x)) + bias) for KDA, none otherwise."""
     T, HV, V = o.shape
     y = rms_norm(o, w[p + "o_norm.weight"], cfg.norm_eps)
     if cfg.model_type == "kda":
-        g = x @ w[p + "g_proj.0.weight"].T @ w[p + "g_proj.1.weight"].T + w[p + "g_proj.1.bias"]
+        g = w.linear(w.linear(x, p + "g_proj.0.weight"), p + "g_proj.1.weight") + w[p + "g_proj.1.bias"]
         return y * torch.sigmoid(g.reshape(T, HV, V))
     if cfg.use_gate:
-        return y * silu((x @ w[p + "g_proj.weight"].T).reshape(T, HV, V))
+        return y * silu(w.linear(x, p + "g_proj.weight").reshape(T, HV, V))
     return y
 
 
-def delta_mixer(cfg: FlaConfig, w: dict, p: str, x: torch.Tensor, state: dict, rec) -> torch.Tensor:
+def delta_mixer(cfg: FlaConfig, w: Weights, p: str, x: torch.Tensor, state: dict, rec) -> torch.Tensor:
     """fla DeltaNet / GatedDeltaNet / KimiDeltaAttention, x [T, D] (after attn_norm) -> [T, D]; they differ
     only in the q/k activation and norm, the decay (none / per head / per channel) and the output gate."""
     T, H, HV, K, V = x.shape[0], cfg.num_heads, cfg.v_heads, cfg.head_k_dim, cfg.head_v_dim
@@ -446,7 +471,7 @@ def delta_mixer(cfg: FlaConfig, w: dict, p: str, x: torch.Tensor, state: dict, r
     if cfg.model_type == "delta_net" and not cfg.use_beta:
         beta = torch.ones(T, HV, dtype=x.dtype)
     else:
-        beta = torch.sigmoid(x @ w[p + "b_proj.weight"].T)
+        beta = torch.sigmoid(w.linear(x, p + "b_proj.weight"))
     if cfg.allow_neg_eigval:
         beta = 2.0 * beta
     rec("attn.beta", beta)
@@ -459,23 +484,25 @@ def delta_mixer(cfg: FlaConfig, w: dict, p: str, x: torch.Tensor, state: dict, r
     o, state["S"] = gated_delta_recurrent(q, k, v, beta, log_decay, state["S"])
     rec("attn.core", o.reshape(T, HV * V))
     rec("attn.state", state["S"])
-    return _output_norm(cfg, w, p, x, o).reshape(T, HV * V) @ w[p + "o_proj.weight"].T
+    return w.linear(_output_norm(cfg, w, p, x, o).reshape(T, HV * V), p + "o_proj.weight")
 
 
 # ---------------------------------------------------------------------------------------------------
 # The model
 
 def fla_forward(cfg: FlaConfig, w: dict, tokens: torch.Tensor, record: Optional[dict] = None,
-                cache: Optional[list] = None) -> torch.Tensor:
+                cache: Optional[list] = None, bf16_inputs: frozenset = frozenset()) -> torch.Tensor:
     """tokens [T] int -> logits [T, vocab], in the dtype of w (from canonical_weights). cache (from
     initial_cache, or left by an earlier call) is the state the tokens continue from and is updated to
     the state after them; None starts from zeros. If record is a dict, every named intermediate is
-    stored in it in forward order."""
+    stored in it in forward order. A Linear whose weight is named in bf16_inputs (bf16_weight_names:
+    the engine's bf16 dot products) rounds its input to bf16 first; all else stays in w's dtype."""
     def rec(name, x):
         if record is not None:
             record[name] = x
         return x
 
+    w = Weights(w, bf16_inputs)
     dtype = w["model.embeddings.weight"].dtype
     if cache is None:
         cache = initial_cache(cfg, dtype)
@@ -489,12 +516,12 @@ def fla_forward(cfg: FlaConfig, w: dict, tokens: torch.Tensor, record: Optional[
         o = rec(n + "attn.out", o)
         x = rec(n + "resid_mid", x + o)
         m = rec(n + "mlp_norm", rms_norm(x, w[p + "mlp_norm.weight"], eps))
-        gate, up = m @ w[p + "mlp.gate_proj.weight"].T, m @ w[p + "mlp.up_proj.weight"].T
-        mo = rec(n + "mlp.out", (silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T)
+        gate, up = w.linear(m, p + "mlp.gate_proj.weight"), w.linear(m, p + "mlp.up_proj.weight")
+        mo = rec(n + "mlp.out", w.linear(silu(gate) * up, p + "mlp.down_proj.weight"))
         x = rec(n + "out", x + mo)
     y = rec("norm", rms_norm(x, w["model.norm.weight"], eps))
-    head = w["model.embeddings.weight"] if cfg.tie_word_embeddings else w["lm_head.weight"]
-    return rec("logits", y @ head.T)
+    head = "model.embeddings.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    return rec("logits", w.linear(y, head))
 
 
 def intermediate_shapes(cfg: FlaConfig, T: int) -> list:

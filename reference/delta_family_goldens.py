@@ -1,7 +1,8 @@
 """Linear-attention family golden cases (linear_attn, delta_net, gated_deltanet, kda): each writes an fla HF
 model directory (config.json + model.safetensors) with seeded random weights, and golden/ with the float64
 intermediates of delta_family.py, after checking that a float32 run agrees, that the model is causal and
-that feeding the tokens in two parts (carrying S and the conv tails) gives the one-shot state."""
+that feeding the tokens in two parts (carrying S and the conv tails) gives the one-shot state. BF16 cases
+also get the logits with the engine's bf16 dot products emulated (logits_bf16_dot.npy)."""
 
 import json
 import math
@@ -12,8 +13,9 @@ import numpy as np
 import torch
 
 from delta_family import (ARCHITECTURES, COMMON_DEFAULTS, MIXER_DEFAULTS, MODEL_TYPES, FlaConfig,
-                          canonical_weights, fla_forward, initial_cache, intermediate_shapes, tensor_specs)
-from golden_io import relative_rms, write_golden
+                          bf16_weight_names, canonical_weights, fla_forward, initial_cache,
+                          intermediate_shapes, tensor_specs)
+from golden_io import bf16_dot_golden, relative_rms, write_golden
 from safetensors_io import read_checkpoint, write_safetensors
 
 # A float32 PyTorch run must agree with the float64 reference this well on every intermediate.
@@ -240,9 +242,13 @@ def build_case(case: FlaCase, case_dir: str) -> str:
         "T": case.T,
         "state_layout": "attn.state is the final recurrent state S per value head, [HV, K, V]",
     }
-    write_golden(os.path.join(case_dir, "golden"), tokens_np, rec64, manifest, per_name)
+    golden_dir = os.path.join(case_dir, "golden")
+    write_golden(golden_dir, tokens_np, rec64, manifest, per_name)
     worst = max(v["f32_torch_rel_rms"] for v in per_name.values())
+    w64, bf16 = canonical_weights(cfg, tensors, torch.float64), bf16_weight_names(tensors)
+    dot = bf16_dot_golden(golden_dir, f"{case.model_type}/{case.name}", case.weights_dtype,
+                          lambda t: fla_forward(cfg, w64, t, bf16_inputs=bf16), tokens, rec64["logits"])
     return (f"{case.weights_dtype} L={cfg.num_hidden_layers} D={cfg.hidden_size} H={cfg.num_heads} "
             f"HV={cfg.v_heads} K={cfg.head_k_dim} V={cfg.head_v_dim} F={cfg.mlp_width} "
             f"vocab={cfg.vocab_size} T={case.T}{_gate_ranges(rec64)}; {len(tensors)} tensors, "
-            f"{len(rec64)} intermediates, f32 self-check {worst:.1e}")
+            f"{len(rec64)} intermediates, f32 self-check {worst:.1e}{dot}")

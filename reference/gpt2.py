@@ -1,7 +1,8 @@
 """GPT-2 prefill forward in plain PyTorch, written from docs spec section 1 (attention-mla-moe-attnres.md),
 matching Hugging Face GPT2LMHeadModel at inference. The golden reference for the C++ GPT-2 path:
 it computes in the dtype of the weights it is given (float64 for goldens) and records every named
-intermediate, so a test can report the first one that diverges."""
+intermediate, so a test can report the first one that diverges. With bf16_inputs it also emulates the
+engine's bf16 dot products (the input of each linear on a BF16 weight rounded to bf16)."""
 
 import math
 import re
@@ -60,12 +61,27 @@ def tensor_specs(cfg: GPT2Config) -> list:
 _BUFFER = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
 
 
+def _bare(name: str) -> str:
+    return name[len("transformer."):] if name.startswith("transformer.") else name
+
+
+def bf16_weight_names(tensors: dict) -> frozenset:
+    """Names (without 'transformer.') of the checkpoint tensors stored in BF16: the bf16_inputs of
+    gpt2_forward that emulate the engine's bf16 dot products."""
+    return frozenset(_bare(name) for name, t in tensors.items() if t.dtype == torch.bfloat16)
+
+
+def round_bf16(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to the nearest bf16 (ties to even), back in x's dtype."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
 def canonical_weights(cfg: GPT2Config, tensors: dict, dtype: torch.dtype) -> dict:
     """Checkpoint tensors -> {name without 'transformer.': tensor in dtype}, causal-mask buffers dropped,
     'lm_head.weight' kept if present. Raises on missing, unexpected or misshapen tensors."""
     out = {}
     for name, t in tensors.items():
-        bare = name[len("transformer."):] if name.startswith("transformer.") else name
+        bare = _bare(name)
         if not _BUFFER.match(bare):
             out[bare] = t.to(dtype)
     expected = {name: shape for name, shape, _ in tensor_specs(cfg)}
@@ -114,13 +130,21 @@ def causal_attention(qkv: torch.Tensor, n_head: int, scale: float) -> torch.Tens
     return (probs @ v).transpose(0, 1).reshape(T, D)
 
 
-def gpt2_forward(cfg: GPT2Config, w: dict, tokens: torch.Tensor, record: Optional[dict] = None):
+def gpt2_forward(cfg: GPT2Config, w: dict, tokens: torch.Tensor, record: Optional[dict] = None,
+                 bf16_inputs: frozenset = frozenset()):
     """tokens [T] int at positions 0..T-1 -> logits [T, V], in the dtype of w (from canonical_weights).
-    If record is a dict, every named intermediate is stored in it in forward order."""
+    If record is a dict, every named intermediate is stored in it in forward order. A linear whose
+    weight is named in bf16_inputs (bf16_weight_names: the engine's bf16 dot products) rounds its input
+    to bf16 first; its products and sums stay in w's dtype."""
     def rec(name, x):
         if record is not None:
             record[name] = x
         return x
+
+    def linear(x, name, transposed=False):
+        """x [T, in] @ W, W = w[name] [in, out] (Conv1D), or its transpose if stored [out, in]."""
+        weight = w[name].T if transposed else w[name]
+        return (round_bf16(x) if name in bf16_inputs else x) @ weight
 
     T = tokens.shape[0]
     if T > cfg.n_positions:
@@ -132,17 +156,17 @@ def gpt2_forward(cfg: GPT2Config, w: dict, tokens: torch.Tensor, record: Optiona
     for i in range(cfg.n_layer):
         p, n = f"h.{i}.", f"h{i}."
         a = rec(n + "ln_1", layer_norm(x, w[p + "ln_1.weight"], w[p + "ln_1.bias"], eps))
-        qkv = rec(n + "attn.qkv", a @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"])
+        qkv = rec(n + "attn.qkv", linear(a, p + "attn.c_attn.weight") + w[p + "attn.c_attn.bias"])
         ctx = rec(n + "attn.context", causal_attention(qkv, cfg.n_head, scale))
-        o = rec(n + "attn.out", ctx @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"])
+        o = rec(n + "attn.out", linear(ctx, p + "attn.c_proj.weight") + w[p + "attn.c_proj.bias"])
         x = rec(n + "resid_mid", x + o)
         m = rec(n + "ln_2", layer_norm(x, w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps))
-        u = rec(n + "mlp.act", act(m @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"]))
-        mo = rec(n + "mlp.out", u @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"])
+        u = rec(n + "mlp.act", act(linear(m, p + "mlp.c_fc.weight") + w[p + "mlp.c_fc.bias"]))
+        mo = rec(n + "mlp.out", linear(u, p + "mlp.c_proj.weight") + w[p + "mlp.c_proj.bias"])
         x = rec(n + "out", x + mo)
     y = rec("ln_f", layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], eps))
-    head = w.get("lm_head.weight", w["wte.weight"])
-    return rec("logits", y @ head.T)
+    head = "lm_head.weight" if "lm_head.weight" in w else "wte.weight"
+    return rec("logits", linear(y, head, transposed=True))
 
 
 def intermediate_shapes(cfg: GPT2Config, T: int) -> list:

@@ -1,6 +1,7 @@
 """GPT-2 golden cases: each writes an HF model directory (config.json + safetensors) with seeded random
 weights, and golden/ with the float64 reference intermediates of gpt2.py, after checking that a float32
-run agrees and that the model is causal."""
+run agrees and that the model is causal; BF16 cases also get the logits with the engine's bf16 dot
+products emulated (logits_bf16_dot.npy)."""
 
 import json
 import math
@@ -11,8 +12,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from golden_io import relative_rms, write_golden
-from gpt2 import GPT2Config, canonical_weights, gpt2_forward, intermediate_shapes, tensor_specs
+from golden_io import bf16_dot_golden, relative_rms, write_golden
+from gpt2 import (GPT2Config, bf16_weight_names, canonical_weights, gpt2_forward, intermediate_shapes,
+                  tensor_specs)
 from safetensors_io import read_checkpoint, write_safetensors, write_sharded
 
 # A float32 PyTorch run must agree with the float64 reference this well on every intermediate;
@@ -184,8 +186,12 @@ def build_case(case: GPT2Case, case_dir: str) -> str:
         "metric": "relative_rms = ||actual - expected||_2 / ||expected||_2",
         "T": case.T,
     }
-    write_golden(os.path.join(case_dir, "golden"), tokens_np, rec64, manifest, per_name)
+    golden_dir = os.path.join(case_dir, "golden")
+    write_golden(golden_dir, tokens_np, rec64, manifest, per_name)
     worst = max(v["f32_torch_rel_rms"] for v in per_name.values())
+    w64, bf16 = canonical_weights(cfg, tensors, torch.float64), bf16_weight_names(tensors)
+    dot = bf16_dot_golden(golden_dir, f"gpt2/{case.name}", case.weights_dtype,
+                          lambda t: gpt2_forward(cfg, w64, t, bf16_inputs=bf16), tokens, rec64["logits"])
     return (f"{case.weights_dtype} L={cfg.n_layer} H={cfg.n_head} D={cfg.n_embd} F={cfg.mlp_width} "
             f"V={cfg.vocab_size} T={case.T} {cfg.activation_function}, {len(tensors)} tensors in "
-            f"{case.n_shards} file(s), {len(rec64)} intermediates, f32 self-check {worst:.1e}")
+            f"{case.n_shards} file(s), {len(rec64)} intermediates, f32 self-check {worst:.1e}{dot}")

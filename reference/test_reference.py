@@ -1,7 +1,7 @@
 """Checks of the reference itself: safetensors round trips, gpt2.py against an independent token-by-token
 KV-cache decode built from torch.nn.functional, delta_family.py's building blocks against torch.nn.functional
 and its recurrence against the chunked (WY) form of spec 1.6, decode against prefill for every delta-family
-case, and bit-identical golden re-runs.
+case (BF16 cases with the bf16 dot-product emulation too), and bit-identical golden re-runs.
 Run: /usr/bin/python3 reference/test_reference.py   (also collectable by pytest)"""
 
 import filecmp
@@ -22,7 +22,7 @@ sys.path.insert(0, HERE)
 import delta_family  # noqa: E402
 import delta_family_goldens  # noqa: E402
 from golden_io import relative_rms  # noqa: E402
-from gpt2 import canonical_weights, gpt2_forward  # noqa: E402
+from gpt2 import bf16_weight_names, canonical_weights, gpt2_forward  # noqa: E402
 from gpt2_goldens import CASES, checkpoint_tensors, init_params  # noqa: E402
 from safetensors_io import read_checkpoint, read_header, read_safetensors, write_safetensors, write_sharded  # noqa: E402
 
@@ -56,9 +56,15 @@ def test_safetensors_round_trip():
         assert all(torch.equal(back[n], t) for n, t in tensors.items())
 
 
-def _decode_reference(cfg, w, tokens):
-    """Independent GPT-2: one token at a time with a KV cache, F.layer_norm, F.gelu, F.linear."""
+def _decode_reference(cfg, w, tokens, bf16_inputs=frozenset()):
+    """Independent GPT-2: one token at a time with a KV cache, F.layer_norm, F.gelu, F.linear; the
+    input of a linear whose weight is in bf16_inputs is rounded to bf16 first."""
     D, H, hd = cfg.n_embd, cfg.n_head, cfg.head_dim
+
+    def linear(x, name, bias=None, out_in=False):  # Conv1D weights are [in, out], the head [out, in]
+        x = x.to(torch.bfloat16).to(x.dtype) if name in bf16_inputs else x
+        return F.linear(x, w[name] if out_in else w[name].T, bias)
+
     approximate = "tanh" if cfg.activation_function == "gelu_new" else "none"
     cache = [([], []) for _ in range(cfg.n_layer)]
     rows = []
@@ -67,19 +73,19 @@ def _decode_reference(cfg, w, tokens):
         for i in range(cfg.n_layer):
             p = f"h.{i}."
             a = F.layer_norm(x, (D,), w[p + "ln_1.weight"], w[p + "ln_1.bias"], cfg.layer_norm_epsilon)
-            qkv = F.linear(a, w[p + "attn.c_attn.weight"].T, w[p + "attn.c_attn.bias"])
+            qkv = linear(a, p + "attn.c_attn.weight", w[p + "attn.c_attn.bias"])
             q, k, v = qkv.view(3, H, hd)
             cache[i][0].append(k)
             cache[i][1].append(v)
             keys, values = torch.stack(cache[i][0], 1), torch.stack(cache[i][1], 1)  # [H, pos+1, hd]
             scores = torch.einsum("hd,hsd->hs", q, keys) / math.sqrt(hd)
             ctx = torch.einsum("hs,hsd->hd", scores.softmax(-1), values).reshape(D)
-            x = x + F.linear(ctx, w[p + "attn.c_proj.weight"].T, w[p + "attn.c_proj.bias"])
+            x = x + linear(ctx, p + "attn.c_proj.weight", w[p + "attn.c_proj.bias"])
             m = F.layer_norm(x, (D,), w[p + "ln_2.weight"], w[p + "ln_2.bias"], cfg.layer_norm_epsilon)
-            u = F.gelu(F.linear(m, w[p + "mlp.c_fc.weight"].T, w[p + "mlp.c_fc.bias"]), approximate=approximate)
-            x = x + F.linear(u, w[p + "mlp.c_proj.weight"].T, w[p + "mlp.c_proj.bias"])
+            u = F.gelu(linear(m, p + "mlp.c_fc.weight", w[p + "mlp.c_fc.bias"]), approximate=approximate)
+            x = x + linear(u, p + "mlp.c_proj.weight", w[p + "mlp.c_proj.bias"])
         y = F.layer_norm(x, (D,), w["ln_f.weight"], w["ln_f.bias"], cfg.layer_norm_epsilon)
-        rows.append(y @ w.get("lm_head.weight", w["wte.weight"]).T)
+        rows.append(linear(y, "lm_head.weight" if "lm_head.weight" in w else "wte.weight", out_in=True))
     return torch.stack(rows)
 
 
@@ -91,6 +97,11 @@ def test_gpt2_matches_independent_decode():
         tokens = torch.from_numpy(np.random.RandomState(case.seed).randint(0, cfg.vocab_size, case.T)).long()
         err = relative_rms(_decode_reference(cfg, w, tokens), gpt2_forward(cfg, w, tokens))
         assert err < 1e-12, f"{case.name}: prefill vs decode relative RMS {err:.3g}"
+        bf16 = bf16_weight_names(tensors)
+        if bf16:  # the bf16 dot-product emulation: rounding is per token, so decode still equals prefill
+            prefill = gpt2_forward(cfg, w, tokens, bf16_inputs=bf16)
+            err = relative_rms(_decode_reference(cfg, w, tokens, bf16), prefill)
+            assert err < 1e-12, f"{case.name}: bf16 inputs: prefill vs decode relative RMS {err:.3g}"
 
 
 def test_short_conv_matches_conv1d():
@@ -168,11 +179,15 @@ def test_delta_family_decode_matches_prefill():
         tensors = delta_family_goldens.checkpoint_tensors(case, params)
         w = delta_family.canonical_weights(cfg, tensors, torch.float64)
         tokens = torch.from_numpy(np.random.RandomState(case.seed).randint(0, cfg.vocab_size, case.T)).long()
-        prefill = delta_family.fla_forward(cfg, w, tokens)
-        cache = delta_family.initial_cache(cfg, torch.float64)
-        decode = torch.cat([delta_family.fla_forward(cfg, w, tokens[t:t + 1], cache=cache) for t in range(case.T)])
-        err = relative_rms(decode, prefill)
-        assert err < 1e-12, f"{case.model_type}/{case.name}: decode vs prefill relative RMS {err:.3g}"
+        bf16 = delta_family.bf16_weight_names(tensors)
+        for inputs in ((frozenset(), bf16) if bf16 else (frozenset(),)):
+            prefill = delta_family.fla_forward(cfg, w, tokens, bf16_inputs=inputs)
+            cache = delta_family.initial_cache(cfg, torch.float64)
+            decode = torch.cat([delta_family.fla_forward(cfg, w, tokens[t:t + 1], cache=cache, bf16_inputs=inputs)
+                                for t in range(case.T)])
+            err = relative_rms(decode, prefill)
+            assert err < 1e-12, (f"{case.model_type}/{case.name}{' bf16 inputs' if inputs else ''}: decode vs "
+                                 f"prefill relative RMS {err:.3g}")
 
 
 def test_goldens_bit_identical():
