@@ -118,10 +118,10 @@ TEST(BenchCli, Bf16ProductsAreReported) {
   for (const auto& row : run_bench_json(args)) EXPECT_EQ(row["bf16_dot"].get<bool>(), dot_here) << row.dump();
   for (const auto& row : run_bench_json(args + " --bf16-exact")) EXPECT_FALSE(row["bf16_dot"].get<bool>()) << row.dump();
   const auto exact = run_lineage("bench " + args + " --bf16-exact");
-  EXPECT_NE(exact.out.find("exact f32 products for the bf16 weights"), std::string::npos) << exact.out;
+  EXPECT_NE(exact.out.find("bf16 weights: exact f32 products"), std::string::npos) << exact.out;
   if (dot_here) {
     const auto dot = run_lineage("bench " + args);
-    EXPECT_NE(dot.out.find("bf16 dot products (--bf16-exact"), std::string::npos) << dot.out;
+    EXPECT_NE(dot.out.find("bf16 weights: bf16 dot products (--bf16-exact"), std::string::npos) << dot.out;
   }
 }
 

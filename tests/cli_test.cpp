@@ -94,6 +94,21 @@ TEST(Cli, InfoModelDirectory) {
   EXPECT_NE(text.out.find("mapped from the files"), std::string::npos) << text.out;
 }
 
+// info says what BF16 weights are multiplied with (and nothing of the kind for F32 weights).
+TEST(Cli, InfoReportsTheBf16Products) {
+  const bool dot_here = kernels::bf16_dot_products();  // this process's default: whether the CPU can
+  const std::string bf16 = "info --model " + shell_quote((test::testdata() / "kda" / "bf16").string());
+  const auto j = [](const test::RunResult& r) { return nlohmann::json::parse(r.out)["bf16_dot"].get<bool>(); };
+  EXPECT_EQ(j(run_lineage(bf16 + " --json")), dot_here);
+  EXPECT_FALSE(j(run_lineage(bf16 + " --json --bf16-exact")));
+  EXPECT_FALSE(j(run_lineage("info --model " + shell_quote((test::testdata() / "kda" / "f32").string()) + " --json")));
+  EXPECT_NE(run_lineage(bf16 + " --bf16-exact").out.find("bf16 weights   multiplied with exact f32 products"),
+            std::string::npos);
+  if (dot_here) {
+    EXPECT_NE(run_lineage(bf16).out.find("multiplied with bf16 dot products"), std::string::npos);
+  }
+}
+
 TEST(Cli, LogitsMatchGoldenForEveryChunkSize) {
   for (const fs::path& dir : {golden_case(), test::testdata() / "gpt2" / "bf16_prefix_exact"}) {
     const Tensor want = io::load_npy(dir / "golden" / "logits.npy");

@@ -15,6 +15,7 @@
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
 #include "lineage/core/rng.h"
+#include "lineage/kernels/linear.h"
 #include "lineage/kernels/roofline.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/runtime/cost.h"
@@ -187,7 +188,7 @@ struct Context {
   std::string mapped_label;  // where mapped: how much of them sits on 2 MiB pages (after the tests)
   double huge_share = 0;     // the same as a fraction of the resident mapped bytes
   bool bf16_dot = false;     // BF16 weights multiplied with bf16 dot products
-  std::string products_label;  // bf16_products_label
+  std::string products_label;  // for BF16 weights: ", bf16 weights: " + bf16_products_label()
   Ceilings ceil;
 };
 
@@ -298,8 +299,9 @@ void run(const Opts& o) {
   c.mapped = weights_mapped(m);
   c.dtype = lower(dtype_name(dtype));
   c.threads = num_threads();
-  c.bf16_dot = bf16_dot_in_effect(m);
-  c.products_label = bf16_products_label(m);
+  const bool bf16 = has_bf16_weights(model::count_params(m));
+  c.bf16_dot = bf16 && kernels::bf16_dot_products();
+  c.products_label = bf16 ? ", bf16 weights: " + bf16_products_label() : "";
   c.ceil = measure_ceilings(dtype, c.threads, {});
 
   runtime::Session s(m);

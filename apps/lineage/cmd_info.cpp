@@ -3,7 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "lineage/kernels/linear.h"
 #include "lineage/model/archs/presets.h"
+#include "lineage/model/model.h"
 
 namespace lineage::app {
 
@@ -17,6 +19,7 @@ void add_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "architecture, layers, parameters and memory of a model");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
+  add_bf16_options(*cmd);
   cmd->add_option("--context", o.context, "also report the state bytes after N tokens")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o.json, "print one JSON object");
   cmd->callback([] {
@@ -47,6 +50,7 @@ void add_info(CLI::App& app) {
                         {"state_bytes_per_token", cost.first},
                         {"state_bytes_fixed", cost.second}});
     }
+    const bool bf16 = has_bf16_weights(pc);
     nlohmann::json by_dtype = nlohmann::json::object();
     for (const auto& [dt, bytes] : pc.bytes_by_dtype) by_dtype[std::string(dtype_name(dt))] = bytes;
     if (o.json) {
@@ -60,6 +64,7 @@ void add_info(CLI::App& app) {
                                 {"params_active", pc.total},
                                 {"weight_bytes_by_dtype", by_dtype},
                                 {"weights_mapped", o.src.preset.empty() && weights_mapped(m)},
+                                {"bf16_dot", bf16 && kernels::bf16_dot_products()},
                                 {"state_bytes_per_token", sc.per_token},
                                 {"state_bytes_fixed", sc.fixed},
                                 {"context", context},
@@ -76,6 +81,7 @@ void add_info(CLI::App& app) {
     for (const auto& [dt, bytes] : pc.bytes_by_dtype)
       std::printf("weights %-6s %s\n", std::string(dtype_name(dt)).c_str(), format_bytes(double(bytes)).c_str());
     std::printf("weights in     %s\n", storage);
+    if (bf16) std::printf("bf16 weights   multiplied with %s\n", bf16_products_label().c_str());
     std::printf("state          %s per token + %s fixed per sequence; %s at %lld tokens\n",
                 format_bytes(double(sc.per_token)).c_str(), format_bytes(double(sc.fixed)).c_str(),
                 format_bytes(double(state_total)).c_str(), (long long)context);

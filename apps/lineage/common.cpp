@@ -59,19 +59,13 @@ void add_bf16_options(CLI::App& cmd) {
   dot->excludes(exact);
 }
 
-namespace {
-bool has_bf16_weights(model::Model& m) {
-  const auto by_dtype = model::count_params(m).bytes_by_dtype;
-  return std::any_of(by_dtype.begin(), by_dtype.end(), [](const auto& d) { return d.first == DType::BF16 && d.second; });
+bool has_bf16_weights(const model::ParamCount& pc) {
+  return std::any_of(pc.bytes_by_dtype.begin(), pc.bytes_by_dtype.end(),
+                     [](const auto& d) { return d.first == DType::BF16 && d.second; });
 }
-}  // namespace
 
-bool bf16_dot_in_effect(model::Model& m) { return kernels::bf16_dot_products() && has_bf16_weights(m); }
-
-std::string bf16_products_label(model::Model& m) {
-  if (!has_bf16_weights(m)) return "";
-  return kernels::bf16_dot_products() ? ", bf16 dot products (--bf16-exact: exact f32 products)"
-                                      : ", exact f32 products for the bf16 weights";
+std::string bf16_products_label() {
+  return kernels::bf16_dot_products() ? "bf16 dot products (--bf16-exact: exact f32 products)" : "exact f32 products";
 }
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {

@@ -9,6 +9,7 @@
 
 #include "lineage/io/load_model.h"
 #include "lineage/io/mapped_pages.h"
+#include "lineage/model/model.h"
 
 namespace lineage::app {
 
@@ -28,11 +29,11 @@ void add_threads_option(CLI::App& cmd);
 // products, the default where the CPU has AVX512_BF16; given explicitly on a CPU without, says so on
 // stderr and keeps the exact products). They exclude each other.
 void add_bf16_options(CLI::App& cmd);
-// " bf16 dot products (--bf16-exact: exact)" or " exact products (...)" for a model whose weights
-// include BF16 ones, else "": what the BF16 weights were multiplied with.
-std::string bf16_products_label(model::Model& m);
-// Whether m has BF16 weights and they are multiplied with bf16 dot products.
-bool bf16_dot_in_effect(model::Model& m);
+// Whether any of the weights counted in pc is BF16.
+bool has_bf16_weights(const model::ParamCount& pc);
+// What this run multiplies BF16 weights with: "bf16 dot products (--bf16-exact: exact f32 products)"
+// or "exact f32 products".
+std::string bf16_products_label();
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer);
 // Whether any weight is borrowed from a checkpoint file's mapping.
