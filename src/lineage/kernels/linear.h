@@ -40,9 +40,9 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
 // rounded to bf16 once per product, in decode (T = 1) and prefill alike, so the two stay
 // interchangeable; the price is a relative error of ~1.7e-3 per product (llama.cpp rounds its
 // activations the same way for bf16 weights, and PyTorch's bf16 matmul takes bf16 inputs). On by
-// default where the CPU has AVX512_BF16: about twice the exact path's arithmetic rate in prefill,
-// and decode streams its weights faster (one instruction per 32 weights instead of a widening and
-// two FMAs). use_bf16_dot_products(false) selects the exact path (W widened to f32, f32 products;
+// default where the CPU has AVX512_BF16: about twice the exact path's arithmetic rate in prefill
+// (decode, bound by reading the same bytes, runs at about the same speed either way).
+// use_bf16_dot_products(false) selects the exact path (W widened to f32, f32 products;
 // the CLI's --bf16-exact). Process-wide. Returns whether the mode is on: false where the CPU lacks
 // AVX512_BF16 (or LINEAGE_ISA forced a lower ISA).
 bool use_bf16_dot_products(bool on);
