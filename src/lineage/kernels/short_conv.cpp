@@ -40,7 +40,7 @@ void short_conv(const float* x, int64_t T, int64_t C, int64_t ldx, const Tensor&
       float* yt = y + t * ldy;
       for (int64_t j = 0; j < W; ++j) rows[size_t(j)] = row(t + j);
       conv_taps(rows.data(), taps, C, W, c0, c1, yt);
-      if (silu) activate(Activation::Silu, yt + c0, c1 - c0);
+      if (silu) activate_serial(Activation::Silu, yt + c0, c1 - c0);  // already one thread's share
     }
   }, std::max<int64_t>(64, grain_for(T * W)));
   // New tail: the last P rows of [tail; x].

@@ -119,14 +119,17 @@ inline void rms_norm_row(const float* x, int64_t D, const float* w, float eps, f
 }
 
 // y[c] = Σ_j taps[j·C + c] · rows[j][c] over j < W, in order of j, for c in [c0, c1): one output row
-// of a depthwise causal convolution with tap-major weights.
+// of a depthwise causal convolution with tap-major weights. Tap by tap, each a plain loop over the
+// channels (y stays in L1): GCC leaves a channel loop with the taps' loop inside it scalar, even
+// under `omp simd`, and that made the short conv ~6 % of a KDA prefill.
 inline void conv_taps(const float* const* rows, const float* taps, int64_t C, int64_t W, int64_t c0, int64_t c1,
                       float* y) {
 #pragma omp simd
-  for (int64_t c = c0; c < c1; ++c) {
-    float s = 0.0f;
-    for (int64_t j = 0; j < W; ++j) s += taps[j * C + c] * rows[j][c];
-    y[c] = s;
+  for (int64_t c = c0; c < c1; ++c) y[c] = 0.0f;
+  for (int64_t j = 0; j < W; ++j) {
+    const float *t = taps + j * C, *r = rows[j];
+#pragma omp simd
+    for (int64_t c = c0; c < c1; ++c) y[c] += t[c] * r[c];
   }
 }
 
