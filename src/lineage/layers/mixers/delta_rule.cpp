@@ -77,11 +77,10 @@ void normalize_heads(DeltaRule::QkNorm n, float* x, int64_t rows, int64_t K) {
 }
 
 // Repeats each of `groups` source heads G times consecutively: [T, KVH, d] → [T, KVH*G, d].
-void repeat_heads(const float* src, int64_t T, int64_t KVH, int64_t G, int64_t d, float* dst) {
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < KVH; ++h)
-      for (int64_t g = 0; g < G; ++g)
-        std::memcpy(dst + ((t * KVH + h) * G + g) * d, src + (t * KVH + h) * d, d * sizeof(float));
+// One token's heads of d channels, each written G times in a row: dst[(h·G + g)·d + i] = src[h·d + i].
+void repeat_heads(const float* src, int64_t heads, int64_t G, int64_t d, float* dst) {
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t g = 0; g < G; ++g) std::memcpy(dst + (h * G + g) * d, src + h * d, d * sizeof(float));
 }
 
 }  // namespace
@@ -241,7 +240,9 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
     for (const auto& [wt, off] : parts) {
       const int64_t n = wt->dim(0);
       kernels::linear(x, T, lin(*wt), nullptr, tmp);
-      for (int64_t t = 0; t < T; ++t) std::memcpy(raw + t * C + off, tmp + t * n, n * sizeof(float));
+      over_rows(T, n, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) std::memcpy(raw + t * C + off, tmp + t * n, n * sizeof(float));
+      });
     }
   }
   float* q = scratch.get(kQ, size_t(T) * H * K);
@@ -276,17 +277,15 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
     }
   }
   // 2. Split into heads; linear attention repeats its k/v heads up to H (GQA).
-  const int64_t G = H / KVH;
-  {
-    float* kv_tmp = scratch.get(kFeature2, size_t(T) * std::max(Ck, Cv));
-    for (int64_t t = 0; t < T; ++t) {
-      std::memcpy(q + t * Cq, qkv + t * C, Cq * 4);
-      std::memcpy(kv_tmp + t * Ck, qkv + t * C + Cq, Ck * 4);
+  const int64_t G = H / KVH, Gv = c.delta ? 1 : G;
+  over_rows(T, H * K + HV * V, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* row = qkv + t * C;
+      std::memcpy(q + t * Cq, row, Cq * 4);
+      repeat_heads(row + Cq, KVH, G, K, kk + t * H * K);
+      repeat_heads(row + Cq + Ck, v_heads_proj, Gv, V, v + t * HV * V);
     }
-    repeat_heads(kv_tmp, T, KVH, G, K, kk);
-    for (int64_t t = 0; t < T; ++t) std::memcpy(kv_tmp + t * Cv, qkv + t * C + Cq + Ck, Cv * 4);
-    repeat_heads(kv_tmp, T, v_heads_proj, c.delta ? 1 : G, V, v);
-  }
+  });
   // 3. q/k feature map or activation, traced before the normalization.
   if (c.qk_map == DeltaRule::FeatureMap::ElementwiseProduct) {
     product_map(q, T * H, K, w.fm_q1_w, w.fm_q1_b, w.fm_q2_w, w.fm_q2_b, scratch);
