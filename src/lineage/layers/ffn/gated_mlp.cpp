@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "lineage/core/parallel.h"
 #include "lineage/kernels/activation.h"
 #include "lineage/kernels/linear.h"
 
@@ -26,8 +27,13 @@ void forward(const GatedMlp& m, const float* x, int64_t T, float* y, Scratch& sc
   const kernels::LinearOut gate_up[] = {{{&m.weights.gate_proj, kernels::Layout::OutIn}, nullptr, g},
                                         {{&m.weights.up_proj, kernels::Layout::OutIn}, nullptr, u}};
   kernels::linear_group(x, T, gate_up);
-  kernels::activate(kernels::Activation::Silu, g, T * F);
-  for (int64_t i = 0; i < T * F; ++i) g[i] *= u[i];
+  // g ← SiLU(g) ⊙ u, one pass over the rows split across the threads (prefill).
+  parallel_for(T, [&](int64_t t0, int64_t t1) {
+    float* gt = g + t0 * F;
+    const float* ut = u + t0 * F;
+    kernels::activate_serial(kernels::Activation::Silu, gt, (t1 - t0) * F);
+    for (int64_t i = 0; i < (t1 - t0) * F; ++i) gt[i] *= ut[i];
+  }, grain_for(20 * F));
   kernels::linear(g, T, {&m.weights.down_proj, kernels::Layout::OutIn}, nullptr, y);
   trace("mlp.out", y, {T, m.config.d_model});
 }
