@@ -26,7 +26,7 @@ void bm_attention_decode(benchmark::State& state, int64_t depth) {
   work.bytes = 2.0 * double(kH * depth * kHd) * sizeof(float);
   work.flops = 4.0 * double(kH * kHd) * double(depth);
   run(state, work, [&] {
-    kernels::attention_causal(q.data(), 1, depth - 1, k[layer].data(), v[layer].data(), depth * kHd, kH, kHd, 0.125f,
+    kernels::attention_causal(q.data(), kH * kHd, 1, depth - 1, k[layer].data(), v[layer].data(), depth * kHd, kH, kHd, 0.125f,
                               out.data());
     layer = (layer + 1) % kLayers;
     benchmark::DoNotOptimize(out.data());
@@ -42,7 +42,7 @@ void bm_attention_prefill(benchmark::State& state, int64_t T) {
   work.tokens = double(T);
   work.memory_bound = false;
   run(state, work, [&] {
-    kernels::attention_causal(q.data(), T, 0, k.data(), v.data(), T * kHd, kH, kHd, 0.125f, out.data());
+    kernels::attention_causal(q.data(), kH * kHd, T, 0, k.data(), v.data(), T * kHd, kH, kHd, 0.125f, out.data());
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   });

@@ -116,7 +116,7 @@ void attend_tile(const float* q, int64_t ldq, int64_t nq, int64_t first_pos, con
 
 }  // namespace
 
-void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, const float* v,
+void attention_causal(const float* q, int64_t ldq, int64_t T, int64_t p0, const float* k, const float* v,
                       int64_t head_stride, int64_t H, int64_t hd, float scale, float* out) {
   static const bool avx512 = !std::strcmp(isa_name(), "avx512");
   if (T >= 16) {
@@ -134,7 +134,7 @@ void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, con
       while (i >= starts[p + 1]) ++p;
       const int64_t r = (i - starts[p]) * parts + p;
       const int64_t h = r % H, t0 = (tiles - 1 - r / H) * kQTile, nq = std::min(kQTile, T - t0);
-      tile(q + (t0 * H + h) * hd, H * hd, nq, p0 + t0, k + h * head_stride, v + h * head_stride, hd, scale,
+      tile(q + t0 * ldq + h * hd, ldq, nq, p0 + t0, k + h * head_stride, v + h * head_stride, hd, scale,
            out + (t0 * H + h) * hd, H * hd);
     });
     return;
@@ -144,7 +144,8 @@ void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, con
     if (fast) {
       for (int64_t i = b; i < e; ++i) {
         const int64_t t = i / H, h = i % H;
-        attend_one_avx512(q + i * hd, p0 + t + 1, k + h * head_stride, v + h * head_stride, hd, scale, out + i * hd);
+        attend_one_avx512(q + t * ldq + h * hd, p0 + t + 1, k + h * head_stride, v + h * head_stride, hd, scale,
+                          out + i * hd);
       }
       return;
     }
@@ -152,7 +153,7 @@ void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, con
     acc.resize(hd);
     for (int64_t i = b; i < e; ++i) {
       const int64_t t = i / H, h = i % H;
-      attend_one(q + i * hd, p0 + t + 1, k + h * head_stride, v + h * head_stride, hd, scale, out + i * hd,
+      attend_one(q + t * ldq + h * hd, p0 + t + 1, k + h * head_stride, v + h * head_stride, hd, scale, out + i * hd,
                  acc.data());
     }
   });

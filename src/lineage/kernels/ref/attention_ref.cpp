@@ -5,13 +5,13 @@
 
 namespace lineage::kernels::ref {
 
-void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, const float* v,
+void attention_causal(const float* q, int64_t ldq, int64_t T, int64_t p0, const float* k, const float* v,
                       int64_t k_head_stride, int64_t H, int64_t hd, float scale, float* out) {
   std::vector<double> s;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t n = p0 + t + 1;  // keys visible to this query
-      const float* qv = q + (t * H + h) * hd;
+      const float* qv = q + t * ldq + h * hd;
       s.assign(n, 0.0);
       double m = -INFINITY;
       for (int64_t j = 0; j < n; ++j) {

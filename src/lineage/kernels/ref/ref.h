@@ -12,9 +12,9 @@ namespace lineage::kernels::ref {
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y);
 
 // Causal softmax attention of T new queries at positions p0 .. p0+T-1 over keys 0 .. p0+T-1.
-// q: [T, H, hd]; k, v: key/value rows for positions 0 .. p0+T-1, head h of position j at
-// k[h*k_head_stride + j*hd]; out: [T, H, hd]. Same contract as kernels::attention_causal.
-void attention_causal(const float* q, int64_t T, int64_t p0, const float* k, const float* v,
+// q[t, h] at q + t*ldq + h*hd; k, v: key/value rows for positions 0 .. p0+T-1, head h of position j
+// at k[h*k_head_stride + j*hd]; out: [T, H, hd]. Same contract as kernels::attention_causal.
+void attention_causal(const float* q, int64_t ldq, int64_t T, int64_t p0, const float* k, const float* v,
                       int64_t k_head_stride, int64_t H, int64_t hd, float scale, float* out);
 
 }  // namespace lineage::kernels::ref

@@ -101,20 +101,19 @@ void forward(const Attention& a, const float* x, int64_t T, Attention::State& s,
 
   const int64_t p0 = s.length;
   grow(s, H, hd, p0 + T);
-  float* q = scratch.get(2, size_t(T) * D);
-  parallel_for(T, [&](int64_t t0, int64_t t1) {
+  parallel_for(T, [&](int64_t t0, int64_t t1) {  // K and V into the cache; the queries are read in place
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t h = 0; h < H; ++h) {
         const float* row = qkv + t * 3 * D + h * hd;
-        std::memcpy(q + (t * H + h) * hd, row, hd * 4);
         std::memcpy(s.k.data<float>() + (h * s.capacity + p0 + t) * hd, row + D, hd * 4);
         std::memcpy(s.v.data<float>() + (h * s.capacity + p0 + t) * hd, row + 2 * D, hd * 4);
       }
-  }, grain_for(3 * D));
+  }, grain_for(2 * D));
   s.length = p0 + T;
 
   const float scale = a.config.scale_attn_weights ? 1.0f / std::sqrt(float(hd)) : 1.0f;
-  kernels::attention_causal(q, T, p0, s.k.data<float>(), s.v.data<float>(), s.capacity * hd, H, hd, scale, ctx);
+  kernels::attention_causal(qkv, 3 * D, T, p0, s.k.data<float>(), s.v.data<float>(), s.capacity * hd, H, hd, scale,
+                            ctx);
   trace("attn.context", ctx, {T, D});
   kernels::linear(ctx, T, {&a.weights.c_proj_weight, a.weights.layout}, &a.weights.c_proj_bias, y);
   trace("attn.out", y, {T, D});
