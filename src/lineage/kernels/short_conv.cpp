@@ -33,16 +33,16 @@ void short_conv(const float* x, int64_t T, int64_t C, int64_t ldx, const Tensor&
   const float* taps = wt.data();  // a thread_local named inside the lambda would be the worker's own
   // Input row r of the padded sequence [tail; x]: r < P comes from the tail, otherwise x[r − P].
   const auto row = [&](int64_t r) { return r < P ? tail + r * C : x + (r - P) * ldx; };
-  parallel_for(C, [&](int64_t c0, int64_t c1) {
+  parallel_for(T, [&](int64_t t0, int64_t t1) {
     thread_local std::vector<const float*> rows;  // named here, so each thread has its own
     rows.resize(size_t(W));
-    for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t = t0; t < t1; ++t) {
       float* yt = y + t * ldy;
       for (int64_t j = 0; j < W; ++j) rows[size_t(j)] = row(t + j);
-      conv_taps(rows.data(), taps, C, W, c0, c1, yt);
-      if (silu) activate_serial(Activation::Silu, yt + c0, c1 - c0);  // already one thread's share
+      conv_taps(rows.data(), taps, C, W, 0, C, yt);
+      if (silu) activate_serial(Activation::Silu, yt, C);  // already one thread's share
     }
-  }, std::max<int64_t>(64, grain_for(T * W)));
+  }, grain_for(C * W * 4));
   // New tail: the last P rows of [tail; x].
   next.resize(P * C);
   for (int64_t r = 0; r < P; ++r) std::memcpy(next.data() + r * C, row(T + r), C * sizeof(float));
