@@ -28,12 +28,14 @@ void forward(const GatedMlp& m, const float* x, int64_t T, float* y, Scratch& sc
                                         {{&m.weights.up_proj, kernels::Layout::OutIn}, nullptr, u}};
   kernels::linear_group(x, T, gate_up);
   // g ← SiLU(g) ⊙ u, one pass over the rows split across the threads (prefill).
-  parallel_for(T, [&](int64_t t0, int64_t t1) {
+  const auto gate = [&](int64_t t0, int64_t t1) {
     float* gt = g + t0 * F;
     const float* ut = u + t0 * F;
     kernels::activate_serial(kernels::Activation::Silu, gt, (t1 - t0) * F);
     for (int64_t i = 0; i < (t1 - t0) * F; ++i) gt[i] *= ut[i];
-  }, grain_for(20 * F));
+  };
+  if (T > 1) parallel_for(T, gate, grain_for(20 * F));
+  else gate(0, T);  // one token: no std::function to build
   kernels::linear(g, T, {&m.weights.down_proj, kernels::Layout::OutIn}, nullptr, y);
   trace("mlp.out", y, {T, m.config.d_model});
 }

@@ -278,14 +278,16 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
   }
   // 2. Split into heads; linear attention repeats its k/v heads up to H (GQA).
   const int64_t G = H / KVH, Gv = c.delta ? 1 : G;
-  over_rows(T, H * K + HV * V, [&](int64_t t0, int64_t t1) {
+  const auto split = [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const float* row = qkv + t * C;
       std::memcpy(q + t * Cq, row, Cq * 4);
       repeat_heads(row + Cq, KVH, G, K, kk + t * H * K);
       repeat_heads(row + Cq + Ck, v_heads_proj, Gv, V, v + t * HV * V);
     }
-  });
+  };
+  if (T > 1) over_rows(T, H * K + HV * V, split);
+  else split(0, T);  // one token: no std::function to build
   // 3. q/k feature map or activation, traced before the normalization.
   if (c.qk_map == DeltaRule::FeatureMap::ElementwiseProduct) {
     product_map(q, T * H, K, w.fm_q1_w, w.fm_q1_b, w.fm_q2_w, w.fm_q2_b, scratch);
