@@ -76,7 +76,6 @@ void normalize_heads(DeltaRule::QkNorm n, float* x, int64_t rows, int64_t K) {
   });
 }
 
-// Repeats each of `groups` source heads G times consecutively: [T, KVH, d] → [T, KVH*G, d].
 // One token's heads of d channels, each written G times in a row: dst[(h·G + g)·d + i] = src[h·d + i].
 void repeat_heads(const float* src, int64_t heads, int64_t G, int64_t d, float* dst) {
   for (int64_t h = 0; h < heads; ++h)
