@@ -16,6 +16,24 @@ inline float hsum(__m512 v) {
   return s;
 }
 
+// lane i of the result = the sum of the 16 lanes of v[i].
+inline __m512 hsum16(const __m512* v) {
+  __m512 w[8], z[4], r[2];
+  for (int p = 0; p < 8; ++p)  // lanes 0-7: halves of v[2p], lanes 8-15: of v[2p+1]
+    w[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE));
+  for (int p = 0; p < 4; ++p)  // quarter q: v[4p + q]
+    z[p] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], 0xDD));
+  for (int p = 0; p < 2; ++p)  // quarter q: lanes 0-1 v[8p + q], lanes 2-3 v[8p + 4 + q]
+    r[p] = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(z[2 * p]), _mm512_castps_pd(z[2 * p + 1]))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(z[2 * p]), _mm512_castps_pd(z[2 * p + 1]))));
+  // quarter q: lane 0 v[q], lane 1 v[4+q], lane 2 v[8+q], lane 3 v[12+q]
+  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], 0x88), _mm512_shuffle_ps(r[0], r[1], 0xDD));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
+}
+
 // exp(x) for x ≤ 0: the Cephes polynomial of vmath.cpp (exp_nonpositive), x < −87 gives exactly 0.
 inline __m512 exp_nonpositive16(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.0f);

@@ -115,24 +115,6 @@ struct Scratch {
   }
 };
 
-// lane i of the result = the sum of the 16 lanes of v[i].
-inline __m512 hsum16(const __m512* v) {
-  __m512 w[8], z[4], r[2];
-  for (int p = 0; p < 8; ++p)  // lanes 0-7: halves of v[2p], lanes 8-15: of v[2p+1]
-    w[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE));
-  for (int p = 0; p < 4; ++p)  // quarter q: v[4p + q]
-    z[p] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], 0x88),
-                         _mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], 0xDD));
-  for (int p = 0; p < 2; ++p)  // quarter q: lanes 0-1 v[8p + q], lanes 2-3 v[8p + 4 + q]
-    r[p] = _mm512_add_ps(
-        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(z[2 * p]), _mm512_castps_pd(z[2 * p + 1]))),
-        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(z[2 * p]), _mm512_castps_pd(z[2 * p + 1]))));
-  // quarter q: lane 0 v[q], lane 1 v[4+q], lane 2 v[8+q], lane 3 v[12+q]
-  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], 0x88), _mm512_shuffle_ps(r[0], r[1], 0xDD));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
-}
-
 // Aᵀ (column j of A = row j of w.A: scale · decayed q_i·k_j for i ≥ j, else 0) and Nᵀ (β_i · decayed
 // k_i·k_j for i > j, else 0). Column j grows k_j ⊙ D_ij one factor e_i at a time (per channel), so every
 // factor is a product of steps ≤ 1; a scalar gate multiplies the plain dot products by D_ij instead.
@@ -183,8 +165,8 @@ void intra(const DeltaRuleArgs& a, const float* q0, const float* k0, int64_t qs,
         vn[l] = i == jj ? _mm512_setzero_ps() : sn;
       }
       const __mmask16 m = static_cast<__mmask16>(n - ib >= 16 ? 0xffff : (1u << (n - ib)) - 1);
-      __m512 ra = _mm512_mul_ps(hsum16(va), _mm512_set1_ps(a.scale));
-      __m512 rn = _mm512_mul_ps(hsum16(vn), _mm512_maskz_loadu_ps(m, w.beta + ib));
+      __m512 ra = _mm512_mul_ps(avx512::hsum16(va), _mm512_set1_ps(a.scale));
+      __m512 rn = _mm512_mul_ps(avx512::hsum16(vn), _mm512_maskz_loadu_ps(m, w.beta + ib));
       if constexpr (!kPC) {
         const __m512 dv = _mm512_maskz_loadu_ps(m, dsc + ib);
         ra = _mm512_mul_ps(ra, dv);
