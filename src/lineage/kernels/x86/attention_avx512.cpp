@@ -116,14 +116,14 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
       for (int u = 1; u < NV; ++u) d = _mm512_fmadd_ps(qv[u], load<Full>(kr + 16 * u, km[u]), d);
       return d;
     };
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16) {
+    int64_t key = 0;
+    for (; key + 16 <= n; key += 16) {
       __m512 d[16];
 #pragma GCC unroll 16
       for (int r = 0; r < 16; ++r, kj += hd, vrow += hd * 4) d[r] = score(kj, vrow);
-      _mm512_store_ps(s + j, avx512::hsum16(d));
+      _mm512_store_ps(s + key, avx512::hsum16(d));
     }
-    for (; j < n; ++j, kj += hd, vrow += hd * 4) s[j] = _mm512_reduce_add_ps(score(kj, vrow));
+    for (; key < n; ++key, kj += hd, vrow += hd * 4) s[key] = _mm512_reduce_add_ps(score(kj, vrow));
     __m512 mx = _mm512_set1_ps(m);
     for (int64_t j = 0; j < n; j += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, lanes(n - j), s + j));
     const float m_new = _mm512_reduce_max_ps(mx);
