@@ -108,7 +108,9 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
     // This tile's V rows are requested while its K rows are read: two streams in flight. Sixteen
     // keys' products are summed across lanes together (one transposing reduction, ~2.5 instructions
     // a key, where a reduction per key took ~10: a stream's instructions per line decide how many
-    // lines it keeps in flight).
+    // lines it keeps in flight). Heads over 64 wide take a key at a time: their 16 products would
+    // not fit in the registers beside the query and the output, and the reduction weighs less
+    // against their longer rows.
     auto score = [&](const float* kr, const char* vr) {
       for (int64_t b = 0; b < hd * 4; b += 64) _mm_prefetch(vr + b, _MM_HINT_T0);
       __m512 d = _mm512_mul_ps(qv[0], load<Full>(kr, km[0]));
@@ -117,12 +119,13 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
       return d;
     };
     int64_t key = 0;
-    for (; key + 16 <= n; key += 16) {
-      __m512 d[16];
+    if constexpr (NV <= 4)
+      for (; key + 16 <= n; key += 16) {
+        __m512 d[16];
 #pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r, kj += hd, vrow += hd * 4) d[r] = score(kj, vrow);
-      _mm512_store_ps(s + key, avx512::hsum16(d));
-    }
+        for (int r = 0; r < 16; ++r, kj += hd, vrow += hd * 4) d[r] = score(kj, vrow);
+        _mm512_store_ps(s + key, avx512::hsum16(d));
+      }
     for (; key < n; ++key, kj += hd, vrow += hd * 4) s[key] = _mm512_reduce_add_ps(score(kj, vrow));
     __m512 mx = _mm512_set1_ps(m);
     for (int64_t j = 0; j < n; j += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, lanes(n - j), s + j));
