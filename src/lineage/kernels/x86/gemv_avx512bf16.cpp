@@ -41,10 +41,11 @@ void out_in(const uint32_t* xp, const uint16_t* w, int64_t in, int64_t o0, int64
     const uint32_t* xi = xp + head / 2;
     for (; i < full; i += 128, wi += 128, xi += 64)
       for (int j = 0; j < 4; ++j)
-        a[j] = _mm512_dpbf16_ps(a[j], (__m512bh)_mm512_loadu_si512(wi + 32 * j), (__m512bh)_mm512_loadu_si512(xi + 16 * j));
-    for (; i < in; i += 32)  // the weights and x pairs past `in` masked to zero
-      a[0] = _mm512_dpbf16_ps(a[0], (__m512bh)_mm512_maskz_loadu_epi16(first32(in - i), row + i),
-                              (__m512bh)_mm512_maskz_loadu_epi32(pairs16(in - i), xp + i / 2));
+        a[j] = _mm512_dpbf16_ps(a[j], (__m512bh)_mm512_loadu_si512(wi + 32 * j),
+                                (__m512bh)_mm512_loadu_si512(xi + 16 * j));
+    for (; i < in; i += 32, wi += 32, xi += 16)  // the weights and x pairs past `in` masked to zero
+      a[0] = _mm512_dpbf16_ps(a[0], (__m512bh)_mm512_maskz_loadu_epi16(first32(in - i), wi),
+                              (__m512bh)_mm512_maskz_loadu_epi32(pairs16(in - i), xi));
     y[o] = avx512::hsum(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
   }
 }
