@@ -158,7 +158,9 @@ std::string worst(const std::vector<float>& got, const std::vector<float>& want)
 
 // The shapes the fast paths are swept over (T = 1 takes the GEMV, T > 1 the GEMM): every combination of awkward sizes up to 2^20
 // multiply-adds (the f64 reference dominates the run time), plus large ones that cross several
-// reduction slices (KC = 384), column blocks, thread splits and row tiles at once.
+// reduction slices (KC = 384), column blocks, thread splits and row tiles at once, and blocks of more
+// than one panel where the GEMM sums the whole reduction at once (f32 panels at in = 1000 hold two
+// 48-column tiles).
 std::vector<std::array<int64_t, 3>> awkward_gemm_shapes() {
   std::vector<std::array<int64_t, 3>> shapes;
   const int64_t dims[] = {1, 15, 16, 17, 63, 64, 65, 130, 768, 770};
@@ -166,7 +168,8 @@ std::vector<std::array<int64_t, 3>> awkward_gemm_shapes() {
     for (int64_t in : dims)
       for (int64_t out : dims)
         if (T * in * out <= (1 << 20)) shapes.push_back({T, in, out});
-  for (auto s : {std::array<int64_t, 3>{65, 770, 770}, {513, 770, 65}, {513, 65, 770}}) shapes.push_back(s);
+  for (auto s : {std::array<int64_t, 3>{65, 770, 770}, {513, 770, 65}, {513, 65, 770}, {9, 1000, 1300}})
+    shapes.push_back(s);
   return shapes;
 }
 

@@ -1,5 +1,6 @@
 // AVX-512 pieces shared by the GEMM blocks (gemm_avx512.cpp, gemm_avx512bf16.cpp): the register tile's
-// shape, edge masks, a 16×16 transpose for packing OutIn weights, and the tile's load/store of y.
+// shape, edge masks, a 16×16 transpose for packing OutIn weights, the tile's load/store of y, and the
+// walk over a block's panels and tiles.
 // Internal linkage on purpose: each includer is compiled with its own ISA flags, and a shared inline
 // definition could be merged into the wrong one by the linker.
 #pragma once
@@ -9,6 +10,7 @@
 #include <cstdint>
 
 #include "lineage/kernels/x86/avx512_util.h"
+#include "lineage/kernels/x86/gemm.h"
 
 namespace lineage::kernels::gemm_avx512 {
 namespace {
@@ -106,6 +108,38 @@ inline void store_tile(__m512 acc[M][3], float* c, int64_t ldc, int64_t nv, Stor
     _mm512_mask_storeu_ps(c + m * ldc, m0, acc[m][0]);
     _mm512_mask_storeu_ps(c + m * ldc + 16, m1, acc[m][1]);
     _mm512_mask_storeu_ps(c + m * ldc + 32, m2, acc[m][2]);
+  }
+}
+
+// How a GEMM block walks its rectangle y[t0:t1, o0:o1): column panels of whole 48-column tiles, each
+// packed once per slice of the reduction (pack(k0, kc, s0, nc)), then every 8-row tile of x against
+// every 48-column tile of the panel (tile(t, k0, kc, s0, j, nv, accumulate, store): the tile at column j
+// of the panel, y columns s0 + j, nv of them valid).
+//
+// Where one tile's panel of the whole reduction takes at most `whole_max` bytes, the reduction is not
+// sliced: a panel holds all of it for as many tiles as fit in `panel_max` bytes (at least one), and
+// each register tile sums the whole reduction at once, so the panel, the tile's 8 rows of x and the y
+// it writes once stay in L2. Cut into slices, a GPT-2 prefill's y block (512 × 288 floats, 576 KiB)
+// was stored and reloaded between slices beside x's slice and the panel, more than L2 (1 MiB) holds:
+// bf16 pp512 3 % faster unsliced (7 of 8 alternating runs). Otherwise the reduction is cut in slices
+// of `kc_max` and the panel spans the whole block.
+template <class Pack, class Tile>
+void walk_block(const GemmProblem& p, int64_t t0, int64_t t1, int64_t o0, int64_t o1, int64_t tile_bytes, int64_t whole_max,
+                int64_t panel_max, int64_t kc_max, Pack pack, Tile tile) {
+  const bool whole = tile_bytes <= whole_max;
+  const int64_t slice = whole ? p.in : kc_max;
+  const int64_t width = whole ? (tile_bytes < panel_max ? panel_max / tile_bytes : 1) * kNR : o1 - o0;
+  for (int64_t s0 = o0; s0 < o1; s0 += width) {
+    const int64_t nc = min64(o1, s0 + width) - s0;
+    for (int64_t k0 = 0; k0 < p.in; k0 += slice) {
+      const int64_t kc = min64(slice, p.in - k0);
+      pack(k0, kc, s0, nc);
+      const bool last = k0 + slice >= p.in;  // the bias and GELU at the last slice's store only
+      const float* bias = p.bias && last ? p.bias + s0 : nullptr;
+      for (int64_t t = t0; t < t1; t += kMR)
+        for (int64_t j = 0; j < nc; j += kNR)
+          tile(t, k0, kc, s0, j, min64(kNR, nc - j), k0 > 0, Store{bias ? bias + j : nullptr, p.gelu && last});
+    }
   }
 }
 

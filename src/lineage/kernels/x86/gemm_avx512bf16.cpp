@@ -8,6 +8,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "lineage/kernels/x86/gemm.h"
@@ -17,12 +18,15 @@ namespace lineage::kernels {
 namespace gemm_avx512 {
 namespace {
 
-// A KC × NC bf16 panel (216 KiB) stays in L2 while 8 rows of bf16 x (6 KiB per slice) stay in L1.
-// NC = 288 rather than 576: twice the column blocks, so the threads' shares end closer together
-// (GPT-2 pp512 with --bf16-dot 2 % faster in alternating runs; 192 was no better).
+// A panel of bf16 pairs stays in L2 while 8 rows of x stay in L1 (walk_block): up to in = 4096 the
+// whole reduction (one tile's panel at most kWholeTileMax, 384 KiB; as many tiles as fit in
+// kPanelMax, 216 KiB, or one), above that slices of KC × NC (216 KiB). NC = 288 rather than 576: twice
+// the column blocks, so the threads' shares end closer together (GPT-2 pp512 with --bf16-dot 2 %
+// faster in alternating runs; 192 was no better).
 constexpr int64_t kKC = 384;  // even: pairs never straddle two slices
 constexpr int64_t kNC = 288;
 constexpr int64_t kPrefetchRows = 8;
+constexpr int64_t kWholeTileMax = 384 << 10, kPanelMax = kKC / 2 * kNC * 4;
 
 // Row stride of the prepared x in bf16 pairs: whole 64-byte lines, so rows convert in whole vectors.
 int64_t x_pairs_stride(int64_t in) { return ((in + 1) / 2 + 15) / 16 * 16; }
@@ -124,20 +128,18 @@ void block(const GemmProblem& p, const void* prepared, int64_t t0, int64_t t1, i
   uint32_t* bp = static_cast<uint32_t*>(scratch);
   const auto* w = static_cast<const uint16_t*>(p.w);
   const auto* xp = static_cast<const uint32_t*>(prepared);
-  const int64_t nc = o1 - o0, ld = x_pairs_stride(p.in);
-  for (int64_t k0 = 0; k0 < p.in; k0 += kKC) {
-    const int64_t kc = min64(kKC, p.in - k0), kp = (kc + 1) / 2;
-    if (p.out_in) pack_out_in(w, p.in, k0, kc, o0, nc, bp);
-    else pack_in_out(w, p.out, k0, kc, o0, nc, bp);
-    const bool last = k0 + kKC >= p.in;  // the bias and GELU at the last slice's store only
-    const float* bias = p.bias && last ? p.bias + o0 : nullptr;
-    for (int64_t t = t0; t < t1; t += kMR) {
-      const TileFn f = kTiles[min64(kMR, t1 - t)];
-      for (int64_t j = 0; j < nc; j += kNR)
-        f(kp, xp + t * ld + k0 / 2, ld, bp + j * kp, p.y + t * p.out + o0 + j, p.out, min64(kNR, nc - j), k0 > 0,
-          Store{bias ? bias + j : nullptr, p.gelu && last});
-    }
-  }
+  const int64_t ld = x_pairs_stride(p.in), tile_bytes = (p.in + 1) / 2 * kNR * int64_t(sizeof(uint32_t));
+  walk_block(
+      p, t0, t1, o0, o1, tile_bytes, kWholeTileMax, kPanelMax, kKC,
+      [&](int64_t k0, int64_t kc, int64_t s0, int64_t nc) {
+        if (p.out_in) pack_out_in(w, p.in, k0, kc, s0, nc, bp);
+        else pack_in_out(w, p.out, k0, kc, s0, nc, bp);
+      },
+      [&](int64_t t, int64_t k0, int64_t kc, int64_t s0, int64_t j, int64_t nv, bool accumulate, Store st) {
+        const int64_t kp = (kc + 1) / 2;
+        kTiles[min64(kMR, t1 - t)](kp, xp + t * ld + k0 / 2, ld, bp + j * kp, p.y + t * p.out + s0 + j, p.out, nv,
+                                   accumulate, st);
+      });
 }
 
 }  // namespace
@@ -145,7 +147,7 @@ void block(const GemmProblem& p, const void* prepared, int64_t t0, int64_t t1, i
 
 const GemmPath& gemm_bf16_dot_avx512bf16() {
   using namespace gemm_avx512;
-  static const GemmPath path{prepare_x, prepared_bytes, block, kNR, kNC, size_t(kKC / 2) * kNC * sizeof(uint32_t)};
+  static const GemmPath path{prepare_x, prepared_bytes, block, kNR, kNC, size_t(std::max(kWholeTileMax, kPanelMax))};
   return path;
 }
 
