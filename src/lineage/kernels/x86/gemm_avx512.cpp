@@ -6,6 +6,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "lineage/kernels/x86/gemm.h"
@@ -15,11 +16,14 @@ namespace lineage::kernels {
 namespace gemm_avx512 {
 namespace {
 
-// A KC × NC f32 panel (432 KiB) stays in the 1 MiB L2 while every 8-row slice of x streams past
-// it; the 8 × KC slice of x (12 KiB) stays in L1 across the panel's 48-column tiles.
+// An f32 panel stays in the 1 MiB L2 while every 8-row slice of x streams past it, the slice staying
+// in L1 across the panel's 48-column tiles (walk_block): up to in = 2048 the whole reduction (one
+// tile's panel at most kWholeTileMax, 384 KiB; as many tiles as fit in kPanelMax, 432 KiB, or one),
+// above that slices of KC × NC (432 KiB).
 constexpr int64_t kKC = 384;
 constexpr int64_t kNC = 288;
 constexpr int64_t kPrefetchRows = 8;
+constexpr int64_t kWholeTileMax = 384 << 10, kPanelMax = kKC * kNC * 4;
 
 // Masked loads stream worse than plain ones on the development CPU (Zen 5): all 16 lanes load plainly.
 template <int DT>
@@ -98,20 +102,16 @@ constexpr TileFn kTiles[kMR + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>,
 template <int DT>
 void block(const GemmProblem& p, int64_t t0, int64_t t1, int64_t o0, int64_t o1, void* scratch) {
   float* bp = static_cast<float*>(scratch);
-  const int64_t nc = o1 - o0;
-  for (int64_t k0 = 0; k0 < p.in; k0 += kKC) {
-    const int64_t kc = min64(kKC, p.in - k0);
-    if (p.out_in) pack_out_in<DT>(p.w, p.in, k0, kc, o0, nc, bp);
-    else pack_in_out<DT>(p.w, p.out, k0, kc, o0, nc, bp);
-    const bool last = k0 + kKC >= p.in;  // the bias and GELU at the last slice's store only
-    const float* bias = p.bias && last ? p.bias + o0 : nullptr;
-    for (int64_t t = t0; t < t1; t += kMR) {
-      const TileFn f = kTiles[min64(kMR, t1 - t)];
-      for (int64_t j = 0; j < nc; j += kNR)
-        f(kc, p.x + t * p.in + k0, p.in, bp + j * kc, p.y + t * p.out + o0 + j, p.out, min64(kNR, nc - j), k0 > 0,
-          Store{bias ? bias + j : nullptr, p.gelu && last});
-    }
-  }
+  walk_block(
+      p, t0, t1, o0, o1, p.in * kNR * int64_t(sizeof(float)), kWholeTileMax, kPanelMax, kKC,
+      [&](int64_t k0, int64_t kc, int64_t s0, int64_t nc) {
+        if (p.out_in) pack_out_in<DT>(p.w, p.in, k0, kc, s0, nc, bp);
+        else pack_in_out<DT>(p.w, p.out, k0, kc, s0, nc, bp);
+      },
+      [&](int64_t t, int64_t k0, int64_t kc, int64_t s0, int64_t j, int64_t nv, bool accumulate, Store st) {
+        kTiles[min64(kMR, t1 - t)](kc, p.x + t * p.in + k0, p.in, bp + j * kc, p.y + t * p.out + s0 + j, p.out, nv,
+                                   accumulate, st);
+      });
 }
 
 void block_any(const GemmProblem& p, const void*, int64_t t0, int64_t t1, int64_t o0, int64_t o1, void* scratch) {
@@ -125,7 +125,7 @@ void block_any(const GemmProblem& p, const void*, int64_t t0, int64_t t1, int64_
 
 const GemmPath& gemm_exact_avx512() {
   using namespace gemm_avx512;
-  static const GemmPath path{nullptr, nullptr, block_any, kNR, kNC, size_t(kKC) * kNC * sizeof(float)};
+  static const GemmPath path{nullptr, nullptr, block_any, kNR, kNC, size_t(std::max(kWholeTileMax, kPanelMax))};
   return path;
 }
 
