@@ -177,9 +177,19 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
   float* ST = QT + kQ * hd;
   float* PT = ST + kKeys * kQ;
   float* O = PT + kKeys * kQ;
-  std::fill(QT, QT + kQ * hd, 0.0f);
-  for (int64_t i = 0; i < nq; ++i)
-    for (int64_t c = 0; c < hd; ++c) QT[c * kQ + i] = q[i * ldq + c] * scale;
+  // 16 queries × 16 columns at a time through a register transpose (element by element, the strided
+  // stores took 7 % of the tile's time).
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (int64_t i0 = 0; i0 < kQ; i0 += 16)
+    for (int64_t c0 = 0; c0 < hd; c0 += 16) {
+      const __mmask16 cols = lanes(hd - c0);
+      __m512i r[16];
+      for (int64_t i = 0; i < 16; ++i)
+        r[i] = i0 + i < nq ? _mm512_castps_si512(_mm512_mul_ps(vs, _mm512_maskz_loadu_ps(cols, q + (i0 + i) * ldq + c0)))
+                           : _mm512_setzero_si512();
+      avx512::transpose16x16(r);
+      for (int64_t c = 0; c < std::min<int64_t>(16, hd - c0); ++c) _mm512_store_si512(QT + (c0 + c) * kQ + i0, r[c]);
+    }
   std::fill(O, O + nq * hd, 0.0f);
   __m512 m[4], l[4];  // running maximum and sum of each query's weights, 16 queries a register
   for (int g = 0; g < 4; ++g) m[g] = _mm512_set1_ps(-INFINITY), l[g] = _mm512_setzero_ps();

@@ -34,6 +34,31 @@ inline __m512 hsum16(const __m512* v) {
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
 }
 
+// In-place transpose of 16 rows of 16 32-bit elements: r[i] lane j <- r[j] lane i (packing [out, in]
+// GEMM weights, turning prefill attention's queries).
+inline void transpose16x16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4g + q], 128-bit lane L: rows 4g .. 4g+3 of column 4L + q.
+  for (int g = 0; g < 16; g += 4) {
+    u[g + 0] = _mm512_unpacklo_epi64(t[g + 0], t[g + 2]);
+    u[g + 1] = _mm512_unpackhi_epi64(t[g + 0], t[g + 2]);
+    u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+    u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+  }
+  for (int q = 0; q < 4; ++q) {
+    const __m512i even_ab = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x88), odd_ab = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xdd);
+    const __m512i even_cd = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x88), odd_cd = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xdd);
+    r[q] = _mm512_shuffle_i32x4(even_ab, even_cd, 0x88);
+    r[8 + q] = _mm512_shuffle_i32x4(even_ab, even_cd, 0xdd);
+    r[4 + q] = _mm512_shuffle_i32x4(odd_ab, odd_cd, 0x88);
+    r[12 + q] = _mm512_shuffle_i32x4(odd_ab, odd_cd, 0xdd);
+  }
+}
+
 // exp(x) for x ≤ 0: the Cephes polynomial of vmath.cpp (exp_nonpositive), x < −87 gives exactly 0.
 inline __m512 exp_nonpositive16(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.0f);

@@ -1,6 +1,5 @@
 // AVX-512 pieces shared by the GEMM blocks (gemm_avx512.cpp, gemm_avx512bf16.cpp): the register tile's
-// shape, edge masks, a 16×16 transpose for packing OutIn weights, the tile's load/store of y, and the
-// walk over a block's panels and tiles.
+// shape, edge masks, the tile's load/store of y, and the walk over a block's panels and tiles.
 // Internal linkage on purpose: each includer is compiled with its own ISA flags, and a shared inline
 // definition could be merged into the wrong one by the linker.
 #pragma once
@@ -19,34 +18,11 @@ constexpr int kMR = 8;   // rows of y per register tile; each broadcasts one x e
 constexpr int kNR = 48;  // columns of y per register tile: three zmm, 8 × 3 = 24 accumulators
 
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+using avx512::transpose16x16;
 
 // Lanes [0, n) set; n may be <= 0 or >= 16.
 inline __mmask16 mask16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1); }
 inline __mmask32 mask32(int64_t n) { return n >= 32 ? __mmask32(0xffffffffu) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1); }
-
-// In-place transpose of 16 rows of 16 32-bit elements: r[i] lane j <- r[j] lane i.
-inline void transpose16x16(__m512i r[16]) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  // u[4g + q], 128-bit lane L: rows 4g .. 4g+3 of column 4L + q.
-  for (int g = 0; g < 16; g += 4) {
-    u[g + 0] = _mm512_unpacklo_epi64(t[g + 0], t[g + 2]);
-    u[g + 1] = _mm512_unpackhi_epi64(t[g + 0], t[g + 2]);
-    u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
-    u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
-  }
-  for (int q = 0; q < 4; ++q) {
-    const __m512i even_ab = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x88), odd_ab = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xdd);
-    const __m512i even_cd = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x88), odd_cd = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xdd);
-    r[q] = _mm512_shuffle_i32x4(even_ab, even_cd, 0x88);
-    r[8 + q] = _mm512_shuffle_i32x4(even_ab, even_cd, 0xdd);
-    r[4 + q] = _mm512_shuffle_i32x4(odd_ab, odd_cd, 0x88);
-    r[12 + q] = _mm512_shuffle_i32x4(odd_ab, odd_cd, 0xdd);
-  }
-}
 
 // The tile's view of y: M rows of `nv` (<= kNR) valid columns at c, row stride ldc. The accumulators
 // start from y when `accumulate` (a later slice of the reduction), so every y element is one FMA
