@@ -184,9 +184,11 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
     for (int64_t c0 = 0; c0 < hd; c0 += 16) {
       const __mmask16 cols = lanes(hd - c0);
       __m512i r[16];
-      for (int64_t i = 0; i < 16; ++i)
-        r[i] = i0 + i < nq ? _mm512_castps_si512(_mm512_mul_ps(vs, _mm512_maskz_loadu_ps(cols, q + (i0 + i) * ldq + c0)))
+      for (int64_t i = 0; i < 16; ++i) {
+        const float* row = q + (i0 + i) * ldq + c0;
+        r[i] = i0 + i < nq ? _mm512_castps_si512(_mm512_mul_ps(vs, _mm512_maskz_loadu_ps(cols, row)))
                            : _mm512_setzero_si512();
+      }
       avx512::transpose16x16(r);
       for (int64_t c = 0; c < std::min<int64_t>(16, hd - c0); ++c) _mm512_store_si512(QT + (c0 + c) * kQ + i0, r[c]);
     }

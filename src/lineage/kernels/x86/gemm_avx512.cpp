@@ -16,10 +16,10 @@ namespace lineage::kernels {
 namespace gemm_avx512 {
 namespace {
 
-// An f32 panel stays in the 1 MiB L2 while every 8-row slice of x streams past it, the slice staying
-// in L1 across the panel's 48-column tiles (walk_block): up to in = 2048 the whole reduction (one
-// tile's panel at most kWholeTileMax, 384 KiB; as many tiles as fit in kPanelMax, 432 KiB, or one),
-// above that slices of KC × NC (432 KiB).
+// An f32 panel stays in the 1 MiB L2 while every 8-row slice of x streams past it, reused across the
+// panel's 48-column tiles (walk_block): up to in = 2048 the whole reduction (one tile's panel at most
+// kWholeTileMax, 384 KiB; as many tiles as fit in kPanelMax, 432 KiB, or one), above that slices of
+// KC × NC (432 KiB, x's 8 × KC slice 12 KiB in L1).
 constexpr int64_t kKC = 384;
 constexpr int64_t kNC = 288;
 constexpr int64_t kPrefetchRows = 8;

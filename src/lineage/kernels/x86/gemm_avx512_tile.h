@@ -100,8 +100,8 @@ inline void store_tile(__m512 acc[M][3], float* c, int64_t ldc, int64_t nv, Stor
 // bf16 pp512 3 % faster unsliced (7 of 8 alternating runs). Otherwise the reduction is cut in slices
 // of `kc_max` and the panel spans the whole block.
 template <class Pack, class Tile>
-void walk_block(const GemmProblem& p, int64_t t0, int64_t t1, int64_t o0, int64_t o1, int64_t tile_bytes, int64_t whole_max,
-                int64_t panel_max, int64_t kc_max, Pack pack, Tile tile) {
+void walk_block(const GemmProblem& p, int64_t t0, int64_t t1, int64_t o0, int64_t o1, int64_t tile_bytes,
+                int64_t whole_max, int64_t panel_max, int64_t kc_max, Pack pack, Tile tile) {
   const bool whole = tile_bytes <= whole_max;
   const int64_t slice = whole ? p.in : kc_max;
   const int64_t width = whole ? (tile_bytes < panel_max ? panel_max / tile_bytes : 1) * kNR : o1 - o0;
