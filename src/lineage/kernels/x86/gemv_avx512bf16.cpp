@@ -39,12 +39,11 @@ void out_in(const uint32_t* xp, const uint16_t* w, int64_t in, int64_t o0, int64
     // to 211 / 209 tok/s (medians of two series of 8 alternating runs; 15 of 16 pairs faster).
     const uint16_t* wi = row + head;
     const uint32_t* xi = xp + head / 2;
-    // Each line is also requested 2 KiB ahead as non-temporal (prefetchnta), presumably so that the
-    // weights pass through the caches without displacing what the rest of the step reuses (the KV
-    // cache, the activations, the small weights, the code; the read probe gains nothing from the same
-    // hint, so it is not a faster stream as such). GPT-2 bf16 decode at depth 128 went from 155–193 to
-    // 166–236 tok/s, 70–88 % to 85–103 % of the paired probe (13 of 14 alternating runs faster), and
-    // `gemv/bf16dot/out_in` 12–16 % faster with every call on a cold copy.
+    // Each line is also requested 2 KiB ahead as non-temporal (prefetchnta). An ordinary prefetch
+    // there gained nothing (docs/performance.md); this one lets the weights pass through the caches
+    // with less of a wake (the read probe, a plain stream, gains nothing from it): GPT-2 bf16 decode
+    // at depth 128 went from 155–193 to 166–236 tok/s, 70–88 % to 85–103 % of the paired probe (13 of
+    // 14 alternating runs faster), and `gemv/bf16dot/out_in` ran 12–16 % faster on cold copies.
     for (; i < full; i += 128, wi += 128, xi += 64)
       for (int j = 0; j < 4; ++j) {
         _mm_prefetch(reinterpret_cast<const char*>(wi + 32 * j + 1024), _MM_HINT_NTA);
