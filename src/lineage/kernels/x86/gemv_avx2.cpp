@@ -41,6 +41,7 @@ struct Avx2 {
     const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
   }
+  static void prefetch_stream(const char* p) { _mm_prefetch(p, _MM_HINT_NTA); }
 };
 }  // namespace
 

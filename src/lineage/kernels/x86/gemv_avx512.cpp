@@ -33,6 +33,7 @@ struct Avx512 {
   static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
   static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
   static float sum(Vec v) { return _mm512_reduce_add_ps(v); }
+  static void prefetch_stream(const char* p) { _mm_prefetch(p, _MM_HINT_NTA); }
 };
 }  // namespace
 

@@ -19,6 +19,7 @@ struct Scalar {
   static Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
   static void store(float* p, Vec v) { *p = v; }
   static float sum(Vec v) { return v; }
+  static void prefetch_stream(const char*) {}
 };
 }  // namespace
 
