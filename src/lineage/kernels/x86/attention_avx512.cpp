@@ -190,7 +190,8 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
                            : _mm512_setzero_si512();
       }
       avx512::transpose16x16(r);
-      for (int64_t c = 0; c < std::min<int64_t>(16, hd - c0); ++c) _mm512_store_si512(QT + (c0 + c) * kQ + i0, r[c]);
+      for (int64_t c = 0; c < std::min<int64_t>(16, hd - c0); ++c)
+        _mm512_store_si512(QT + (c0 + c) * kQ + i0, r[c]);
     }
   std::fill(O, O + nq * hd, 0.0f);
   __m512 m[4], l[4];  // running maximum and sum of each query's weights, 16 queries a register

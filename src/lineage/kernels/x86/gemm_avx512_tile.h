@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "lineage/kernels/x86/avx512_util.h"
@@ -104,7 +105,7 @@ void walk_block(const GemmProblem& p, int64_t t0, int64_t t1, int64_t o0, int64_
                 int64_t whole_max, int64_t panel_max, int64_t kc_max, Pack pack, Tile tile) {
   const bool whole = tile_bytes <= whole_max;
   const int64_t slice = whole ? p.in : kc_max;
-  const int64_t width = whole ? (tile_bytes < panel_max ? panel_max / tile_bytes : 1) * kNR : o1 - o0;
+  const int64_t width = whole ? std::max<int64_t>(1, panel_max / tile_bytes) * kNR : o1 - o0;
   for (int64_t s0 = o0; s0 < o1; s0 += width) {
     const int64_t nc = min64(o1, s0 + width) - s0;
     for (int64_t k0 = 0; k0 < p.in; k0 += slice) {

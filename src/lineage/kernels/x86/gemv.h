@@ -6,6 +6,10 @@
 
 namespace lineage::kernels {
 
+// How far ahead of its loads a 16-bit weight stream requests lines non-temporally (prefetchnta):
+// the bf16 dot GEMV and the 16-bit [in, out] GEMV (gemv_simd.h, stream_ahead; measured there).
+inline constexpr int64_t kStreamAheadBytes = 2048;
+
 struct GemvTable {
   const char* isa;
   // OutIn weights [out, in]: y[o] = Σ_i x[i]·W[o, i] for o in [o0, o1).

@@ -39,13 +39,13 @@ void out_in(const uint32_t* xp, const uint16_t* w, int64_t in, int64_t o0, int64
     // to 211 / 209 tok/s (medians of two series of 8 alternating runs; 15 of 16 pairs faster).
     const uint16_t* wi = row + head;
     const uint32_t* xi = xp + head / 2;
-    // Each line is also requested 2 KiB ahead as non-temporal (prefetchnta). An ordinary prefetch
+    // Each line is also requested 2 KiB ahead (kStreamAheadBytes) as non-temporal. An ordinary prefetch
     // there gained nothing (docs/performance.md); this one made GPT-2 bf16 decode at depth 128 faster
     // in 19 of 20 alternating runs (65–88 % → 79–106 % of the paired probe) and `gemv/bf16dot/out_in`
     // 12–16 % faster on cold copies, while the read probe, a plain stream, gains nothing from it.
     for (; i < full; i += 128, wi += 128, xi += 64)
       for (int j = 0; j < 4; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(wi + 32 * j + 1024), _MM_HINT_NTA);
+        _mm_prefetch(reinterpret_cast<const char*>(wi + 32 * j) + kStreamAheadBytes, _MM_HINT_NTA);
         a[j] = _mm512_dpbf16_ps(a[j], (__m512bh)_mm512_loadu_si512(wi + 32 * j),
                                 (__m512bh)_mm512_loadu_si512(xi + 16 * j));
       }

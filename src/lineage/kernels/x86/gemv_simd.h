@@ -62,16 +62,16 @@ inline int64_t to_line(const void* w, int64_t at) {
   return addr % kElem ? 0 : int64_t((64 - addr % 64) % 64) / kElem;
 }
 
-// Requests the lines of the N elements at w + i 2 KiB further on, non-temporally (S::prefetch_stream:
-// prefetchnta; nothing in the scalar build), as the bf16 dot GEMV does (gemv_avx512bf16.cpp). The
+// Requests the lines of the N elements at w + i kStreamAheadBytes further on, non-temporally
+// (S::prefetch_stream: prefetchnta; nothing in the scalar build), as the bf16 dot GEMV does. The
 // [in, out] loop does it for 16-bit rows (GPT-2 Conv1D weights mapped from a bf16 checkpoint):
 // `gemv(_mapped)/bf16(dot)/in_out` 3–33 % faster, and decode of a mapped bf16 GPT-2 checkpoint at depth
 // 128 faster in 9 of 12 alternating runs. f32 rows ([in, out] or [out, in]) and the 16-bit [out, in]
 // loop showed no gain and stream without it.
 template <class S, int DT, int N>
 inline void stream_ahead(const void* w, int64_t i) {
-  constexpr int64_t kElem = DT == 0 ? 4 : 2, kAhead = 2048;
-  const char* p = static_cast<const char*>(w) + i * kElem + kAhead;
+  constexpr int64_t kElem = DT == 0 ? 4 : 2;
+  const char* p = static_cast<const char*>(w) + i * kElem + kStreamAheadBytes;
   for (int64_t b = 0; b < N * kElem; b += 64) S::prefetch_stream(p + b);
 }
 
