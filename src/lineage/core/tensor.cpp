@@ -8,14 +8,31 @@
 #include <cstring>
 #include <sstream>
 
+#include "lineage/core/checked.h"
 #include "lineage/core/error.h"
 
 namespace lineage {
 
-int64_t shape_numel(const Shape& s) {
+std::optional<int64_t> checked_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) {
+    const auto m = checked_mul(n, d);
+    if (!m) return std::nullopt;
+    n = *m;
+  }
   return n;
+}
+
+std::optional<int64_t> checked_nbytes(const Shape& s, DType t) {
+  const auto n = checked_numel(s);
+  return n ? checked_mul(*n, int64_t(dtype_size(t))) : std::nullopt;
+}
+
+// Shapes from outside are checked where they enter (checked_numel); one that overflows here is a bug.
+int64_t shape_numel(const Shape& s) {
+  const auto n = checked_numel(s);
+  LINEAGE_CHECK(n, "element count of ", shape_str(s), " is negative or overflows int64");
+  return *n;
 }
 
 std::string shape_str(const Shape& s) {
@@ -34,8 +51,9 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
-  for (int64_t d : t.shape_) LINEAGE_CHECK(d >= 0, "negative dim in ", shape_str(t.shape_));
-  const size_t bytes = (size_t(t.numel()) * dtype_size(dtype) + 63) / 64 * 64;
+  const auto exact = checked_nbytes(t.shape_, dtype);
+  LINEAGE_CHECK(exact && *exact <= INT64_MAX - 63, "byte length of ", shape_str(t.shape_), " overflows");
+  const size_t bytes = size_t(*exact + 63) / 64 * 64;
   void* p = nullptr;
   if (bytes >= kHugePage) {
     // Large buffers (weights, KV caches, states) start on a 2 MiB boundary and ask for transparent
@@ -48,7 +66,7 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   } else if (bytes) {
     p = std::aligned_alloc(64, bytes);
   }
-  LINEAGE_CHECK(bytes == 0 || p, "out of memory allocating ", bytes, " bytes");
+  if (bytes && !p) throw Error(cat("out of memory allocating ", bytes, " bytes for a tensor of shape ", shape_str(t.shape_)));
   t.data_ = p;
   t.defined_ = true;
   t.owner_ = std::shared_ptr<const void>(p, [](const void* q) { std::free(const_cast<void*>(q)); });

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lineage/core/error.h"
+#include "lineage/io/json_read.h"
 #include "lineage/io/bpe_model.h"
 
 namespace lineage::io {
@@ -20,22 +21,7 @@ using nlohmann::json;
 constexpr int64_t kMaxTokenId = (1 << 24) - 1;  // guards against a typo allocating gigabytes
 const char kEndOfText[] = "<|endoftext|>";
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(cat(path.string(), ": cannot open the file (missing or unreadable)"));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-json read_json(const fs::path& path) {
-  const std::string text = read_text(path);
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw Error(cat(path.string(), ": not valid JSON: ", e.what()));
-  }
-}
+json read_json(const fs::path& path) { return read_json_file(path); }
 
 // A short rendering of a JSON value for messages.
 std::string found(const json& value) {
@@ -123,7 +109,7 @@ void add_merge(BpeModel& m, std::string_view left, std::string_view right, int32
 }
 
 void load_merges_txt(BpeModel& m, const fs::path& path) {
-  const std::string text = read_text(path);
+  const std::string text = read_file_text(path);
   const std::string file = path.string();
   size_t line_start = 0;
   int line_number = 0;

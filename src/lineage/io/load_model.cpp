@@ -3,11 +3,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <fstream>
+#include <algorithm>
+#include <cctype>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "lineage/core/error.h"
+#include "lineage/io/json_read.h"
 #include "lineage/model/archs/arch.h"
 
 namespace lineage::io {
@@ -18,16 +20,27 @@ namespace {
 
 nlohmann::json read_config(const fs::path& dir) {
   const fs::path p = dir / "config.json";
+  if (fs::exists(dir) && !fs::is_directory(dir))
+    throw Error(cat(dir.string(), ": is a file; --model expects the model directory that holds config.json"));
   if (!fs::is_directory(dir)) throw Error(cat(dir.string(), ": model directory does not exist"));
-  std::ifstream in(p);
-  if (!in) throw Error(cat(p.string(), ": cannot open (a model directory needs config.json)"));
-  try {
-    nlohmann::json j = nlohmann::json::parse(in);
-    if (!j.is_object()) throw Error(cat(p.string(), ": expected a JSON object"));
-    return j;
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(cat(p.string(), ": not valid JSON: ", e.what()));
+  if (!fs::exists(p)) throw Error(cat(p.string(), ": does not exist (a model directory needs config.json)"));
+  nlohmann::json j = read_json_file(p);
+  if (!j.is_object()) throw Error(cat(p.string(), ": expected a JSON object, found ", j.type_name()));
+  return j;
+}
+
+// The number of blocks the checkpoint holds: one more than the largest index after the layer prefix.
+int64_t checkpoint_layers(const Checkpoint& ckpt, const std::string& prefix) {
+  int64_t layers = 0;
+  for (const auto& name : ckpt.names()) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    int64_t i = 0;
+    size_t at = prefix.size();
+    for (; at < name.size() && at < prefix.size() + 6 && std::isdigit(static_cast<unsigned char>(name[at])); ++at)
+      i = i * 10 + (name[at] - '0');
+    if (at > prefix.size() && at < name.size() && name[at] == '.') layers = std::max(layers, i + 1);
   }
+  return layers;
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -89,6 +102,12 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
   LoadedModel out;
   out.model = (*build)(model::ArchInput{model::ConfigFields(cfg, cfg_path),
                                         [&](const std::string& n) { return ckpt->has(n); }});
+  const int64_t held = checkpoint_layers(*ckpt, out.model.names.layer_prefix);
+  if (held != out.model.n_layers())
+    throw Error(cat(cfg_path, ": field \"", out.model.config.layers_field, "\": expected ", held, " (the checkpoint holds ",
+                    held ? cat("layers ", out.model.names.layer_prefix, "0 .. ", out.model.names.layer_prefix, held - 1)
+                         : cat("no tensor named ", out.model.names.layer_prefix, "N.*"),
+                    "), found ", out.model.n_layers()));
   bind_weights(out.model, *ckpt, dir.string());
   // Owned: every tensor copied (Conv1D matrices then transposed for decode), and the mappings go
   // with `ckpt`, their last owner, at the return.

@@ -10,7 +10,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "lineage/core/checked.h"
 #include "lineage/core/error.h"
+#include "lineage/io/json_read.h"
+#include "lineage/io/mapping_guard.h"
 
 namespace lineage::io {
 
@@ -27,6 +30,11 @@ std::shared_ptr<const void> map_file(const fs::path& path, size_t& size) {
     ::close(fd);
     throw Error(cat(path.string(), ": cannot stat"));
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(cat(path.string(), ": is not a regular file (", S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe",
+                    "); expected a safetensors file"));
+  }
   size = size_t(st.st_size);
   if (size == 0) {
     ::close(fd);
@@ -41,15 +49,23 @@ std::shared_ptr<const void> map_file(const fs::path& path, size_t& size) {
   // prefetcher at each page. Pages already cached in small folios stay as they are; where the
   // kernel cannot, the advice is ignored.
   (void)::madvise(p, size, MADV_HUGEPAGE);
-  return std::shared_ptr<const void>(p, [size](const void* q) { ::munmap(const_cast<void*>(q), size); });
+  remember_mapping(p, size, path.string());
+  return std::shared_ptr<const void>(p, [size](const void* q) {
+    forget_mapping(q);
+    ::munmap(const_cast<void*>(q), size);
+  });
 }
+
+// More dims than any tensor has; a longer list is a crafted header.
+constexpr size_t kMaxRank = 16;
 
 Shape parse_shape(const json& j, const std::string& where) {
   if (!j.is_array()) throw Error(cat(where, ": \"shape\" must be an array of non-negative integers"));
+  if (j.size() > kMaxRank) throw Error(cat(where, ": \"shape\" has ", j.size(), " dims; expected at most ", kMaxRank));
   Shape s;
   for (const auto& d : j) {
-    if (!d.is_number_integer() || d.get<int64_t>() < 0)
-      throw Error(cat(where, ": \"shape\" must be an array of non-negative integers, found ", j.dump()));
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT64_MAX))
+      throw Error(cat(where, ": \"shape\" must be an array of non-negative integers, found ", d.dump()));
     s.push_back(d.get<int64_t>());
   }
   return s;
@@ -68,13 +84,8 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
   if (header_len > size - 8)
     throw Error(cat(f, ": header length ", header_len, " runs past the end of the file (", size,
                     " bytes); the file is truncated or not safetensors"));
-  json header;
-  try {
-    header = json::parse(base + 8, base + 8 + header_len);
-  } catch (const json::exception& e) {
-    throw Error(cat(f, ": header is not valid JSON: ", e.what()));
-  }
-  if (!header.is_object()) throw Error(cat(f, ": header must be a JSON object"));
+  const json header = parse_json(std::string_view(base + 8, header_len), cat(f, ": header"));
+  if (!header.is_object()) throw Error(cat(f, ": header must be a JSON object, found ", header.type_name()));
   data_ = base + 8 + header_len;
   const size_t data_size = size - 8 - header_len;
 
@@ -97,10 +108,13 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
     if (t.begin > t.end || t.end > data_size)
       throw Error(cat(where, ": data_offsets [", t.begin, ", ", t.end, "] are outside the data section of ",
                       data_size, " bytes"));
-    const size_t expected = size_t(shape_numel(t.shape)) * dtype_size(t.dtype);
-    if (t.end - t.begin != expected)
+    const auto expected = checked_nbytes(t.shape, t.dtype);
+    if (!expected)
+      throw Error(cat(where, ": shape ", shape_str(t.shape), " of ", dt, " has more bytes than 2^63; the header is ",
+                      "damaged or crafted"));
+    if (t.end - t.begin != uint64_t(*expected))
       throw Error(cat(where, ": holds ", t.end - t.begin, " bytes but shape ", shape_str(t.shape), " of ", dt,
-                      " needs ", expected));
+                      " needs ", *expected));
     order.emplace_back(t.begin, name);
     entries_.emplace(name, std::move(t));
   }
@@ -127,7 +141,12 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
 Tensor SafetensorsFile::tensor(const std::string& name) const {
   const auto it = entries_.find(name);
   LINEAGE_CHECK(it != entries_.end(), "no tensor ", name, " in ", path_.string());
-  return Tensor::borrow(it->second.dtype, it->second.shape, data_ + it->second.begin, map_);
+  const TensorEntry& e = it->second;
+  const Tensor view = Tensor::borrow(e.dtype, e.shape, data_ + e.begin, map_);
+  // The format does not promise alignment (the header's length is free); kernels load a dtype's
+  // elements whole, so a misaligned tensor is copied once into aligned memory.
+  if (reinterpret_cast<uintptr_t>(data_ + e.begin) % dtype_size(e.dtype) != 0) return view.clone();
+  return view;
 }
 
 Checkpoint Checkpoint::open(const fs::path& dir) {
@@ -136,20 +155,19 @@ Checkpoint Checkpoint::open(const fs::path& dir) {
   std::vector<fs::path> files;
   json weight_map;
   if (fs::exists(index)) {
-    std::ifstream in(index);
-    json j;
-    try {
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      throw Error(cat(index.string(), ": not valid JSON: ", e.what()));
-    }
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    const json j = read_json_file(index);
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw Error(cat(index.string(), ": field \"weight_map\": expected an object of tensor name -> shard file"));
     weight_map = j["weight_map"];
     for (const auto& [name, file] : weight_map.items()) {
       if (!file.is_string())
         throw Error(cat(index.string(), ": weight_map[\"", name, "\"]: expected a file name string"));
-      const fs::path p = dir / file.get<std::string>();
+      const std::string shard = file.get<std::string>();
+      // A shard is a file beside the index, never a path that leaves the model directory.
+      if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
+        throw Error(cat(index.string(), ": weight_map[\"", name, "\"]: \"", shard,
+                        "\" is not a file name in the model directory"));
+      const fs::path p = dir / shard;
       if (std::find(files.begin(), files.end(), p) == files.end()) files.push_back(p);
     }
   } else if (fs::exists(single)) {

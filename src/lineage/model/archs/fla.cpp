@@ -13,9 +13,6 @@ namespace {
 
 using layers::DeltaRule;
 
-// fla's configuration-class defaults for the fields the model reads (shared, then per model type).
-int64_t get_int(const ConfigFields& c, const std::string& key, int64_t fallback) { return c.integer(key, fallback); }
-
 void refuse_unsupported(const ConfigFields& c) {
   if (c.has("attn"))
     c.fail("attn", "null (fla's hybrid softmax-attention layers are not supported yet)");
@@ -25,9 +22,10 @@ void refuse_unsupported(const ConfigFields& c) {
 }
 
 int64_t mlp_width(const ConfigFields& c, int64_t D) {
-  if (c.has("intermediate_size")) return c.integer("intermediate_size");
-  const double ratio = c.number("hidden_ratio", 4);
+  if (c.has("intermediate_size")) return c.integer("intermediate_size", limits::kWidth);
+  const double ratio = c.positive("hidden_ratio", 4, 64);
   const int64_t f = int64_t(double(D) * ratio * 2.0 / 3.0);
+  if (f < 1 || f > limits::kWidth) c.fail("hidden_ratio", cat("a ratio giving an MLP width in [1, ", limits::kWidth, "] at hidden_size ", D));
   return 256 * ((f + 255) / 256);  // fla GatedMLP rounds up to a multiple of 256
 }
 
@@ -47,11 +45,18 @@ void check_divides(const ConfigFields& c, const std::string& field, int64_t dim,
   if (heads <= 0 || dim % heads) c.fail(field, cat("a value giving a ", what, " (", dim, ") divisible by ", heads, " heads"));
 }
 
+// hidden_size · expand_k (or expand_v), truncated as fla's int() does: a width in [1, kWidth].
+int64_t expanded(const ConfigFields& c, const std::string& key, int64_t d_model) {
+  const double w = double(d_model) * c.positive(key, 1.0, 64);
+  if (w < 1 || w > double(limits::kWidth))
+    c.fail(key, cat("a factor giving a width in [1, ", limits::kWidth, "] at hidden_size ", d_model));
+  return int64_t(w);
+}
+
 // linear_attn and delta_net size their heads from the width: key_dim = hidden·expand_k,
 // value_dim = hidden·expand_v, split over n_heads.
 void expanded_heads(const ConfigFields& c, DeltaRule::Config& x) {
-  const int64_t key_dim = int64_t(double(x.d_model) * c.number("expand_k", 1.0));
-  const int64_t value_dim = int64_t(double(x.d_model) * c.number("expand_v", 1.0));
+  const int64_t key_dim = expanded(c, "expand_k", x.d_model), value_dim = expanded(c, "expand_v", x.d_model);
   check_divides(c, "expand_k", key_dim, x.n_heads, "key dim");
   check_divides(c, "expand_v", value_dim, x.n_heads, "value dim");
   x.head_k = key_dim / x.n_heads;
@@ -62,15 +67,17 @@ void expanded_heads(const ConfigFields& c, DeltaRule::Config& x) {
 Model build_fla(const ArchInput& in, const std::string& type, const DeltaRule::Config& mixer, const std::string& summary) {
   const ConfigFields& c = in.config;
   Model m;
-  const int64_t D = mixer.d_model, L = c.integer("num_hidden_layers"), V = c.integer("vocab_size");
-  const float eps = float(c.number("norm_eps", 1e-6));
+  const int64_t D = mixer.d_model, L = c.integer("num_hidden_layers", limits::kLayers);
+  const int64_t V = c.integer("vocab_size", limits::kVocab);
+  const float eps = float(c.positive("norm_eps", 1e-6, 1.0));
   m.config.model_type = type;
   m.config.vocab_size = V;
   m.config.d_model = D;
   m.config.max_positions = 0;  // a recurrent state has no context limit
+  m.config.layers_field = "num_hidden_layers";
   m.config.tied_lm_head = c.boolean("tie_word_embeddings", false);
-  if (auto v = c.optional_integer("bos_token_id")) m.config.bos_token_id = int32_t(*v);
-  if (auto v = c.optional_integer("eos_token_id")) m.config.eos_token_id = int32_t(*v);
+  m.config.bos_token_id = c.token_id("bos_token_id", V);
+  m.config.eos_token_id = c.token_id("eos_token_id", V);
   const int64_t F = mlp_width(c, D);
   m.config.description = cat(summary, ": ", L, " layers, d_model ", D, ", SwiGLU MLP ", F);
   m.names = {"model.embeddings.weight", "", "model.layers.", "model.norm", "lm_head.weight"};
@@ -97,9 +104,9 @@ Model build_linear_attn(const ArchInput& in) {
   refuse_unsupported(c);
   DeltaRule::Config x;
   x.kind = "linear attention";
-  x.d_model = get_int(c, "hidden_size", 2048);
-  x.n_heads = get_int(c, "num_heads", 4);
-  x.n_kv_heads = get_int(c, "num_kv_heads", x.n_heads);
+  x.d_model = c.integer("hidden_size", 2048, limits::kWidth);
+  x.n_heads = c.integer("num_heads", 4, limits::kHeads);
+  x.n_kv_heads = c.integer("num_kv_heads", x.n_heads, limits::kHeads);
   x.n_v_heads = x.n_heads;
   expanded_heads(c, x);
   if (x.n_heads % x.n_kv_heads) c.fail("num_kv_heads", cat("a divisor of num_heads = ", x.n_heads));
@@ -121,10 +128,10 @@ Model build_delta_net(const ArchInput& in) {
   refuse_unsupported(c);
   DeltaRule::Config x;
   x.kind = "DeltaNet";
-  x.d_model = get_int(c, "hidden_size", 2048);
-  x.n_heads = x.n_kv_heads = x.n_v_heads = get_int(c, "num_heads", 16);
+  x.d_model = c.integer("hidden_size", 2048, limits::kWidth);
+  x.n_heads = x.n_kv_heads = x.n_v_heads = c.integer("num_heads", 16, limits::kHeads);
   expanded_heads(c, x);
-  x.conv_size = c.boolean("use_short_conv", true) ? get_int(c, "conv_size", 4) : 0;
+  x.conv_size = c.boolean("use_short_conv", true) ? c.integer("conv_size", 4, limits::kConvSize) : 0;
   const DeltaRule::FeatureMap act = parse_map(c, "qk_activation", "silu", false);
   x.qk_conv_silu = act == DeltaRule::FeatureMap::Silu;
   x.qk_map = act == DeltaRule::FeatureMap::Silu ? DeltaRule::FeatureMap::Identity : act;
@@ -141,16 +148,16 @@ namespace {
 // Gated DeltaNet and KDA share their head arithmetic: K = head_dim, V = head_dim·expand_v.
 DeltaRule::Config gated_heads(const ConfigFields& c, int64_t def_heads, int64_t def_head_dim, double def_expand_v) {
   DeltaRule::Config x;
-  x.d_model = c.integer("hidden_size", 2048);
-  x.n_heads = x.n_kv_heads = c.integer("num_heads", def_heads);
-  x.n_v_heads = c.integer("num_v_heads", x.n_heads);
+  x.d_model = c.integer("hidden_size", 2048, limits::kWidth);
+  x.n_heads = x.n_kv_heads = c.integer("num_heads", def_heads, limits::kHeads);
+  x.n_v_heads = c.integer("num_v_heads", x.n_heads, limits::kHeads);
   if (x.n_v_heads % x.n_heads) c.fail("num_v_heads", cat("a multiple of num_heads = ", x.n_heads));
-  x.head_k = c.integer("head_dim", def_head_dim);
-  const double ev = c.number("expand_v", def_expand_v);
+  x.head_k = c.integer("head_dim", def_head_dim, limits::kWidth);
+  const double ev = c.positive("expand_v", def_expand_v, 64);
   x.head_v = int64_t(double(x.head_k) * ev);
-  if (x.head_v <= 0 || std::abs(double(x.head_v) - double(x.head_k) * ev) > 1e-9)
+  if (x.head_v <= 0 || x.head_v > limits::kWidth || std::abs(double(x.head_v) - double(x.head_k) * ev) > 1e-9)
     c.fail("expand_v", cat("a factor giving a whole value head dim from head_dim = ", x.head_k));
-  x.conv_size = c.boolean("use_short_conv", true) ? c.integer("conv_size", 4) : 0;
+  x.conv_size = c.boolean("use_short_conv", true) ? c.integer("conv_size", 4, limits::kConvSize) : 0;
   x.neg_eigval = c.boolean("allow_neg_eigval", false);
   return x;
 }

@@ -8,11 +8,12 @@ namespace lineage::model {
 Model build_gpt2(const ArchInput& in) {
   const ConfigFields& c = in.config;
   Model m;
-  const int64_t D = c.integer("n_embd"), L = c.integer("n_layer"), H = c.integer("n_head");
-  const int64_t V = c.integer("vocab_size"), P = c.integer("n_positions");
-  const int64_t F = c.integer("n_inner", 4 * D);
+  const int64_t D = c.integer("n_embd", limits::kWidth), L = c.integer("n_layer", limits::kLayers);
+  const int64_t H = c.integer("n_head", limits::kHeads), V = c.integer("vocab_size", limits::kVocab);
+  const int64_t P = c.integer("n_positions", limits::kPositions);
+  const int64_t F = c.integer("n_inner", 4 * D, limits::kWidth);
   if (D % H) c.fail("n_head", cat("a divisor of n_embd = ", D));
-  const float eps = float(c.number("layer_norm_epsilon", 1e-5));
+  const float eps = float(c.positive("layer_norm_epsilon", 1e-5, 1.0));
   const std::string act_name = c.string("activation_function", "gelu_new");
   kernels::Activation act;
   if (act_name == "gelu_new" || act_name == "gelu_pytorch_tanh" || act_name == "gelu_fast")
@@ -36,9 +37,10 @@ Model build_gpt2(const ArchInput& in) {
   m.config.d_model = D;
   m.config.max_positions = P;
   m.config.max_positions_field = "n_positions";
+  m.config.layers_field = "n_layer";
   m.config.tied_lm_head = !in.has_tensor("lm_head.weight");
-  if (auto v = c.optional_integer("bos_token_id")) m.config.bos_token_id = int32_t(*v);
-  if (auto v = c.optional_integer("eos_token_id")) m.config.eos_token_id = int32_t(*v);
+  m.config.bos_token_id = c.token_id("bos_token_id", V);
+  m.config.eos_token_id = c.token_id("eos_token_id", V);
   m.config.description = cat("GPT-2: ", L, " layers, d_model ", D, ", ", H, " heads, softmax attention + KV cache, ",
                              act_name, " MLP ", F);
   m.names = {p + "wte.weight", p + "wpe.weight", p + "h.", p + "ln_f", "lm_head.weight"};
