@@ -19,6 +19,8 @@ void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset) {
                "copy the checkpoint's weights into the engine's own memory (huge pages; GPT-2's Conv1D matrices "
                "transposed to [out, in]) instead of mapping the files: slower to load, faster decode")
       ->needs(model);
+  cmd.add_flag("--check-tensors", src.check_tensors,
+               "scan every weight once at load for NaN or Inf and name the first tensor that holds one");
   if (!allow_preset) {
     model->required();
     return;
@@ -70,11 +72,14 @@ std::string bf16_products_label() {
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
   if (src.dir.empty() && src.preset.empty()) throw Error("one of --model DIR or --preset NAME is required");
-  if (!src.dir.empty())
-    return io::load_model(src.dir, need_tokenizer, src.no_mmap ? io::WeightStorage::Owned : io::WeightStorage::Mapped);
   io::LoadedModel m;
-  m.model = model::make_preset(src.preset, src.seed, *dtype_from_user(src.weights_dtype));
-  if (!src.tokenizer_dir.empty()) m.tokenizer = io::Tokenizer::load(src.tokenizer_dir);
+  if (!src.dir.empty()) {
+    m = io::load_model(src.dir, need_tokenizer, src.no_mmap ? io::WeightStorage::Owned : io::WeightStorage::Mapped);
+  } else {
+    m.model = model::make_preset(src.preset, src.seed, *dtype_from_user(src.weights_dtype));
+    if (!src.tokenizer_dir.empty()) m.tokenizer = io::Tokenizer::load(src.tokenizer_dir);
+  }
+  if (src.check_tensors) model::check_tensors_finite(m.model, src.dir.empty() ? "--preset " + src.preset : src.dir);
   return m;
 }
 

@@ -18,9 +18,10 @@ struct ModelSource {
   uint64_t seed = 0;
   std::string weights_dtype = "f32";
   bool no_mmap = false;  // --no-mmap: copy checkpoint weights into owned (huge-page) memory
+  bool check_tensors = false;  // --check-tensors: scan every weight for NaN / Inf at load
 };
 
-// Adds --model and --no-mmap (and --preset, --seed, --weights-dtype, --tokenizer when presets are
+// Adds --model, --no-mmap and --check-tensors (and --preset, --seed, --weights-dtype, --tokenizer when presets are
 // allowed).
 void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset);
 // Adds --threads N and applies it before the command runs.

@@ -1,5 +1,6 @@
 #include "lineage/core/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace lineage {
@@ -18,6 +19,33 @@ constexpr DTypeInfo kDTypes[] = {
 }  // namespace
 
 size_t dtype_size(DType t) { return kDTypes[int(t)].size; }
+
+namespace {
+// The first element whose exponent bits are all set (NaN or Inf); blocks of 256 are OR-reduced
+// first so the common all-finite case is one vectorizable pass.
+template <class U>
+int64_t first_all_ones(const U* x, int64_t n, U exponent) {
+  for (int64_t b = 0; b < n; b += 256) {
+    const int64_t e = std::min(n, b + 256);
+    bool any = false;
+    for (int64_t i = b; i < e; ++i) any |= (x[i] & exponent) == exponent;
+    if (!any) continue;
+    for (int64_t i = b; i < e; ++i)
+      if ((x[i] & exponent) == exponent) return i;
+  }
+  return -1;
+}
+}  // namespace
+
+int64_t first_non_finite(DType t, const void* data, int64_t n) {
+  switch (t) {
+    case DType::F64: return first_all_ones(static_cast<const uint64_t*>(data), n, uint64_t(0x7ff0000000000000ull));
+    case DType::F32: return first_all_ones(static_cast<const uint32_t*>(data), n, uint32_t(0x7f800000u));
+    case DType::F16: return first_all_ones(static_cast<const uint16_t*>(data), n, uint16_t(0x7c00u));
+    case DType::BF16: return first_all_ones(static_cast<const uint16_t*>(data), n, uint16_t(0x7f80u));
+    default: return -1;
+  }
+}
 std::string_view dtype_name(DType t) { return kDTypes[int(t)].name; }
 
 std::optional<DType> dtype_from_name(std::string_view name) {

@@ -33,6 +33,10 @@ inline uint16_t f32_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
+// Index of the first NaN or ±Inf among n elements of a floating-point dtype, or -1 when all are
+// finite (and for integer dtypes). Reads the bits only, so it runs at memory speed.
+int64_t first_non_finite(DType t, const void* data, int64_t n);
+
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 

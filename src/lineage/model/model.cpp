@@ -149,6 +149,16 @@ void store_linear_weights_out_in(Model& m) {
   }
 }
 
+void check_tensors_finite(Model& m, const std::string& where) {
+  m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape&, layers::Init) {
+    if (!t.defined()) return;
+    const int64_t i = first_non_finite(t.dtype(), t.raw(), t.numel());
+    if (i < 0) return;
+    throw Error(cat(where, ": tensor \"", name, "\" ", shape_str(t.shape()), " ", dtype_name(t.dtype()),
+                    " holds a NaN or Inf at element ", i, " (--check-tensors); the checkpoint is damaged"));
+  });
+}
+
 ParamCount count_params(Model& m, DType unallocated_dtype) {
   ParamCount c;
   std::map<DType, size_t> by;

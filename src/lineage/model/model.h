@@ -42,6 +42,7 @@ struct ModelConfig {
   int64_t vocab_size = 0, d_model = 0;
   int64_t max_positions = 0;          // context limit; 0 = none (recurrent models)
   std::string max_positions_field;    // the config.json field that sets it, for error messages
+  std::string layers_field;           // the config.json field that sets the number of blocks
   bool tied_lm_head = true;
   std::optional<int32_t> bos_token_id, eos_token_id;
 };
@@ -102,6 +103,10 @@ void forward(const Model& m, std::span<const int32_t> tokens, SequenceState& sta
 // decoded token may differ in the last bits (another summation order). Mapped weights stay as the
 // files hold them: call this only on weights the model owns.
 void store_linear_weights_out_in(Model& m);
+
+// Scans every weight once for NaN or ±Inf (`--check-tensors`); the first tensor that holds one is an
+// Error that names it, the element and `where` (the model directory or preset).
+void check_tensors_finite(Model& m, const std::string& where);
 
 // Parameters: total (every tensor once) and bytes per dtype. Tensors not allocated yet (a preset's
 // skeleton) count as `unallocated_dtype`.

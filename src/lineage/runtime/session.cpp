@@ -10,8 +10,17 @@ std::span<const float> Session::prefill(std::span<const int32_t> tokens, bool al
   const int64_t V = model_.config.vocab_size, T = int64_t(tokens.size());
   if (T == 0) throw Error("prefill needs at least one token");
   logits_.resize(size_t(all_positions ? T : 1) * V);
+  const int64_t first = state_.position;
   model::forward(model_, tokens, state_, all_positions ? model::LogitRows::All : model::LogitRows::Last,
                  logits_.data(), scratch_, trace_);
+  // A NaN or Inf here would become a silent token (argmax picks id 0, sampling the last candidate).
+  const int64_t bad = first_non_finite(DType::F32, logits_.data(), int64_t(logits_.size()));
+  if (bad >= 0) {
+    const int64_t pos = all_positions ? first + bad / V : first + T - 1;
+    throw Error(cat("the logits at position ", pos, " (token id ", tokens[size_t(pos - first)], ") hold ",
+                    logits_[size_t(bad)], " for token ", bad % V, ": a weight or an activation is not finite; ",
+                    "run with --check-tensors to find a damaged weight"));
+  }
   return logits_;
 }
 
