@@ -4,8 +4,10 @@
 
 #include "common.h"
 #include "lineage/core/error.h"
+#include "lineage/io/mapping_guard.h"
 
 int main(int argc, char** argv) {
+  lineage::io::install_mapping_fault_handler();
   CLI::App app{"lineage: decoder-only language models from GPT-2 to Kimi, on the CPU"};
   app.require_subcommand(1);
   app.fallthrough(false);
