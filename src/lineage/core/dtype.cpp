@@ -27,8 +27,9 @@ template <class U>
 int64_t first_all_ones(const U* x, int64_t n, U exponent) {
   for (int64_t b = 0; b < n; b += 256) {
     const int64_t e = std::min(n, b + 256);
-    bool any = false;
-    for (int64_t i = b; i < e; ++i) any |= (x[i] & exponent) == exponent;
+    unsigned any = 0;
+#pragma omp simd reduction(| : any)
+    for (int64_t i = b; i < e; ++i) any |= unsigned((x[i] & exponent) == exponent);
     if (!any) continue;
     for (int64_t i = b; i < e; ++i)
       if ((x[i] & exponent) == exponent) return i;
