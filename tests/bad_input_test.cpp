@@ -1,6 +1,8 @@
 // Bad input is rejected with an Error whose message names the file, the field and the problem.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "lineage/core/error.h"
 #include "lineage/io/load_model.h"
 #include "lineage/runtime/session.h"
@@ -85,6 +87,25 @@ TEST(BadInput, UnknownDtype) {
   const fs::path f = test::temp_dir() / "x.safetensors";
   test::write_raw_safetensors(f, R"({"a":{"dtype":"F7","shape":[1],"data_offsets":[0,1]}})", std::string(1, '\0'));
   expect_error([&] { io::SafetensorsFile s(f); }, {f.string(), "dtype \"F7\""});
+}
+
+TEST(BadInput, MisalignedTensorsAreCopiedAligned) {
+  // A header of 8k + 2 bytes puts the data section 2 bytes past a 4-byte boundary.
+  const fs::path f = test::temp_dir() / "x.safetensors";
+  std::string header = R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}})";
+  while ((8 + header.size()) % 4 != 2) header += ' ';
+  const float values[3] = {1.5f, -2.0f, 3.25f};
+  test::write_raw_safetensors(f, "", "", int64_t(header.size()));  // the length only
+  {
+    std::ofstream out(f, std::ios::binary | std::ios::app);
+    out << header;
+    out.write(reinterpret_cast<const char*>(values), sizeof values);
+  }
+  io::SafetensorsFile s(f);
+  const Tensor t = s.tensor("a");
+  EXPECT_FALSE(t.is_borrowed());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % alignof(float), 0u);
+  EXPECT_EQ(std::vector<float>(t.data<float>(), t.data<float>() + 3), std::vector<float>(values, values + 3));
 }
 
 TEST(BadInput, AcceptsEveryStandardDtype) {
