@@ -11,15 +11,13 @@ namespace lineage::io {
 
 namespace {
 
-// Fixed storage, so the signal handler reads it without locks or allocation. A slot is free while
-// `begin` is 0; its path and end are written before begin is published.
-struct Slot {
-  std::atomic<uintptr_t> begin{0};
-  uintptr_t end = 0;
-  char path[512] = {};
-};
-constexpr int kSlots = 1024;  // more shards than any checkpoint has
-Slot g_slots[kSlots];
+// Fixed storage, so the signal handler reads it without locks or allocation. Slot i is free while
+// g_begin[i] is 0; its end and path are written before its begin is published. The addresses sit
+// apart from the paths so that a lookup touches two pages, not one per slot.
+constexpr int kSlots = 256;  // more shards than any checkpoint has
+std::atomic<uintptr_t> g_begin[kSlots];
+uintptr_t g_end[kSlots];
+char g_path[kSlots][512];
 
 void write_all(const char* s) {
   size_t n = std::strlen(s);
@@ -32,11 +30,11 @@ void write_all(const char* s) {
 
 void on_sigbus(int sig, siginfo_t* info, void*) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(info->si_addr);
-  for (const Slot& s : g_slots) {
-    const uintptr_t b = s.begin.load(std::memory_order_acquire);
-    if (b == 0 || at < b || at >= s.end) continue;
+  for (int i = 0; i < kSlots; ++i) {
+    const uintptr_t b = g_begin[i].load(std::memory_order_acquire);
+    if (b == 0 || at < b || at >= g_end[i]) continue;
     write_all("lineage: error: ");
-    write_all(s.path);
+    write_all(g_path[i]);
     write_all(": the file changed while its weights were mapped (it shrank, or was rewritten in place); "
               "its pages can no longer be read. Reload the model after the file is complete, or load with "
               "--no-mmap to copy the weights at load\n");
@@ -50,20 +48,20 @@ void on_sigbus(int sig, siginfo_t* info, void*) {
 }  // namespace
 
 void remember_mapping(const void* begin, size_t bytes, const std::string& path) {
-  for (Slot& s : g_slots) {
-    if (s.begin.load(std::memory_order_relaxed) != 0) continue;
-    const size_t n = std::min(path.size(), sizeof s.path - 1);
-    std::memcpy(s.path, path.data(), n);
-    s.path[n] = '\0';
-    s.end = reinterpret_cast<uintptr_t>(begin) + bytes;
-    s.begin.store(reinterpret_cast<uintptr_t>(begin), std::memory_order_release);
+  for (int i = 0; i < kSlots; ++i) {
+    if (g_begin[i].load(std::memory_order_relaxed) != 0) continue;
+    const size_t n = std::min(path.size(), sizeof g_path[i] - 1);
+    std::memcpy(g_path[i], path.data(), n);
+    g_path[i][n] = '\0';
+    g_end[i] = reinterpret_cast<uintptr_t>(begin) + bytes;
+    g_begin[i].store(reinterpret_cast<uintptr_t>(begin), std::memory_order_release);
     return;
   }
 }
 
 void forget_mapping(const void* begin) {
-  for (Slot& s : g_slots)
-    if (s.begin.load(std::memory_order_relaxed) == reinterpret_cast<uintptr_t>(begin)) s.begin.store(0);
+  for (auto& b : g_begin)
+    if (b.load(std::memory_order_relaxed) == reinterpret_cast<uintptr_t>(begin)) b.store(0);
 }
 
 void install_mapping_fault_handler() {
