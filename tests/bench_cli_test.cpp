@@ -2,6 +2,7 @@
 // Each run draws a preset's random weights (~2 s) and measures the roofline (~1 s), so few runs.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "lineage/kernels/linear.h"
@@ -115,6 +116,8 @@ TEST(BenchCli, Bf16ProductsAreReported) {
   const std::string dir = test::shell_quote((test::testdata() / "kda" / "bf16").string());
   const std::string args = "--model " + dir + " --prompt 4 --gen 2 --repetitions 1 --threads 1";
   const bool dot_here = kernels::bf16_dot_products();  // this process's default: whether the CPU can
+  ::testing::Test::RecordProperty("bf16_branch", dot_here ? "bf16 dot products" : "exact f32 products");
+  std::printf("bf16 branch: %s\n", dot_here ? "bf16 dot products" : "exact f32 products (no AVX512_BF16)");
   for (const auto& row : run_bench_json(args)) EXPECT_EQ(row["bf16_dot"].get<bool>(), dot_here) << row.dump();
   for (const auto& row : run_bench_json(args + " --bf16-exact")) EXPECT_FALSE(row["bf16_dot"].get<bool>()) << row.dump();
   const auto exact = run_lineage("bench " + args + " --bf16-exact");
@@ -125,14 +128,30 @@ TEST(BenchCli, Bf16ProductsAreReported) {
   }
 }
 
+// As llama-bench's -p 0 / -n 0: a zero skips that test and runs the other.
+TEST(BenchCli, ZeroPromptOrGenSkipsThatTest) {
+  const auto tg_only = run_bench_json("--preset deltanet --threads 1 --repetitions 1 --prompt 0 --gen 4 --depth 0,8");
+  ASSERT_EQ(tg_only.size(), 2u) << tg_only.dump();
+  EXPECT_EQ(tg_only[0]["test"], "tg4");
+  EXPECT_EQ(tg_only[1]["depth"], 8);
+  const auto pp_only = run_bench_json("--preset deltanet --threads 1 --repetitions 1 --prompt 16 --gen 0 --depth 0,8");
+  ASSERT_EQ(pp_only.size(), 1u) << pp_only.dump();
+  EXPECT_EQ(pp_only[0]["test"], "pp16");
+  const auto text = run_lineage("bench --preset deltanet --threads 1 --repetitions 1 --prompt 0 --gen 2");
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_EQ(text.out.find(" pp"), std::string::npos) << text.out;  // no pp row
+  EXPECT_NE(text.out.find("tg2"), std::string::npos) << text.out;
+}
+
 TEST(BenchCli, BadValuesExitTwo) {
   const struct {
     std::string args, expect;
   } cases[] = {
       {"bench --preset gpt2-124m --depth 1,x", "--depth"},
       {"bench --preset gpt2-124m --depth -4", "--depth"},
-      {"bench --preset gpt2-124m --prompt 0", "--prompt"},
-      {"bench --preset gpt2-124m --gen 0", "--gen"},
+      {"bench --preset gpt2-124m --prompt 0 --gen 0", "leave no test to run"},
+      {"bench --preset gpt2-124m --prompt -1", "--prompt"},
+      {"bench --preset gpt2-124m --gen x", "--gen"},
       {"bench --preset gpt2-124m --repetitions 0", "--repetitions"},
       {"bench --preset gpt2-124m --prompt 2048", "context limit of 1024"},
       {"bench --preset gpt2-124m --depth 0,1000 --gen 32", "--depth 1000 + --gen 32 = 1032"},

@@ -90,7 +90,7 @@ void check_limits(const model::Model& m, const Opts& o) {
                                m.config.max_positions_field, ")");
   if (o.prompt > limit) throw Error(cat("--prompt ", o.prompt, " exceeds", hint));
   for (int64_t d : o.depths)
-    if (d + o.gen > limit) {
+    if (o.gen > 0 && d + o.gen > limit) {
       std::string fix = o.gen < limit ? cat("depths up to ", limit - o.gen) : std::string();
       if (d < limit) fix += cat(fix.empty() ? "" : " or ", "--gen up to ", limit - d);
       throw Error(cat("--depth ", d, " + --gen ", o.gen, " = ", d + o.gen, " tokens exceeds", hint,
@@ -288,6 +288,7 @@ void progress(const Row& r) {
 }
 
 void run(const Opts& o) {
+  if (o.prompt == 0 && o.gen == 0) throw Error("--prompt 0 and --gen 0 leave no test to run");
   if (!o.src.preset.empty()) check_limits(model::preset_skeleton(o.src.preset), o);
   io::LoadedModel lm = load(o.src, false);
   model::Model& m = lm.model;
@@ -311,8 +312,8 @@ void run(const Opts& o) {
     progress(r);
     rows.push_back(std::move(r));
   };
-  done(bench_prefill(s, o));
-  {
+  if (o.prompt > 0) done(bench_prefill(s, o));
+  if (o.gen > 0) {
     const kernels::ReadBandwidthProbe probe(c.threads, kProbeBytes);
     for (int64_t d : o.depths) done(bench_decode(s, o, d, probe));
   }
@@ -358,10 +359,10 @@ void add_bench(CLI::App& app) {
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
   add_bf16_options(*cmd);
-  cmd->add_option("--prompt", o.prompt, "pp test: tokens prefilled from an empty state (default 512)")
-      ->check(tokens_at_least(1));
-  cmd->add_option("--gen", o.gen, "tg test: tokens decoded after each depth (default 32)")
-      ->check(tokens_at_least(1));
+  cmd->add_option("--prompt", o.prompt, "pp test: tokens prefilled from an empty state (default 512; 0 skips it)")
+      ->check(tokens_at_least(0));
+  cmd->add_option("--gen", o.gen, "tg test: tokens decoded after each depth (default 32; 0 skips it)")
+      ->check(tokens_at_least(0));
   cmd->add_option("--depth", o.depths, "comma-separated context depths for the tg test (default 0)")
       ->delimiter(',')
       ->check(tokens_at_least(0));
