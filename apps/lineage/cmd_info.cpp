@@ -51,6 +51,8 @@ void add_info(CLI::App& app) {
                         {"state_bytes_fixed", cost.second}});
     }
     const bool bf16 = has_bf16_weights(pc);
+    const kernels::KernelTable kt = kernels::kernel_table();
+    const std::string gemm = kt.own_gemm ? "lineage AVX-512 tile" : "OpenBLAS";
     nlohmann::json by_dtype = nlohmann::json::object();
     for (const auto& [dt, bytes] : pc.bytes_by_dtype) by_dtype[std::string(dtype_name(dt))] = bytes;
     if (o.json) {
@@ -65,6 +67,7 @@ void add_info(CLI::App& app) {
                                 {"weight_bytes_by_dtype", by_dtype},
                                 {"weights_mapped", o.src.preset.empty() && weights_mapped(m)},
                                 {"bf16_dot", bf16 && kernels::bf16_dot_products()},
+                                {"kernels", {{"isa", kt.isa}, {"gemm", gemm}, {"bf16_dot_available", kt.bf16_dot}}},
                                 {"state_bytes_per_token", sc.per_token},
                                 {"state_bytes_fixed", sc.fixed},
                                 {"context", context},
@@ -82,6 +85,8 @@ void add_info(CLI::App& app) {
       std::printf("weights %-6s %s\n", std::string(dtype_name(dt)).c_str(), format_bytes(double(bytes)).c_str());
     std::printf("weights in     %s\n", storage);
     if (bf16) std::printf("bf16 weights   multiplied with %s\n", bf16_products_label().c_str());
+    std::printf("kernels        %s GEMV, %s GEMM, bf16 dot products %s (LINEAGE_ISA=avx2|scalar narrows)\n", kt.isa,
+                gemm.c_str(), kt.bf16_dot ? "available" : "unavailable");
     std::printf("state          %s per token + %s fixed per sequence; %s at %lld tokens\n",
                 format_bytes(double(sc.per_token)).c_str(), format_bytes(double(sc.fixed)).c_str(),
                 format_bytes(double(state_total)).c_str(), (long long)context);

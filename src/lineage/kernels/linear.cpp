@@ -320,6 +320,8 @@ bool bf16_dot_products() {
   return gemm_table().bf16_dot != nullptr && bf16_weight_gemm() == Bf16WeightGemm::RoundActivationsToBf16;
 }
 
+KernelTable kernel_table() { return {isa_name(), gemm_table().exact != nullptr, gemm_table().bf16_dot != nullptr}; }
+
 void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
   if (t.dtype() == DType::F64) {
     for (int64_t i = 0; i < n; ++i) dst[i] = float(t.data<double>()[offset + i]);

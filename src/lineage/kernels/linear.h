@@ -49,6 +49,15 @@ bool use_bf16_dot_products(bool on);
 // Whether BF16 weights are multiplied with bf16 dot products now (the mode is on and the CPU can).
 bool bf16_dot_products();
 
+// The kernels this process runs, chosen once from cpuid: the GEMV table ("avx512", "avx2" or
+// "scalar"; LINEAGE_ISA=avx2|scalar narrows it), whether T > 1 runs the engine's own GEMM (the
+// AVX-512 table) rather than OpenBLAS, and whether bf16 dot products can run (AVX512_BF16 too).
+struct KernelTable {
+  const char* isa;
+  bool own_gemm, bf16_dot;
+};
+KernelTable kernel_table();
+
 // One of several linear maps of the same input: y = act(x·W (+ bias)).
 struct LinearOut {
   Weight W;

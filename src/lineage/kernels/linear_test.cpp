@@ -186,6 +186,9 @@ Tensor rounded_to_bf16(const Tensor& x) {
 // Own GEMMs give bit-identical results at any thread count; OpenBLAS only per thread count.
 TEST(Linear, GemmPathsMatchRefOverAwkwardSizes) {
   const bool own = gemm_table().exact != nullptr, dot = gemm_table().bf16_dot != nullptr;
+  const std::string paths = std::string(own ? "own AVX-512 GEMM" : "OpenBLAS") + (dot ? " + bf16 dot products" : "");
+  RecordProperty("gemm_paths", paths);  // LINEAGE_ISA=avx2|scalar (golden_isa_*) takes the others
+  std::printf("GEMM paths: %s (kernel table %s)\n", paths.c_str(), gemm_table().isa);
   Bf16GemmMode restore(Bf16WeightGemm::Exact);
   for (DType dt : {DType::F32, DType::F16, DType::BF16})
     for (Layout layout : {Layout::OutIn, Layout::InOut})

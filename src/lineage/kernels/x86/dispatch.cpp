@@ -1,6 +1,7 @@
 // The one place that asks the CPU what it can do and picks the kernel tables.
 #include <cpuid.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -27,19 +28,23 @@ bool os_saves_ymm() {
   return (lo & 0x6) == 0x6;
 }
 
+// The widest table the CPU and OS support, narrowed to LINEAGE_ISA=avx2|scalar when set (never widened:
+// "avx512" on a CPU without it gets what the CPU has).
 const GemvTable& detect() {
-  if (const char* forced = std::getenv("LINEAGE_ISA")) {
-    if (!std::strcmp(forced, "scalar")) return gemv_table_scalar();
-    if (!std::strcmp(forced, "avx2")) return gemv_table_avx2();
-  }
   unsigned a, b, c, d;
   const bool l1 = __get_cpuid(1, &a, &b, &c, &d);
   const bool fma = l1 && (c & bit_FMA), f16c = l1 && (c & bit_F16C);
   unsigned a7 = 0, b7 = 0, c7 = 0, d7 = 0;
   __get_cpuid_count(7, 0, &a7, &b7, &c7, &d7);
-  const bool avx2 = (b7 & bit_AVX2) && fma && f16c && os_saves_ymm();
-  const bool avx512 = avx2 && (b7 & bit_AVX512F) && (b7 & bit_AVX512BW) && (b7 & bit_AVX512VL) &&
-                      (b7 & bit_AVX512DQ) && os_saves_zmm();
+  bool avx2 = (b7 & bit_AVX2) && fma && f16c && os_saves_ymm();
+  bool avx512 = avx2 && (b7 & bit_AVX512F) && (b7 & bit_AVX512BW) && (b7 & bit_AVX512VL) &&
+                (b7 & bit_AVX512DQ) && os_saves_zmm();
+  if (const char* forced = std::getenv("LINEAGE_ISA")) {
+    if (!std::strcmp(forced, "scalar")) avx2 = avx512 = false;
+    else if (!std::strcmp(forced, "avx2")) avx512 = false;
+    else if (std::strcmp(forced, "avx512"))
+      std::fprintf(stderr, "lineage: LINEAGE_ISA=%s is not one of scalar, avx2, avx512; ignored\n", forced);
+  }
   if (avx512) return gemv_table_avx512();
   if (avx2) return gemv_table_avx2();
   return gemv_table_scalar();

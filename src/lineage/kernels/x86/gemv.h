@@ -39,7 +39,7 @@ const GemvTable& gemv_table_scalar();
 const GemvTable& gemv_table_avx2();
 const GemvTable& gemv_table_avx512();
 
-// The table this CPU runs (chosen once); LINEAGE_ISA=scalar|avx2|avx512 overrides for tests.
+// The table this CPU runs (chosen once); LINEAGE_ISA=scalar|avx2 narrows it (for tests).
 const GemvTable& gemv_table();
 const char* isa_name();
 
