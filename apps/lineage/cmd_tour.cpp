@@ -7,9 +7,11 @@
 #include <cstdio>
 
 #include "common.h"
+#include "lineage/core/error.h"
 #include "lineage/core/rng.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/runtime/session.h"
+#include "lineage/runtime/split_check.h"
 
 namespace lineage::app {
 
@@ -35,30 +37,13 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   return t;
 }
 
-// Relative RMS difference between one whole-sequence prefill and token-by-token decode.
-double split_check(const model::Model& m) {
-  const int64_t T = 48, V = m.config.vocab_size;
-  const auto toks = random_tokens(T, V, 7);
-  runtime::Session whole(m), step(m);
-  const auto all = whole.prefill(toks, true);
-  const std::vector<float> ref(all.begin(), all.end());
-  double num = 0, den = 0;
-  for (int64_t t = 0; t < T; ++t) {
-    const auto l = step.decode(toks[t]);
-    for (int64_t v = 0; v < V; ++v) {
-      const double d = double(l[v]) - ref[t * V + v];
-      num += d * d;
-      den += double(ref[t * V + v]) * ref[t * V + v];
-    }
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
-Row measure(const std::string& name, uint64_t seed, DType dtype) {
+Row measure(const std::string& label, const model::Model& m, uint64_t seed) {
   Row r;
-  r.preset = name;
-  const model::Model m = model::make_preset(name, seed, dtype);
+  r.preset = label;
   const int64_t limit = m.config.max_positions;
+  if (limit && limit < 2 * (kDecodeSteps + 1))
+    throw Error(cat("tour needs a context of at least ", 2 * (kDecodeSteps + 1), " positions; ", label, " has ",
+                    limit));
   runtime::Session s(m);
   Rng rng(seed + 1);
   double prefill_s = 0;
@@ -90,8 +75,26 @@ Row measure(const std::string& name, uint64_t seed, DType dtype) {
     if (depth < kDepths[i]) r.note = "context limit " + std::to_string(limit);
   }
   r.prefill_tok_s = prefilled / std::max(prefill_s, 1e-9);
-  r.split_rel_rms = split_check(m);
+  const int64_t checked = limit ? std::min<int64_t>(48, limit) : 48;
+  r.split_rel_rms = runtime::prefill_decode_rel_rms(m, runtime::split_check_tokens(m.config.vocab_size, checked));
   return r;
+}
+
+void print_row(const Row& r, const model::Model& m) {
+  std::string mem, dec;
+  for (int i = 0; i < 3; ++i) {
+    mem += (i ? " / " : "") + (r.reached[i] ? format_bytes(double(r.state_bytes[i])) : std::string("-"));
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", r.decode_ms[i]);
+    dec += (i ? " / " : "") + (r.reached[i] ? std::string(buf) : std::string("-"));
+  }
+  const model::StateCost sc = model::state_cost(m);
+  const std::string kind = sc.per_token ? "grows: " + format_bytes(double(sc.per_token)) + "/token"
+                                        : "fixed: " + format_bytes(double(sc.fixed));
+  const char* same = runtime::prefill_equals_decode(r.split_rel_rms) ? "yes" : "NO";
+  std::printf("%-18s %-44s | %-32s | %-26s | %11.0f | %s (rel rms %.1e)%s%s\n", r.preset.c_str(), kind.c_str(),
+              mem.c_str(), dec.c_str(), r.prefill_tok_s, same, r.split_rel_rms, r.note.empty() ? "" : "; ",
+              r.note.c_str());
 }
 
 }  // namespace
@@ -99,6 +102,7 @@ Row measure(const std::string& name, uint64_t seed, DType dtype) {
 void add_tour(CLI::App& app) {
   struct Opts {
     std::vector<std::string> presets;
+    std::string model_dir;
     uint64_t seed = 0;
     std::string dtype = "f32";
   };
@@ -107,14 +111,18 @@ void add_tour(CLI::App& app) {
                                          "prefill speed, chunked = token-by-token check");
   add_threads_option(*cmd);
   add_bf16_options(*cmd);
-  cmd->add_option("--presets", o.presets, "presets to include (default: one per architecture)")
-      ->check(CLI::IsMember([] {
-        std::vector<std::string> v;
-        for (const auto& p : model::presets()) v.push_back(p.name);
-        return v;
-      }()));
-  cmd->add_option("--seed", o.seed, "seed of the random weights");
-  cmd->add_option("--weights-dtype", o.dtype, "f32, f16 or bf16")->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  auto* presets = cmd->add_option("--presets", o.presets, "presets to include (default: one per architecture)")
+                      ->check(CLI::IsMember([] {
+                        std::vector<std::string> v;
+                        for (const auto& p : model::presets()) v.push_back(p.name);
+                        return v;
+                      }()));
+  cmd->add_option("--seed", o.seed, "seed of the random weights (and of the random tokens)");
+  auto* dtype = cmd->add_option("--weights-dtype", o.dtype, "f32, f16 or bf16")
+                    ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  cmd->add_option("--model", o.model_dir, "one row for this Hugging Face model directory instead of the presets")
+      ->excludes(presets)
+      ->excludes(dtype);
   cmd->callback([] {
     std::vector<std::string> names = o.presets;
     if (names.empty())
@@ -122,22 +130,16 @@ void add_tour(CLI::App& app) {
         if (p.in_tour) names.push_back(p.name);
     std::printf("%-18s %-44s | %-32s | %-26s | %11s | %s\n", "preset", "memory", "state bytes @ 1k / 4k / 16k",
                 "decode ms/tok @ 1k/4k/16k", "prefill t/s", "chunked = decode");
+    if (!o.model_dir.empty()) {
+      ModelSource src;
+      src.dir = o.model_dir;
+      const io::LoadedModel lm = load(src, false);
+      print_row(measure(o.model_dir, lm.model, o.seed), lm.model);
+      return;
+    }
     for (const auto& name : names) {
-      const Row r = measure(name, o.seed, *dtype_from_user(o.dtype));
-      std::string mem, dec;
-      for (int i = 0; i < 3; ++i) {
-        mem += (i ? " / " : "") + (r.reached[i] ? format_bytes(double(r.state_bytes[i])) : std::string("-"));
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%.2f", r.decode_ms[i]);
-        dec += (i ? " / " : "") + (r.reached[i] ? std::string(buf) : std::string("-"));
-      }
-      const model::Model m = model::make_preset(name, o.seed, DType::F32);
-      const model::StateCost sc = model::state_cost(m);
-      const std::string kind = sc.per_token ? "grows: " + format_bytes(double(sc.per_token)) + "/token"
-                                            : "fixed: " + format_bytes(double(sc.fixed));
-      std::printf("%-18s %-44s | %-32s | %-26s | %11.0f | %s (rel rms %.1e)%s%s\n", name.c_str(), kind.c_str(),
-                  mem.c_str(), dec.c_str(), r.prefill_tok_s, r.split_rel_rms < 1e-4 ? "yes" : "NO", r.split_rel_rms,
-                  r.note.empty() ? "" : "; ", r.note.c_str());
+      const model::Model m = model::make_preset(name, o.seed, *dtype_from_user(o.dtype));
+      print_row(measure(name, m, o.seed), m);
     }
   });
 }

@@ -1,0 +1,28 @@
+// Whether one whole prefill and token-by-token decode of the same tokens give the same logits:
+// `lineage tour`'s "chunked = decode" column.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "lineage/model/model.h"
+
+namespace lineage::runtime {
+
+// The tokens the tour checks with: `count` ids drawn from Rng(seed), uniform over [0, vocab).
+std::vector<int32_t> split_check_tokens(int64_t vocab, int64_t count = 48, uint64_t seed = 7);
+
+// ‖got − want‖₂ / ‖want‖₂ over all elements, in double (0 when both are zero). Sizes must match.
+double relative_rms(std::span<const float> got, std::span<const float> want);
+
+// Relative RMS of the logits [T, vocab] of `tokens` decoded one at a time in one session against
+// those of a single prefill of all of them in another.
+double prefill_decode_rel_rms(const model::Model& m, std::span<const int32_t> tokens);
+
+// Float rounding of the two summation orders stays orders of magnitude below this; a wrong cache,
+// state or position does not.
+inline constexpr double kPrefillDecodeTolerance = 1e-4;
+inline bool prefill_equals_decode(double rel_rms) { return rel_rms < kPrefillDecodeTolerance; }
+
+}  // namespace lineage::runtime
