@@ -37,23 +37,28 @@ class FlaCase:
     seed: int = 0
     T: int = 70                       # crosses the 32- and 64-token chunk boundaries
     weights_dtype: str = "F32"        # "F32" or "BF16" (A_log and dt_bias stay F32)
+    minimal: bool = False             # config.json holds model_type and `config` only: the rest is fla's defaults
 
     def json_config(self) -> dict:
-        """config.json as fla's configuration class would save it: every field, defaults filled in."""
+        """config.json as fla's configuration class would save it: every field, defaults filled in (or,
+        minimal, only model_type and the case's own fields, so that the readers fill in the defaults)."""
         d = {"architectures": [ARCHITECTURES[self.model_type]], "model_type": self.model_type}
         d.update(COMMON_DEFAULTS)
         d.update(MIXER_DEFAULTS[self.model_type])
         unknown = set(self.config) - set(d)
         if unknown:
             raise ValueError(f"{self.model_type}/{self.name}: not fla config fields: {sorted(unknown)}")
+        if self.minimal:
+            return {"model_type": self.model_type, **self.config}
         d.update(self.config)
         d["torch_dtype"] = _HF_DTYPE_NAME[self.weights_dtype]
         return d
 
 
-def _case(model_type, name, seed, weights_dtype="F32", **config):
+def _case(model_type, name, seed, weights_dtype="F32", minimal=False, T=70, **config):
     base = {"vocab_size": 256, "num_hidden_layers": 2}
-    return FlaCase(model_type, name, {**base, **config}, seed=seed, weights_dtype=weights_dtype)
+    return FlaCase(model_type, name, {**base, **config}, seed=seed, T=T, weights_dtype=weights_dtype,
+                   minimal=minimal)
 
 
 CASES = [
@@ -85,6 +90,22 @@ CASES = [
           use_gate=True, intermediate_size=128),
     _case("gated_deltanet", "f32_head256", 2204, hidden_size=64, num_heads=1, head_dim=256, expand_v=2.0,
           use_gate=True, intermediate_size=128),
+    # config.json with vocab_size, num_hidden_layers and hidden_size only: every other field takes fla's
+    # defaults (heads, head dims, expand_k/v, conv, gates, feature map, MLP width rule, norm_eps 1e-6,
+    # untied lm_head). fla's hidden_size default (2048) stays out of a test-sized case, and Gated DeltaNet's
+    # default state (6 heads of 256 x 512) keeps its case to one layer and 40 tokens (three 16-token
+    # chunks of the engine's chunked kernel, which K = 256 takes from 4 tokens on).
+    _case("linear_attn", "f32_defaults", 2004, minimal=True, hidden_size=48),
+    _case("delta_net", "f32_defaults", 2104, minimal=True, hidden_size=64),
+    _case("gated_deltanet", "f32_defaults", 2205, minimal=True, T=40, num_hidden_layers=1, hidden_size=48),
+    _case("kda", "f32_defaults", 2305, minimal=True, num_hidden_layers=1, hidden_size=48),
+    # No short convolutions (use_short_conv false): q, k and v straight from their projections.
+    _case("delta_net", "f32_noconv", 2105, vocab_size=230, hidden_size=32, num_heads=2, use_short_conv=False,
+          intermediate_size=64),
+    _case("gated_deltanet", "f32_noconv", 2206, vocab_size=240, hidden_size=32, num_heads=2, head_dim=16,
+          expand_v=1.5, use_short_conv=False, intermediate_size=64),
+    _case("kda", "f32_noconv", 2306, vocab_size=250, hidden_size=32, num_heads=2, head_dim=16,
+          use_short_conv=False, intermediate_size=64),
 ]
 
 

@@ -14,7 +14,8 @@ import torch
 
 @dataclass(frozen=True)
 class GPT2Config:
-    """The GPT2Config fields the forward depends on, with HF's names."""
+    """The GPT2Config fields the forward depends on, with HF's names and HF's published defaults (spec 1.1):
+    a config.json field left out takes these values."""
 
     vocab_size: int
     n_positions: int
@@ -25,6 +26,7 @@ class GPT2Config:
     activation_function: str = "gelu_new"
     layer_norm_epsilon: float = 1e-5
     scale_attn_weights: bool = True
+    tie_word_embeddings: bool = True  # false: the checkpoint holds its own lm_head.weight
 
     @property
     def head_dim(self) -> int:
@@ -41,7 +43,8 @@ class GPT2Config:
 
 def tensor_specs(cfg: GPT2Config) -> list:
     """Every parameter of a GPT-2 model once, in module order: (name without prefix, shape, kind).
-    kind is "embed", "matrix", "norm_weight" or "bias"; Conv1D weights are [in, out]."""
+    kind is "embed", "matrix", "norm_weight", "bias" or "lm_head" (untied only, [vocab, D] as nn.Linear
+    stores it); Conv1D weights are [in, out]."""
     D, F = cfg.n_embd, cfg.mlp_width
     specs = [("wte.weight", [cfg.vocab_size, D], "embed"), ("wpe.weight", [cfg.n_positions, D], "embed")]
     for i in range(cfg.n_layer):
@@ -55,6 +58,8 @@ def tensor_specs(cfg: GPT2Config) -> list:
             (p + "mlp.c_proj.weight", [F, D], "matrix"), (p + "mlp.c_proj.bias", [D], "bias"),
         ]
     specs += [("ln_f.weight", [D], "norm_weight"), ("ln_f.bias", [D], "bias")]
+    if not cfg.tie_word_embeddings:
+        specs.append(("lm_head.weight", [cfg.vocab_size, D], "lm_head"))
     return specs
 
 
@@ -78,7 +83,8 @@ def round_bf16(x: torch.Tensor) -> torch.Tensor:
 
 def canonical_weights(cfg: GPT2Config, tensors: dict, dtype: torch.dtype) -> dict:
     """Checkpoint tensors -> {name without 'transformer.': tensor in dtype}, causal-mask buffers dropped,
-    'lm_head.weight' kept if present. Raises on missing, unexpected or misshapen tensors."""
+    'lm_head.weight' kept if present (an untied model must have it). Raises on missing, unexpected or
+    misshapen tensors."""
     out = {}
     for name, t in tensors.items():
         bare = _bare(name)

@@ -39,6 +39,9 @@ class GPT2Case:
     masked_bias: bool = False      # also write h.{i}.attn.masked_bias, F32 scalar -1e4 (old exports)
     lm_head: bool = False          # write an explicit lm_head.weight equal to wte
     n_shards: int = 1
+    # The fields config.json holds, or None for all of them (as save_pretrained writes it). The others
+    # take HF GPT2Config's published defaults, which GPT2Config's own defaults are.
+    config_fields: Optional[tuple] = None
 
 
 CASES = [
@@ -55,6 +58,18 @@ CASES = [
     GPT2Case("f32_gpt2_shapes", GPT2Config(vocab_size=1000, n_positions=128, n_embd=96, n_layer=1, n_head=12,
                                            activation_function="gelu_new"),
              T=128, seed=1004, weights_dtype="F32"),
+    # config.json with the size fields only: n_inner, activation_function, layer_norm_epsilon,
+    # scale_attn_weights and tie_word_embeddings take HF's defaults (4 * n_embd, gelu_new, 1e-5, true, true).
+    GPT2Case("f32_defaults", GPT2Config(vocab_size=211, n_positions=40, n_embd=48, n_layer=2, n_head=3),
+             T=40, seed=1005, weights_dtype="F32",
+             config_fields=("model_type", "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")),
+    # GPT-2's own head size (n_embd / n_head = 64).
+    GPT2Case("f32_head64", GPT2Config(vocab_size=300, n_positions=64, n_embd=128, n_layer=2, n_head=2),
+             T=50, seed=1006, weights_dtype="F32"),
+    # A separate lm_head.weight, drawn independently of wte (tie_word_embeddings false).
+    GPT2Case("f32_untied_lm_head", GPT2Config(vocab_size=280, n_positions=48, n_embd=64, n_layer=2, n_head=4,
+                                              tie_word_embeddings=False),
+             T=40, seed=1007, weights_dtype="F32"),
 ]
 
 
@@ -67,7 +82,8 @@ _MATRIX_GAIN = {"attn.c_attn.weight": 1.5, "attn.c_proj.weight": 1.0,
 
 def init_params(cfg: GPT2Config, gen: torch.Generator) -> dict:
     """float32 parameters by canonical name: wte ~ N(0, 0.02), wpe ~ N(0, 0.1), Conv1D weights as
-    _MATRIX_GAIN says, LayerNorm weights 1 + N(0, 0.1) and all biases N(0, 0.02) (so none is a no-op)."""
+    _MATRIX_GAIN says, LayerNorm weights 1 + N(0, 0.1), all biases N(0, 0.02) (so none is a no-op), and an
+    untied lm_head N(0, 1 / n_embd) (logits of std ~1, far from the tied head's)."""
     out = {}
     for name, shape, kind in tensor_specs(cfg):
         noise = torch.randn(shape, generator=gen, dtype=torch.float32)
@@ -76,6 +92,8 @@ def init_params(cfg: GPT2Config, gen: torch.Generator) -> dict:
         elif kind == "matrix":
             gain = _MATRIX_GAIN[name.split(".", 2)[2]]
             out[name] = (gain / math.sqrt(shape[0])) * noise
+        elif kind == "lm_head":
+            out[name] = noise / math.sqrt(shape[1])
         elif name == "wpe.weight":
             out[name] = 0.1 * noise
         else:
@@ -90,7 +108,7 @@ def checkpoint_tensors(case: GPT2Case, params: dict) -> dict:
     n = cfg.n_positions
     out = {}
     for name, t in params.items():
-        out[case.prefix + name] = t.to(dtype)
+        out[("" if name == "lm_head.weight" else case.prefix) + name] = t.to(dtype)
         layer_ln_1 = name.startswith("h.") and name.endswith(".ln_1.bias")
         if layer_ln_1 and case.mask_buffer is not None:
             attn = case.prefix + name[: -len("ln_1.bias")] + "attn."
@@ -104,9 +122,10 @@ def checkpoint_tensors(case: GPT2Case, params: dict) -> dict:
 
 
 def hf_config(case: GPT2Case) -> dict:
-    """config.json as transformers' GPT2Config.save_pretrained would write it (the fields that matter)."""
+    """config.json as transformers' GPT2Config.save_pretrained would write it (the fields that matter),
+    or only case.config_fields of it."""
     c = case.config
-    return {
+    full = {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
         "vocab_size": c.vocab_size,
@@ -125,9 +144,12 @@ def hf_config(case: GPT2Case) -> dict:
         "initializer_range": 0.02,
         "bos_token_id": c.vocab_size - 1,
         "eos_token_id": c.vocab_size - 1,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": c.tie_word_embeddings,
         "torch_dtype": _HF_DTYPE_NAME[case.weights_dtype],
     }
+    if case.config_fields is None:
+        return full
+    return {key: full[key] for key in case.config_fields}
 
 
 def write_model_dir(case: GPT2Case, case_dir: str, tensors: dict) -> None:
@@ -172,6 +194,10 @@ def build_case(case: GPT2Case, case_dir: str) -> str:
     cfg = case.config
     gen = torch.Generator().manual_seed(case.seed)
     write_model_dir(case, case_dir, checkpoint_tensors(case, init_params(cfg, gen)))
+    with open(os.path.join(case_dir, "config.json")) as f:
+        written = GPT2Config.from_json(json.load(f))  # absent fields take GPT2Config's (HF's) defaults
+    if written != cfg:
+        raise AssertionError(f"gpt2/{case.name}: config.json reads back as {written}, expected {cfg}")
     tensors = read_checkpoint(case_dir)  # the reference runs on exactly what the C++ side will read
     tokens_np = np.random.RandomState(case.seed).randint(0, cfg.vocab_size, size=case.T).astype(np.int32)
     tokens = torch.from_numpy(tokens_np).long()

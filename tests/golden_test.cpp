@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "lineage/io/load_model.h"
@@ -18,15 +19,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Relative-RMS tolerance per weight dtype: the goldens are computed in float64 from the stored
-// (already rounded) weights, so only our f32 arithmetic differs.
-double tolerance(DType weights) {
-  switch (weights) {
-    case DType::F32: return 1e-5;
-    case DType::BF16: return 1e-5;
-    case DType::F16: return 1e-5;
-    default: return 0;
-  }
+// Relative-RMS tolerance of one intermediate, from the float32 agreement the reference measured on it
+// (the manifest's f32_torch_rel_rms: PyTorch in float32 against float64, on the same stored weights):
+// kF32Factor times that, but at least kF32Floor (PyTorch computes an embedding lookup exactly; the
+// golden's own rounding to f32 is ~3e-8). The engine's f32 arithmetic errs about as much as PyTorch's:
+// at most 2.2x it over every case, kernel path and table (AVX-512, AVX2, scalar), at gated_deltanet/
+// f32_defaults' attn.out (a 3072-wide o_proj); at most 1.6x elsewhere. A uniform 1e-5 let wrong norm
+// epsilons pass: fla's RMSNorm at 1e-5 instead of 1e-6 moves h0.attn_norm by ~5e-6, and 5 of the 14
+// delta cases then in the suite still passed 1e-5 everywhere; these tolerances fail every case on it,
+// and on 1e-7 instead of 1e-6 (~5e-7).
+constexpr double kF32Factor = 6, kF32Floor = 2e-7;
+double tolerance(const nlohmann::json& item) {
+  return std::max(kF32Factor * item.at("f32_torch_rel_rms").get<double>(), kF32Floor);
 }
 
 std::vector<fs::path> cases(const std::string& family) {
@@ -73,20 +77,24 @@ void check_case(const fs::path& dir) {
 
   std::ifstream in(dir / "golden" / "manifest.json");
   const nlohmann::json manifest = nlohmann::json::parse(in);
-  const double tol = tolerance(lm.model.embed.dtype());
   int compared = 0;
+  double worst_ratio = 0;  // err / tolerance, the headroom the case leaves
+  std::string worst_name;
   for (const auto& item : manifest["intermediates"]) {
     const std::string name = item["name"];
     ASSERT_TRUE(got.count(name)) << "lineage does not produce intermediate " << name;
     const Tensor want = io::load_npy(dir / "golden" / item["file"].get<std::string>());
     ASSERT_EQ(shapes[name], want.shape()) << name;
     const float* w = want.data<float>();
-    const double err = test::rel_rms(got[name].data(), w, want.numel());
+    const double err = test::rel_rms(got[name].data(), w, want.numel()), tol = tolerance(item);
     const int64_t worst = test::worst_index(got[name].data(), w, want.numel());
-    ASSERT_LE(err, tol) << "first diverging intermediate: " << name << " (relative RMS " << err << "), worst element "
+    ASSERT_LE(err, tol) << "first diverging intermediate: " << name << " (relative RMS " << err << ", tolerance "
+                        << tol << " from PyTorch's own f32 error " << item["f32_torch_rel_rms"] << "), worst element "
                         << worst << ": lineage " << got[name][worst] << " vs reference " << w[worst];
+    if (err / tol > worst_ratio) worst_ratio = err / tol, worst_name = name;
     ++compared;
   }
+  std::printf("%s: largest error / tolerance %.2f (%s)\n", dir.string().c_str(), worst_ratio, worst_name.c_str());
   EXPECT_GE(compared, 12);
   EXPECT_TRUE(got.count("logits"));
 }
@@ -112,6 +120,64 @@ TEST(GoldenGpt2, EveryIntermediateMatchesPyTorch) {
   const auto all = cases("gpt2");
   ASSERT_GE(all.size(), 4u) << "expected the reference's GPT-2 cases under " << test::testdata() / "gpt2";
   for (const auto& dir : all) check_case(dir);
+}
+
+nlohmann::json read_config(const fs::path& dir) {
+  std::ifstream in(dir / "config.json");
+  return nlohmann::json::parse(in);
+}
+
+std::set<std::string> keys(const nlohmann::json& j) {
+  std::set<std::string> k;
+  for (const auto& [key, value] : j.items()) k.insert(key);
+  return k;
+}
+
+// The goldens cover what the engine promises beyond its common path, so EveryIntermediateMatchesPyTorch
+// checks it: configs that omit every optional field (the family's published defaults fill them in),
+// GPT-2's own head size, an untied GPT-2 head that differs from wte, fla mixers without short convs.
+TEST(GoldenCases, CoverDefaultsUntiedHeadHeadDim64AndNoShortConv) {
+  const fs::path gpt2 = test::testdata() / "gpt2";
+  ASSERT_TRUE(fs::exists(gpt2 / "f32_defaults" / "golden" / "manifest.json"));
+  EXPECT_EQ(keys(read_config(gpt2 / "f32_defaults")),
+            (std::set<std::string>{"model_type", "vocab_size", "n_positions", "n_embd", "n_layer", "n_head"}));
+  {
+    io::LoadedModel lm = io::load_model(gpt2 / "f32_defaults", false);
+    const auto& ffn = std::get<layers::Mlp>(lm.model.blocks[0].ffn).config;
+    EXPECT_EQ(ffn.hidden, 4 * lm.model.config.d_model) << "n_inner null: 4 * n_embd";
+    EXPECT_EQ(ffn.act, kernels::Activation::GeluTanh) << "activation_function gelu_new";
+    EXPECT_FLOAT_EQ(lm.model.blocks[0].norm1.eps, 1e-5f) << "layer_norm_epsilon";
+    EXPECT_TRUE(lm.model.config.tied_lm_head);
+  }
+  {
+    io::LoadedModel lm = io::load_model(gpt2 / "f32_head64", false);
+    EXPECT_EQ(std::get<layers::Attention>(lm.model.blocks[0].mixer).config.head_dim, 64);
+  }
+  {
+    io::LoadedModel lm = io::load_model(gpt2 / "f32_untied_lm_head", false);
+    ASSERT_FALSE(lm.model.config.tied_lm_head);
+    const Tensor& head = lm.model.lm_head;
+    ASSERT_EQ(head.shape(), lm.model.embed.shape());
+    EXPECT_GT(test::rel_rms(head.data<float>(), lm.model.embed.data<float>(), head.numel()), 1.0)
+        << "lm_head must differ from wte, or the golden cannot tell which one the engine multiplies with";
+  }
+  for (const char* family : kDeltaFamilies) {
+    SCOPED_TRACE(family);
+    const fs::path dir = test::testdata() / family / "f32_defaults";
+    ASSERT_TRUE(fs::exists(dir / "golden" / "manifest.json"));
+    EXPECT_EQ(keys(read_config(dir)), (std::set<std::string>{"model_type", "vocab_size", "num_hidden_layers",
+                                                              "hidden_size"}));
+    io::LoadedModel lm = io::load_model(dir, false);
+    EXPECT_FLOAT_EQ(lm.model.final_norm.eps, 1e-6f) << "norm_eps";
+    EXPECT_FALSE(lm.model.config.tied_lm_head) << "tie_word_embeddings false";
+    if (std::string(family) == "linear_attn") continue;
+    EXPECT_EQ(std::get<layers::DeltaRule>(lm.model.blocks[0].mixer).config.conv_size, 4) << "conv_size";
+    const fs::path noconv = test::testdata() / family / "f32_noconv";
+    ASSERT_TRUE(fs::exists(noconv / "golden" / "manifest.json"));
+    EXPECT_EQ(read_config(noconv).at("use_short_conv"), false);
+    io::LoadedModel nc = io::load_model(noconv, false);
+    EXPECT_EQ(std::get<layers::DeltaRule>(nc.model.blocks[0].mixer).config.conv_size, 0);
+  }
 }
 
 TEST(GoldenDeltaFamily, EveryIntermediateMatchesPyTorchOnBothKernelPaths) {
