@@ -2,15 +2,21 @@
 // against the library and the PyTorch goldens.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
 
 #include "lineage/io/load_model.h"
 #include "lineage/model/archs/arch.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/io/npy.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/runtime/generate.h"
 #include "lineage/runtime/sampler.h"
 #include "lineage/runtime/session.h"
+#include "lineage/runtime/split_check.h"
 #include "test_support.h"
 
 namespace lineage {
@@ -21,6 +27,18 @@ using test::run_lineage;
 using test::shell_quote;
 
 fs::path golden_case() { return test::testdata() / "gpt2" / "f32_tanh"; }
+
+// Which branch a test that depends on AVX512_BF16 takes (this process's default, which the lineage
+// processes it starts share, LINEAGE_ISA included), stated in its output and XML report. The default
+// run takes the bf16 dot products where the CPU has them; tests/CMakeLists.txt runs Cli.Bf16* again
+// under LINEAGE_ISA=avx2 and scalar, where the exact products run.
+bool bf16_dot_branch() {
+  const bool dot = kernels::bf16_dot_products();
+  const char* branch = dot ? "bf16 dot products" : "exact f32 products (no AVX512_BF16 in this kernel table)";
+  ::testing::Test::RecordProperty("bf16_branch", branch);
+  std::printf("bf16 branch: %s; kernel table %s\n", branch, kernels::kernel_table().isa);
+  return dot;
+}
 
 std::string tokens_arg(const fs::path& dir) {
   const Tensor t = io::load_npy(dir / "golden" / "tokens.npy");
@@ -95,8 +113,8 @@ TEST(Cli, InfoModelDirectory) {
 }
 
 // info says what BF16 weights are multiplied with (and nothing of the kind for F32 weights).
-TEST(Cli, InfoReportsTheBf16Products) {
-  const bool dot_here = kernels::bf16_dot_products();  // this process's default: whether the CPU can
+TEST(Cli, Bf16ProductsReportedByInfo) {
+  const bool dot_here = bf16_dot_branch();
   const std::string bf16 = "info --model " + shell_quote((test::testdata() / "kda" / "bf16").string());
   const auto j = [](const test::RunResult& r) { return nlohmann::json::parse(r.out)["bf16_dot"].get<bool>(); };
   EXPECT_EQ(j(run_lineage(bf16 + " --json")), dot_here);
@@ -149,7 +167,7 @@ TEST(Cli, DeltaFamilyLogitsMatchGoldenForEveryChunkSize) {
 // carries on; measured up to 9e-4. On a CPU without AVX512_BF16 the exact products run (and the
 // flag says so).
 TEST(Cli, Bf16DotLogitsAgreeAcrossChunkSizes) {
-  const bool dot_here = kernels::bf16_dot_products();  // this process's default: whether the CPU can
+  const bool dot_here = bf16_dot_branch();
   for (const char* c : {"gpt2/bf16_prefix_exact", "kda/bf16", "delta_net/bf16"}) {
     const fs::path dir = test::testdata() / c;
     const Tensor want = io::load_npy(dir / "golden" / "logits.npy");
@@ -186,7 +204,7 @@ TEST(Cli, Bf16DotLogitsAgreeAcrossChunkSizes) {
 // the LM head's input left unrounded (1.6e-3, the closest).
 TEST(Cli, Bf16DotLogitsMatchEmulatedGolden) {
   constexpr double kTol = 1e-3;
-  const bool dot_here = kernels::bf16_dot_products();  // this process's default: whether the CPU can
+  const bool dot_here = bf16_dot_branch();
   for (const char* c : {"gpt2/bf16_prefix_exact", "kda/bf16", "delta_net/bf16"}) {
     const fs::path dir = test::testdata() / c;
     const Tensor exact = io::load_npy(dir / "golden" / "logits.npy");
@@ -236,23 +254,26 @@ TEST(Cli, LogitsOfAPreset) {
   EXPECT_EQ(got.shape(), (Shape{3, 50257}));
 }
 
-// A GPT-2-vocabulary model (tiny width) next to the real GPT-2 tokenizer files.
-fs::path tiny_model_with_tokenizer() {
+using TensorList = std::vector<std::pair<std::string, Tensor>>;
+
+// A GPT-2-vocabulary model (tiny width) next to the real GPT-2 tokenizer files; `edit_config` and
+// `edit_tensors` may change config.json and the weights before they are written.
+fs::path tiny_model_with_tokenizer(const std::function<void(nlohmann::json&)>& edit_config = {},
+                                   const std::function<void(TensorList&)>& edit_tensors = {}) {
   const fs::path dir = test::temp_dir();
   const fs::path tok = test::testdata() / "tokenizer" / "gpt2";
   fs::copy_file(tok / "vocab.json", dir / "vocab.json");
   fs::copy_file(tok / "merges.txt", dir / "merges.txt");
-  const nlohmann::json cfg = {{"model_type", "gpt2"}, {"vocab_size", 50257}, {"n_positions", 64}, {"n_embd", 16},
-                              {"n_layer", 1},         {"n_head", 2},         {"eos_token_id", 50256}};
-  const fs::path src = test::tiny_gpt2_dir();
+  nlohmann::json cfg = {{"model_type", "gpt2"}, {"vocab_size", 50257}, {"n_positions", 64}, {"n_embd", 16},
+                        {"n_layer", 1},         {"n_head", 2},         {"eos_token_id", 50256}};
+  if (edit_config) edit_config(cfg);
   test::write_text(dir / "config.json", cfg.dump());
-  // Weights: regenerate at vocab 50257 through the same helper path.
   model::Model m = model::build_gpt2({model::ConfigFields(cfg, "tiny"), [](const std::string&) { return false; }});
   model::init_random(m, 11, DType::F32);
-  std::vector<std::pair<std::string, Tensor>> tensors;
+  TensorList tensors;
   m.for_each_tensor([&](const std::string& n, Tensor& t, const Shape&, layers::Init) { tensors.emplace_back(n, t); });
+  if (edit_tensors) edit_tensors(tensors);
   test::write_safetensors(dir / "model.safetensors", tensors);
-  fs::remove_all(src);
   return dir;
 }
 
@@ -292,6 +313,253 @@ TEST(Cli, GenerateSampledIsSeeded) {
   const auto a = run_lineage(args + " --seed 5"), b = run_lineage(args + " --seed 5");
   ASSERT_EQ(a.exit_code, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
+}
+
+// The first `n` greedy ids after `prompt`, from the library.
+std::vector<int32_t> greedy_ids(const io::LoadedModel& lm, const std::string& prompt, int n) {
+  runtime::Session s(lm.model);
+  runtime::Sampler greedy({0.0f, 0, 1.0f, 0});
+  std::vector<int32_t> ids;
+  auto logits = s.prefill(lm.tokenizer->encode(prompt));
+  for (int i = 0; i < n; ++i) {
+    ids.push_back(greedy.sample(logits));
+    logits = s.decode(ids.back());
+  }
+  return ids;
+}
+
+// The first step >= 2 whose greedy id none of the earlier steps produced (so that making it EOS
+// stops generation exactly there), skipping ids in `avoid`.
+size_t first_new_id(const std::vector<int32_t>& ids, const std::vector<int32_t>& avoid = {}) {
+  for (size_t i = 2; i < ids.size(); ++i)
+    if (std::find(ids.begin(), ids.begin() + i, ids[i]) == ids.begin() + i &&
+        std::find(avoid.begin(), avoid.end(), ids[i]) == avoid.end())
+      return i;
+  return ids.size();
+}
+
+// What generate prints for `ids`: the streaming decoder's text (invalid UTF-8 becomes U+FFFD).
+std::string streamed_text(const io::Tokenizer& tok, std::span<const int32_t> ids) {
+  io::StreamDecoder stream(tok);
+  std::string text;
+  for (int32_t id : ids) text += stream.push(id);
+  return text + stream.flush();
+}
+
+// generate stops at config.json's eos_token_id (the tokenizer's EOS, 50256, is never reached here),
+// prints what came before it and says so; --ignore-eos runs on to --max-tokens.
+TEST(Cli, GenerateStopsAtTheConfigEosUnlessIgnoreEos) {
+  const std::string prompt = "The cat sat";
+  const io::LoadedModel lm = io::load_model(tiny_model_with_tokenizer());
+  const auto ids = greedy_ids(lm, prompt, 8);
+  const size_t stop = first_new_id(ids);
+  ASSERT_LT(stop, ids.size()) << "greedy decoding of the tiny model repeats one id; pick another prompt";
+  ASSERT_EQ(std::find(ids.begin(), ids.end(), 50256), ids.end());
+  const fs::path dir = tiny_model_with_tokenizer([&](nlohmann::json& c) { c["eos_token_id"] = ids[stop]; });
+  const std::string args = "generate --model " + shell_quote(dir.string()) + " --prompt " + shell_quote(prompt) +
+                           " --max-tokens 8 --temperature 0";
+  const auto r = run_lineage(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, streamed_text(*lm.tokenizer, std::span(ids).first(stop)) + "\n") << "EOS is id " << ids[stop];
+  EXPECT_NE(r.err.find("generated " + std::to_string(stop) + " tokens (stopped at EOS)"), std::string::npos) << r.err;
+  const auto all = run_lineage(args + " --ignore-eos");
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_EQ(all.out, streamed_text(*lm.tokenizer, ids) + "\n");
+  EXPECT_NE(all.err.find("generated 8 tokens;"), std::string::npos) << all.err;
+  EXPECT_EQ(all.err.find("stopped at EOS"), std::string::npos) << all.err;
+}
+
+// Without eos_token_id in config.json, the tokenizer's EOS (<|endoftext|>, 50256) stops generation.
+// The model is the one above with the rows of wte (its tied LM head too) for ids[stop] and 50256
+// swapped: the same model with the two ids' names exchanged, so greedy decoding now reaches 50256
+// at step `stop`.
+TEST(Cli, GenerateStopsAtTheTokenizersEosWithoutOneInConfig) {
+  const std::string prompt = "The cat sat";
+  const io::LoadedModel original = io::load_model(tiny_model_with_tokenizer());
+  const auto ids = greedy_ids(original, prompt, 8);
+  const size_t stop = first_new_id(ids);
+  ASSERT_LT(stop, ids.size());
+  ASSERT_EQ(std::find(ids.begin(), ids.end(), 50256), ids.end());
+  const int32_t renamed = ids[stop];
+  const fs::path dir = tiny_model_with_tokenizer([](nlohmann::json& c) { c.erase("eos_token_id"); },
+                                                 [&](TensorList& tensors) {
+                                                   for (auto& [name, t] : tensors) {
+                                                     if (name != "wte.weight") continue;
+                                                     float* a = t.data<float>() + int64_t(renamed) * t.dim(1);
+                                                     float* b = t.data<float>() + int64_t(50256) * t.dim(1);
+                                                     std::swap_ranges(a, a + t.dim(1), b);
+                                                   }
+                                                 });
+  io::LoadedModel lm = io::load_model(dir);
+  ASSERT_FALSE(lm.model.config.eos_token_id.has_value());
+  ASSERT_EQ(lm.tokenizer->eos_id(), std::optional<int32_t>(50256));
+  const auto swapped = greedy_ids(lm, prompt, int(stop) + 1);
+  ASSERT_EQ(swapped.back(), 50256) << "the swap did not move the greedy id";
+  const std::string args = "generate --model " + shell_quote(dir.string()) + " --prompt " + shell_quote(prompt) +
+                           " --max-tokens 8 --temperature 0";
+  const auto r = run_lineage(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, streamed_text(*lm.tokenizer, std::span(ids).first(stop)) + "\n");
+  EXPECT_NE(r.err.find("generated " + std::to_string(stop) + " tokens (stopped at EOS)"), std::string::npos) << r.err;
+  const auto all = run_lineage(args + " --ignore-eos");
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_NE(all.err.find("generated 8 tokens;"), std::string::npos) << all.err;
+  EXPECT_NE(all.out.find("<|endoftext|>"), std::string::npos) << all.out;
+}
+
+// The sampling flags reach the sampler as documented (its distribution is Sampler.FrequenciesMatch-
+// TheDefinition's business): the binary's text is the library's sampled ids for the same
+// temperature, top-k, top-p and seed; each id lies in its step's top-k and top-p set; changing any
+// flag changes the text; --top-k 1 is greedy at any temperature.
+TEST(Cli, GenerateSamplingFlagsSampleAsDocumented) {
+  const fs::path dir = tiny_model_with_tokenizer();
+  io::LoadedModel lm = io::load_model(dir);
+  const std::string prompt = "Once upon";
+  const std::vector<int32_t> prompt_ids = lm.tokenizer->encode(prompt);
+  constexpr int kTokens = 10;
+  const runtime::SamplingParams cases[] = {{0.7f, 0, 1.0f, 5}, {1.5f, 0, 1.0f, 5}, {1.5f, 5, 1.0f, 5},
+                                           {1.5f, 0, 0.3f, 5}, {0.7f, 40, 0.9f, 5}, {1.5f, 1, 1.0f, 5}};
+  const std::vector<int32_t> greedy = greedy_ids(lm, prompt, kTokens);
+  std::vector<std::string> texts;
+  for (const auto& sp : cases) {
+    char flags[160];
+    std::snprintf(flags, sizeof flags, " --temperature %g --top-k %d --top-p %g --seed %llu", sp.temperature,
+                  sp.top_k, sp.top_p, (unsigned long long)sp.seed);
+    SCOPED_TRACE(flags);
+    runtime::GenerateOptions opt;
+    opt.max_tokens = kTokens;
+    opt.sampling = sp;
+    runtime::Session session(lm.model);
+    const auto st = runtime::generate(session, *lm.tokenizer, prompt_ids, opt, [](std::string_view) {});
+    ASSERT_EQ(st.tokens.size(), size_t(kTokens));
+    if (sp.top_k == 1) {
+      EXPECT_EQ(st.tokens, greedy) << "--top-k 1 keeps the argmax alone";
+    } else {
+      EXPECT_NE(st.tokens, greedy);
+    }
+    const auto r = run_lineage("generate --model " + shell_quote(dir.string()) + " --prompt " + shell_quote(prompt) +
+                               " --max-tokens " + std::to_string(kTokens) + " --ignore-eos" + flags);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, streamed_text(*lm.tokenizer, st.tokens) + "\n");
+    texts.push_back(r.out);
+    // Each id against its step's logits: rank below top-k; inside the nucleus of softmax(logits / T).
+    runtime::Session replay(lm.model);
+    auto logits = replay.prefill(prompt_ids);
+    for (int32_t id : st.tokens) {
+      const std::vector<float> l(logits.begin(), logits.end());
+      int64_t rank = 0;
+      double above = 0, z = 0;
+      for (size_t v = 0; v < l.size(); ++v) {
+        const bool before = l[v] > l[size_t(id)] || (l[v] == l[size_t(id)] && int32_t(v) < id);
+        rank += before;
+        z += std::exp(double(l[v] - l[size_t(id)]) / sp.temperature);
+        if (before) above += std::exp(double(l[v] - l[size_t(id)]) / sp.temperature);
+      }
+      if (sp.top_k > 0) {
+        EXPECT_LT(rank, sp.top_k) << "id " << id;
+      }
+      if (sp.top_p < 1.0f && sp.top_k == 0) {
+        EXPECT_LT(above / z, sp.top_p) << "id " << id << " is outside the nucleus";
+      }
+      logits = replay.decode(id);
+    }
+  }
+  EXPECT_NE(texts[0], texts[1]) << "--temperature 0.7 vs 1.5";
+  EXPECT_NE(texts[1], texts[2]) << "--top-k 5 vs off";
+  EXPECT_NE(texts[1], texts[3]) << "--top-p 0.3 vs off";
+}
+
+// `lineage tour`'s "chunked = decode" column comes from the run: for a GPT-2 checkpoint (--model; the
+// presets take seconds each) the verdict is "yes" and the relative RMS it prints is the library's
+// prefill-vs-decode comparison of that model on the tour's tokens (tests/split_check_test.cpp checks
+// that comparison against an independent one, and on inputs that differ).
+TEST(Cli, TourReportsChunkedEqualsDecodeFromItsRun) {
+  const fs::path dir = golden_case();
+  const auto r = run_lineage("tour --model " + shell_quote(dir.string()) + " --threads 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::smatch m;
+  const std::regex row(R"(\n\S+ +grows: .*\| (yes|NO) \(rel rms ([-+.e0-9]+)\); context limit 64)");
+  ASSERT_TRUE(std::regex_search(r.out, m, row)) << r.out;
+  EXPECT_EQ(m[1], "yes") << r.out;
+  const double printed = std::stod(m[2]);
+  io::LoadedModel lm = io::load_model(dir, false);
+  const auto tokens = runtime::split_check_tokens(lm.model.config.vocab_size);
+  const double want = runtime::prefill_decode_rel_rms(lm.model, tokens);
+  EXPECT_GT(want, 0.0);
+  EXPECT_NEAR(printed, want, 0.051 * want) << r.out;  // printed with two significant digits
+}
+
+// The widest kernel table this CPU and OS offer, as dispatch.cpp picks it without LINEAGE_ISA.
+std::string widest_isa() {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return avx512 ? "avx512" : avx2 ? "avx2" : "scalar";
+}
+
+// Sets (or, with nullptr, unsets) an environment variable for the lineage processes this test starts,
+// and restores it. This process's own kernel table was chosen before (kernel_table() at construction).
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name(name) {
+    kernels::kernel_table();
+    if (const char* old = std::getenv(name)) before = old;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (before) setenv(name, before->c_str(), 1);
+    else unsetenv(name);
+  }
+  const char* name;
+  std::optional<std::string> before;
+};
+
+// LINEAGE_ISA picks the kernel table that runs: `info` names it (GEMV table, GEMM, bf16 dot products),
+// narrowed as asked and never beyond what the CPU has; and decode's logits differ in their last bits
+// between tables (another summation order), each within 1e-5 of the golden.
+TEST(Cli, KernelTableFollowsLineageIsa) {
+  const std::string widest = widest_isa();
+  const bool bf16_cpu = __builtin_cpu_supports("avx512bf16");
+  const fs::path dir = golden_case();
+  const Tensor want = io::load_npy(dir / "golden" / "logits.npy");
+  const struct {
+    const char* env;
+    std::string isa;
+  } runs[] = {{nullptr, widest},
+              {"avx512", widest},
+              {"avx2", widest == "scalar" ? "scalar" : "avx2"},
+              {"scalar", "scalar"}};
+  std::map<std::string, std::vector<float>> logits_by_isa;
+  for (const auto& run : runs) {
+    SCOPED_TRACE(std::string("LINEAGE_ISA=") + (run.env ? run.env : "(unset)"));
+    ScopedEnv env("LINEAGE_ISA", run.env);
+    const auto r = run_lineage("info --preset gpt2-124m --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto k = nlohmann::json::parse(r.out).at("kernels");
+    EXPECT_EQ(k.at("isa"), run.isa);
+    EXPECT_EQ(k.at("gemm"), run.isa == "avx512" ? "lineage AVX-512 tile" : "OpenBLAS");
+    EXPECT_EQ(k.at("bf16_dot_available").get<bool>(), run.isa == "avx512" && bf16_cpu);
+    const auto text = run_lineage("info --preset gpt2-124m");
+    EXPECT_NE(text.out.find("kernels        " + run.isa + " GEMV"), std::string::npos) << text.out;
+    const fs::path out = test::temp_dir() / "l.npy";
+    const auto l = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" + tokens_arg(dir) +
+                               "' --out " + shell_quote(out.string()) + " --chunk 1 --threads 2");
+    ASSERT_EQ(l.exit_code, 0) << l.err;
+    const Tensor got = io::load_npy(out);
+    ASSERT_EQ(got.shape(), want.shape());
+    EXPECT_LE(test::rel_rms(got.data<float>(), want.data<float>(), want.numel()), 1e-5);
+    std::vector<float> v(got.data<float>(), got.data<float>() + got.numel());
+    if (logits_by_isa.count(run.isa)) {
+      EXPECT_EQ(logits_by_isa[run.isa], v) << "same table, same bits";
+    }
+    logits_by_isa[run.isa] = std::move(v);
+  }
+  for (const auto& [a, la] : logits_by_isa)
+    for (const auto& [b, lb] : logits_by_isa)
+      if (a < b) {
+        EXPECT_NE(la, lb) << a << " and " << b << " gave the same bits: the same kernels ran";
+      }
 }
 
 }  // namespace
