@@ -369,7 +369,7 @@ TEST(Cli, GenerateStopsAtTheConfigEosUnlessIgnoreEos) {
   EXPECT_EQ(all.err.find("stopped at EOS"), std::string::npos) << all.err;
 }
 
-// Without eos_token_id in config.json, the tokenizer's EOS (<|endoftext|>, 50256) stops generation.
+// With eos_token_id null in config.json, the tokenizer's EOS (<|endoftext|>, 50256) stops generation.
 // The model is the one above with the rows of wte (its tied LM head too) for ids[stop] and 50256
 // swapped: the same model with the two ids' names exchanged, so greedy decoding now reaches 50256
 // at step `stop`.
@@ -381,7 +381,8 @@ TEST(Cli, GenerateStopsAtTheTokenizersEosWithoutOneInConfig) {
   ASSERT_LT(stop, ids.size());
   ASSERT_EQ(std::find(ids.begin(), ids.end(), 50256), ids.end());
   const int32_t renamed = ids[stop];
-  const fs::path dir = tiny_model_with_tokenizer([](nlohmann::json& c) { c.erase("eos_token_id"); },
+  // null, not left out: left out, GPT-2's published default 50256 would apply (ArchDefaults tests).
+  const fs::path dir = tiny_model_with_tokenizer([](nlohmann::json& c) { c["eos_token_id"] = nullptr; },
                                                  [&](TensorList& tensors) {
                                                    for (auto& [name, t] : tensors) {
                                                      if (name != "wte.weight") continue;

@@ -31,8 +31,10 @@ int64_t ConfigFields::integer(const std::string& key, int64_t fallback, int64_t 
   return v.is_number_float() ? int64_t(v.get<double>()) : v.get<int64_t>();
 }
 
-std::optional<int32_t> ConfigFields::token_id(const std::string& key, int64_t vocab) const {
-  if (!has(key)) return std::nullopt;
+std::optional<int32_t> ConfigFields::token_id(const std::string& key, int64_t vocab,
+                                              std::optional<int32_t> fallback) const {
+  if (!j_.contains(key)) return fallback && *fallback < vocab ? fallback : std::nullopt;
+  if (j_[key].is_null()) return std::nullopt;
   const auto& v = j_[key];
   const std::string want = cat("a token id in [0, ", vocab, ") (vocab_size)");
   if (!v.is_number_integer()) fail(key, want);

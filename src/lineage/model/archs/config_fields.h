@@ -31,8 +31,9 @@ class ConfigFields {
   // An integer in [1, max]: required, or `fallback` when null or absent.
   int64_t integer(const std::string& key, int64_t max) const;
   int64_t integer(const std::string& key, int64_t fallback, int64_t max) const;
-  // A token id in [0, vocab), or nothing when null or absent.
-  std::optional<int32_t> token_id(const std::string& key, int64_t vocab) const;
+  // A token id in [0, vocab); nothing when null; `fallback` when absent (the family's published
+  // default), unless that lies outside the vocabulary.
+  std::optional<int32_t> token_id(const std::string& key, int64_t vocab, std::optional<int32_t> fallback) const;
   // A finite number in (0, max], or `fallback` when null or absent.
   double positive(const std::string& key, double fallback, double max) const;
   bool boolean(const std::string& key, bool fallback) const;

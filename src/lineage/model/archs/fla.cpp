@@ -67,8 +67,9 @@ void expanded_heads(const ConfigFields& c, DeltaRule::Config& x) {
 Model build_fla(const ArchInput& in, const std::string& type, const DeltaRule::Config& mixer, const std::string& summary) {
   const ConfigFields& c = in.config;
   Model m;
-  const int64_t D = mixer.d_model, L = c.integer("num_hidden_layers", limits::kLayers);
-  const int64_t V = c.integer("vocab_size", limits::kVocab);
+  // fla's configuration classes: 32000 tokens, 21 Gated DeltaNet layers, 24 of the others.
+  const int64_t D = mixer.d_model, L = c.integer("num_hidden_layers", type == "gated_deltanet" ? 21 : 24, limits::kLayers);
+  const int64_t V = c.integer("vocab_size", 32000, limits::kVocab);
   const float eps = float(c.positive("norm_eps", 1e-6, 1.0));
   m.config.model_type = type;
   m.config.vocab_size = V;
@@ -76,8 +77,9 @@ Model build_fla(const ArchInput& in, const std::string& type, const DeltaRule::C
   m.config.max_positions = 0;  // a recurrent state has no context limit
   m.config.layers_field = "num_hidden_layers";
   m.config.tied_lm_head = c.boolean("tie_word_embeddings", false);
-  m.config.bos_token_id = c.token_id("bos_token_id", V);
-  m.config.eos_token_id = c.token_id("eos_token_id", V);
+  m.config.bos_token_id = c.token_id("bos_token_id", V, 1);
+  m.config.eos_token_id = c.token_id("eos_token_id", V, 2);
+  if (m.config.tied_lm_head) m.ignored_suffixes.push_back("lm_head.weight");
   const int64_t F = mlp_width(c, D);
   m.config.description = cat(summary, ": ", L, " layers, d_model ", D, ", SwiGLU MLP ", F);
   m.names = {"model.embeddings.weight", "", "model.layers.", "model.norm", "lm_head.weight"};

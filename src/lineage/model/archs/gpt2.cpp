@@ -8,9 +8,10 @@ namespace lineage::model {
 Model build_gpt2(const ArchInput& in) {
   const ConfigFields& c = in.config;
   Model m;
-  const int64_t D = c.integer("n_embd", limits::kWidth), L = c.integer("n_layer", limits::kLayers);
-  const int64_t H = c.integer("n_head", limits::kHeads), V = c.integer("vocab_size", limits::kVocab);
-  const int64_t P = c.integer("n_positions", limits::kPositions);
+  // HF GPT2Config's defaults (GPT-2 small) for every field left out.
+  const int64_t D = c.integer("n_embd", 768, limits::kWidth), L = c.integer("n_layer", 12, limits::kLayers);
+  const int64_t H = c.integer("n_head", 12, limits::kHeads), V = c.integer("vocab_size", 50257, limits::kVocab);
+  const int64_t P = c.integer("n_positions", 1024, limits::kPositions);
   const int64_t F = c.integer("n_inner", 4 * D, limits::kWidth);
   if (D % H) c.fail("n_head", cat("a divisor of n_embd = ", D));
   const float eps = float(c.positive("layer_norm_epsilon", 1e-5, 1.0));
@@ -38,13 +39,15 @@ Model build_gpt2(const ArchInput& in) {
   m.config.max_positions = P;
   m.config.max_positions_field = "n_positions";
   m.config.layers_field = "n_layer";
-  m.config.tied_lm_head = !in.has_tensor("lm_head.weight");
-  m.config.bos_token_id = c.token_id("bos_token_id", V);
-  m.config.eos_token_id = c.token_id("eos_token_id", V);
+  // Tied unless the config says otherwise, as HF does: then a stored lm_head.weight is ignored.
+  m.config.tied_lm_head = c.boolean("tie_word_embeddings", true);
+  m.config.bos_token_id = c.token_id("bos_token_id", V, 50256);
+  m.config.eos_token_id = c.token_id("eos_token_id", V, 50256);
   m.config.description = cat("GPT-2: ", L, " layers, d_model ", D, ", ", H, " heads, softmax attention + KV cache, ",
                              act_name, " MLP ", F);
   m.names = {p + "wte.weight", p + "wpe.weight", p + "h.", p + "ln_f", "lm_head.weight"};
   m.ignored_suffixes = {".attn.bias", ".attn.masked_bias"};
+  if (m.config.tied_lm_head) m.ignored_suffixes.push_back("lm_head.weight");
 
   const layers::Norm ln{layers::Norm::Kind::Layer, D, eps, {}, {}};
   m.final_norm = ln;
