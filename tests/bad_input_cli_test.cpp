@@ -425,6 +425,11 @@ std::vector<Case> cases() {
     test::write_text(d / "tokenizer.json", nested_in_object(100000));
     return std::pair{tokenize_in(d), std::vector<std::string>{(d / "tokenizer.json").string(), "nested more than"}};
   });
+  add("tokenizer_config_nested_100k", [&] {
+    const fs::path d = gpt2_with_tokenizer(byte_vocab(), "#version: 0.2\n");
+    test::write_text(d / "tokenizer_config.json", nested_in_object(100000));
+    return std::pair{tokenize_in(d), std::vector<std::string>{(d / "tokenizer_config.json").string(), "nested more than"}};
+  });
   add("tokenizer_json_empty", [&] {
     const fs::path d = test::tiny_gpt2_dir();
     test::write_text(d / "tokenizer.json", "");
