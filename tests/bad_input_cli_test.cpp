@@ -38,22 +38,6 @@ json header_of(const Tensors& tensors, std::string& data) {
   return header;
 }
 
-// A tiny GPT-2 directory whose safetensors header was edited by `edit` (data left as it was).
-fs::path gpt2_with_header(const std::function<void(json&)>& edit, const json& config_patch = json::object()) {
-  const fs::path dir = test::tiny_gpt2_dir();
-  std::string data;
-  json header = header_of(tiny_tensors(), data);
-  edit(header);
-  test::write_raw_safetensors(dir / "model.safetensors", header.dump(), data);
-  if (!config_patch.empty()) {
-    std::ifstream in(dir / "config.json");
-    json cfg = json::parse(in);
-    cfg.merge_patch(config_patch);
-    test::write_text(dir / "config.json", cfg.dump());
-  }
-  return dir;
-}
-
 // A tiny GPT-2 directory whose config.json is `patch` merged into the valid one (null removes a key).
 fs::path gpt2_with_config(const json& patch) {
   const fs::path dir = test::tiny_gpt2_dir();
@@ -61,6 +45,16 @@ fs::path gpt2_with_config(const json& patch) {
   json cfg = json::parse(in);
   cfg.merge_patch(patch);
   test::write_text(dir / "config.json", cfg.dump());
+  return dir;
+}
+
+// The same with its safetensors header edited by `edit` (the data left as it was).
+fs::path gpt2_with_header(const std::function<void(json&)>& edit, const json& config_patch = json::object()) {
+  const fs::path dir = gpt2_with_config(config_patch);
+  std::string data;
+  json header = header_of(tiny_tensors(), data);
+  edit(header);
+  test::write_raw_safetensors(dir / "model.safetensors", header.dump(), data);
   return dir;
 }
 
