@@ -2,8 +2,12 @@
 
 #include <cstring>
 #include <fstream>
+#include <string_view>
+#include <utility>
 
+#include "lineage/core/checked.h"
 #include "lineage/core/error.h"
+#include "lineage/io/json_read.h"
 
 namespace lineage::io {
 
@@ -24,52 +28,145 @@ void save_npy(const std::filesystem::path& path, const float* data, const Shape&
   if (!out) throw Error(cat(path.string(), ": write failed"));
 }
 
-Tensor load_npy(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(cat(path.string(), ": cannot open"));
-  char magic[8];
-  in.read(magic, 8);
-  if (!in || std::memcmp(magic, "\x93NUMPY", 6) != 0) throw Error(cat(path.string(), ": not a .npy file"));
-  uint32_t hlen = 0;
-  if (magic[6] == 1) {
-    uint16_t h;
-    in.read(reinterpret_cast<char*>(&h), 2);
-    hlen = h;
-  } else {
-    in.read(reinterpret_cast<char*>(&hlen), 4);
-  }
-  std::string header(hlen, '\0');
-  in.read(header.data(), hlen);
-  const auto field = [&](const std::string& key) {
-    const size_t p = header.find("'" + key + "'");
-    if (p == std::string::npos) throw Error(cat(path.string(), ": header lacks '", key, "'"));
-    return header.substr(header.find(':', p) + 1);
-  };
-  if (field("fortran_order").find("True") < field("fortran_order").find(',')) throw Error(cat(path.string(), ": Fortran order is not supported"));
-  const std::string descr_s = field("descr");
-  const size_t q0 = descr_s.find('\''), q1 = descr_s.find('\'', q0 + 1);
-  const std::string descr = descr_s.substr(q0 + 1, q1 - q0 - 1);
-  const std::string shape_s = field("shape");
+namespace {
+
+// The header of a .npy file: a Python dict literal such as
+//   {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+// read strictly (the three keys once each, nothing else), so a damaged file is an Error naming it.
+struct NpyHeader {
+  std::string descr;
+  bool fortran_order = false;
   Shape shape;
-  for (size_t i = shape_s.find('(') + 1; i < shape_s.find(')');) {
-    const size_t j = shape_s.find_first_of(",)", i);
-    const std::string num = shape_s.substr(i, j - i);
-    if (num.find_first_not_of(' ') != std::string::npos) shape.push_back(std::stoll(num));
-    i = j + 1;
+};
+
+class HeaderReader {
+ public:
+  HeaderReader(std::string_view text, const std::string& file) : s_(text), file_(file) {}
+
+  NpyHeader read() {
+    NpyHeader h;
+    bool seen[3] = {false, false, false};
+    expect('{');
+    while (!peek('}')) {
+      const std::string key = quoted();
+      expect(':');
+      const int k = key == "descr" ? 0 : key == "fortran_order" ? 1 : key == "shape" ? 2 : -1;
+      if (k < 0) fail(cat("key '", key, "'"), "only 'descr', 'fortran_order' and 'shape'");
+      if (seen[k]) fail(cat("key '", key, "' twice"), "each key once");
+      seen[k] = true;
+      if (k == 0) h.descr = quoted();
+      if (k == 1) h.fortran_order = boolean();
+      if (k == 2) h.shape = tuple();
+      if (!peek(',')) break;
+      expect(',');
+    }
+    expect('}');
+    skip_space();
+    if (i_ != s_.size()) fail("text after the closing '}'", "only spaces and a newline");
+    if (!seen[0] || !seen[1] || !seen[2]) fail("a header without 'descr', 'fortran_order' or 'shape'", "all three");
+    return h;
   }
-  const auto read = [&](Tensor t) {
-    in.read(static_cast<char*>(t.raw_mut()), std::streamsize(t.nbytes()));
-    if (!in) throw Error(cat(path.string(), ": data shorter than shape ", shape_str(shape)));
-    return t;
-  };
-  if (descr == "<f4") return read(Tensor::empty(DType::F32, shape));
-  if (descr == "<i4") return read(Tensor::empty(DType::I32, shape));
-  if (descr == "<i8") return read(Tensor::empty(DType::I64, shape));
-  if (descr == "<f8") {
-    Tensor d = read(Tensor::empty(DType::F64, shape));
-    return to_f32(d);
+
+ private:
+  [[noreturn]] void fail(const std::string& found, const std::string& expected) const {
+    throw Error(cat(file_, ": .npy header at byte ", i_, ": found ", found, "; expected ", expected));
   }
-  throw Error(cat(path.string(), ": dtype '", descr, "' not supported; expected <f4, <f8, <i4 or <i8"));
+  void skip_space() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\t' || s_[i_] == '\r')) ++i_;
+  }
+  bool peek(char c) {
+    skip_space();
+    return i_ < s_.size() && s_[i_] == c;
+  }
+  void expect(char c) {
+    if (!peek(c)) fail(i_ < s_.size() ? cat("'", s_[i_], "'") : std::string("the end"), cat("'", c, "'"));
+    ++i_;
+  }
+  std::string quoted() {
+    skip_space();
+    if (i_ >= s_.size() || (s_[i_] != '\'' && s_[i_] != '"')) fail("no quoted string", "a quoted key or descr");
+    const char q = s_[i_++];
+    const size_t end = s_.find(q, i_);
+    if (end == std::string_view::npos) fail("an unterminated string", "a closing quote");
+    std::string out(s_.substr(i_, end - i_));
+    i_ = end + 1;
+    return out;
+  }
+  bool boolean() {
+    skip_space();
+    for (const auto& [word, value] : {std::pair<std::string_view, bool>{"True", true}, {"False", false}}) {
+      if (s_.substr(i_, word.size()) == word) {
+        i_ += word.size();
+        return value;
+      }
+    }
+    fail("no True or False", "True or False");
+  }
+  Shape tuple() {
+    Shape shape;
+    expect('(');
+    while (!peek(')')) {
+      int64_t d = 0;
+      const size_t first = i_;
+      while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') {
+        const auto times10 = checked_mul(d, 10);
+        const auto next = times10 ? checked_add(*times10, s_[i_] - '0') : std::nullopt;
+        if (!next) fail("a dimension that overflows int64", "a size");
+        d = *next;
+        ++i_;
+      }
+      if (i_ == first) fail("no dimension", "a non-negative integer");
+      shape.push_back(d);
+      if (!peek(',')) break;
+      expect(',');
+    }
+    expect(')');
+    return shape;
+  }
+
+  std::string_view s_;
+  const std::string& file_;
+  size_t i_ = 0;
+};
+
+uint32_t little_endian(const std::string& bytes, size_t at, int n) {
+  uint32_t v = 0;
+  for (int k = n - 1; k >= 0; --k) v = (v << 8) | uint8_t(bytes[at + size_t(k)]);
+  return v;
+}
+
+}  // namespace
+
+Tensor load_npy(const std::filesystem::path& path) {
+  const std::string f = path.string();
+  const std::string bytes = read_file_text(path);
+  if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0)
+    throw Error(cat(f, ": not a .npy file (expected the magic \\x93NUMPY and a version)"));
+  const int major = uint8_t(bytes[6]);
+  if (major < 1 || major > 3) throw Error(cat(f, ": .npy format version ", major, " is not supported; expected 1, 2 or 3"));
+  const int len_bytes = major == 1 ? 2 : 4;
+  if (bytes.size() < size_t(8 + len_bytes)) throw Error(cat(f, ": .npy file ends inside its header length"));
+  const size_t header_len = little_endian(bytes, 8, len_bytes), header_at = size_t(8 + len_bytes);
+  if (header_len > bytes.size() - header_at)
+    throw Error(cat(f, ": .npy header of ", header_len, " bytes runs past the end of the file (", bytes.size(), " bytes)"));
+  const NpyHeader h = HeaderReader(std::string_view(bytes).substr(header_at, header_len), f).read();
+  if (h.fortran_order) throw Error(cat(f, ": Fortran order is not supported; expected a C-order array"));
+  DType stored;
+  if (h.descr == "<f4") stored = DType::F32;
+  else if (h.descr == "<f8") stored = DType::F64;
+  else if (h.descr == "<i4") stored = DType::I32;
+  else if (h.descr == "<i8") stored = DType::I64;
+  else throw Error(cat(f, ": dtype '", h.descr, "' not supported; expected <f4, <f8, <i4 or <i8"));
+  const size_t data_at = header_at + header_len, data_bytes = bytes.size() - data_at;
+  const auto need = checked_nbytes(h.shape, stored);
+  if (!need || uint64_t(*need) != data_bytes)
+    throw Error(cat(f, ": shape ", shape_str(h.shape), " of ", h.descr, " needs ",
+                    need ? cat(*need, " bytes") : std::string("more bytes than int64 holds"), " but the file holds ",
+                    data_bytes, " after its header"));
+  Tensor t = Tensor::empty(stored, h.shape);
+  if (data_bytes > 0) std::memcpy(t.raw_mut(), bytes.data() + data_at, data_bytes);
+  if (stored == DType::F64) return to_f32(t);
+  return t;
 }
 
 }  // namespace lineage::io

@@ -1,4 +1,4 @@
-// NumPy .npy files (format 1.0/2.0, little-endian, C order): float32 and int32/int64 arrays.
+// NumPy .npy files (format 1.0/2.0/3.0, little-endian, C order): float32 and int32/int64 arrays.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +10,8 @@
 namespace lineage::io {
 
 void save_npy(const std::filesystem::path& path, const float* data, const Shape& shape);
-// Reads <f4, <f8 (narrowed), <i4 or <i8 arrays into an owned tensor (F32 or I32/I64).
+// Reads <f4, <f8 (narrowed), <i4 or <i8 arrays into an owned tensor (F32 or I32/I64). Anything else
+// (a damaged header, a shape whose byte length differs from the data's) is an Error naming the file.
 Tensor load_npy(const std::filesystem::path& path);
 
 }  // namespace lineage::io
