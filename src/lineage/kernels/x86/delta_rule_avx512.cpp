@@ -65,15 +65,15 @@ inline void tile(const Seg& s0, const Seg& s1, float* c, int64_t ldc, Init init,
     for (int z = 0; z < NZ; ++z) _mm512_storeu_ps(c + m * ldc + 16 * z, acc[m][z]);
 }
 
+// Columns [col, ...) of a segment; an empty segment (kk = 0) may have null pointers and stays as it is.
+inline Seg from_col(const Seg& s, int64_t col) { return s.kk ? Seg{s.a, s.rs, s.cs, s.b + col, s.ldb, s.kk} : s; }
+
 template <int MR>
 inline void tile_cols(const Seg& s0, const Seg& s1, float* c, int64_t ldc, int64_t N, Init init, const float* rsc) {
   int64_t col = 0;
-  for (; col + 64 <= N; col += 64) {
-    const Seg a{s0.a, s0.rs, s0.cs, s0.b + col, s0.ldb, s0.kk}, b{s1.a, s1.rs, s1.cs, s1.b + col, s1.ldb, s1.kk};
-    tile<MR, 4>(a, b, c + col, ldc, init, rsc);
-  }
+  for (; col + 64 <= N; col += 64) tile<MR, 4>(from_col(s0, col), from_col(s1, col), c + col, ldc, init, rsc);
   if (col == N) return;
-  const Seg a{s0.a, s0.rs, s0.cs, s0.b + col, s0.ldb, s0.kk}, b{s1.a, s1.rs, s1.cs, s1.b + col, s1.ldb, s1.kk};
+  const Seg a = from_col(s0, col), b = from_col(s1, col);
   switch ((N - col) / 16) {
     case 1: tile<MR, 1>(a, b, c + col, ldc, init, rsc); break;
     case 2: tile<MR, 2>(a, b, c + col, ldc, init, rsc); break;

@@ -19,8 +19,9 @@ inline void exp_nonpositive(const float* x, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float v = y[i];
-    const float fn = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(v / ln 2)
-    const float r = (v - fn * 0.693359375f) + fn * 2.12194440e-4f;            // v − fn ln 2, in two parts
+    const float shifted = v * 1.44269504088896341f + 12582912.0f;  // 1.5·2²³ + round(v / ln 2)
+    const float fn = shifted - 12582912.0f;                         // round(v / ln 2)
+    const float r = (v - fn * 0.693359375f) + fn * 2.12194440e-4f;  // v − fn ln 2, in two parts
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -28,7 +29,9 @@ inline void exp_nonpositive(const float* x, float* y, int64_t n) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    y[i] = p * std::bit_cast<float>((int32_t(fn) + 127) << 23);
+    // 2^fn from the integer in shifted's low mantissa bits: no float → int conversion, which a NaN
+    // input (a damaged weight) would make undefined; a NaN still gives NaN through p.
+    y[i] = p * std::bit_cast<float>((std::bit_cast<uint32_t>(shifted) - 0x4B400000u + 127u) << 23);
   }
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] < -87.0f ? 0.0f : y[i];

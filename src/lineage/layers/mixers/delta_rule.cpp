@@ -239,7 +239,8 @@ void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s,
     for (const auto& [wt, off] : parts) {
       const int64_t n = wt->dim(0);
       kernels::linear(x, T, lin(*wt), nullptr, tmp);
-      over_rows(T, n, [&](int64_t t0, int64_t t1) {
+      // `off` by init-capture: clang before 16 cannot capture a structured binding.
+      over_rows(T, n, [&, off = off](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) std::memcpy(raw + t * C + off, tmp + t * n, n * sizeof(float));
       });
     }
