@@ -275,6 +275,10 @@ std::vector<Case> cases() {
     const fs::path d = sharded([](const fs::path&, json& i) { i["weight_map"]["ln_f.bias"] = "../model-1.safetensors"; });
     return std::pair{logits_of(d), std::vector<std::string>{idx(d), "\"ln_f.bias\"", "not a file name in the model directory"}};
   });
+  add("index_shard_name_too_long", [&] {
+    const fs::path d = sharded([](const fs::path&, json& i) { i["weight_map"]["ln_f.bias"] = std::string(300, 's'); });
+    return std::pair{logits_of(d), std::vector<std::string>{idx(d), "which does not exist", "too long"}};
+  });
   add("index_wrong_shard_for_tensor", [&] {
     const fs::path d = sharded([](const fs::path&, json& i) { i["weight_map"]["wte.weight"] = "model-2.safetensors"; });
     return std::pair{logits_of(d), std::vector<std::string>{idx(d), "\"wte.weight\"", "does not hold it"}};

@@ -1,5 +1,6 @@
 // The `lineage` command as users and other tools drive it: exit codes, errors, and outputs checked
 // against the library and the PyTorch goldens.
+#include <cpuid.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -493,7 +494,10 @@ TEST(Cli, TourReportsChunkedEqualsDecodeFromItsRun) {
 // The widest kernel table this CPU and OS offer, as dispatch.cpp picks it without LINEAGE_ISA.
 std::string widest_isa() {
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C from cpuid: clang 14's __builtin_cpu_supports does not know "f16c".
+  unsigned a1, b1, c1, d1;
+  const bool f16c = __get_cpuid(1, &a1, &b1, &c1, &d1) && (c1 & bit_F16C);
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   return avx512 ? "avx512" : avx2 ? "avx2" : "scalar";

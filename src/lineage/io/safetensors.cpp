@@ -154,7 +154,10 @@ Checkpoint Checkpoint::open(const fs::path& dir) {
   const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
   std::vector<fs::path> files;
   json weight_map;
-  if (fs::exists(index)) {
+  // Every file-system query takes an error_code: a crafted name (longer than NAME_MAX, say) then
+  // reads as a missing file, named in an Error, instead of a filesystem_error.
+  std::error_code ec;
+  if (fs::exists(index, ec)) {
     const json j = read_json_file(index);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw Error(cat(index.string(), ": field \"weight_map\": expected an object of tensor name -> shard file"));
@@ -170,13 +173,15 @@ Checkpoint Checkpoint::open(const fs::path& dir) {
       const fs::path p = dir / shard;
       if (std::find(files.begin(), files.end(), p) == files.end()) files.push_back(p);
     }
-  } else if (fs::exists(single)) {
+  } else if (fs::exists(single, ec)) {
     files.push_back(single);
   } else {
     throw Error(cat(dir.string(), ": no model.safetensors or model.safetensors.index.json found"));
   }
   for (const auto& p : files) {
-    if (!fs::exists(p)) throw Error(cat(index.string(), ": names shard ", p.filename().string(), " which does not exist"));
+    if (!fs::exists(p, ec))
+      throw Error(cat(index.string(), ": names shard ", p.filename().string(), " which does not exist",
+                      ec ? cat(" (", ec.message(), ")") : std::string()));
     c.files_.push_back(std::make_shared<SafetensorsFile>(p));
     for (const auto& [name, e] : c.files_.back()->entries()) {
       if (c.where_.count(name))
@@ -207,7 +212,11 @@ std::vector<std::string> Checkpoint::names() const {
 
 size_t Checkpoint::file_bytes() const {
   size_t n = 0;
-  for (const auto& f : files_) n += fs::file_size(f->path());
+  std::error_code ec;
+  for (const auto& f : files_) {
+    const auto size = fs::file_size(f->path(), ec);
+    if (!ec) n += size;
+  }
   return n;
 }
 
