@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs what lineage needs on Debian 12 when it is missing: the toolchain and libraries for the
-# build, PyTorch + NumPy for the reference, Node.js + the npm packages of the tokenizer reference.
+# build, PyTorch + NumPy for the reference, Node.js + the npm packages of the tokenizer reference,
+# and (--test, --fuzz) clang for the sanitizer + fuzz tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ cmake ninja-build pkg-config libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev
           libgtest-dev libbenchmark-dev python3-torch python3-numpy)
+# --test and --fuzz: clang with libFuzzer and LLVM's OpenMP for the sanitizer + fuzz tree (build-asan).
+case "${1:-}" in --test|--fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;; esac
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 

@@ -1,10 +1,40 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build everything, run ctest (the reference
-# fixtures generate the PyTorch goldens and the js-tiktoken token ids first).
+# fixtures generate the PyTorch goldens and the js-tiktoken token ids first). Then the same code
+# under AddressSanitizer + UndefinedBehaviorSanitizer (clang, build-asan): the suite without its
+# slowest tests, and a short run of each fuzz harness (docs/testing.md). Fails if either ctest does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --test
+jobs=$(nproc)
+status=0
+
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLINEAGE_BUILD_TESTS=ON >/dev/null
-cmake --build build -j "$(nproc)"
-cd build
-exec ctest --output-on-failure -j "$(nproc)" --timeout 900
+cmake --build build -j "$jobs"
+(cd build && ctest --output-on-failure -j "$jobs" --timeout 900) 2>&1 | tee build/ctest.log || status=1
+
+# Left to the full sanitizer run (ctest --preset asan): the presets at their real size, the goldens
+# through the narrower ISA tables, tour and bench (minutes each under ASan), and the reference's
+# self-test (Python, nothing sanitized).
+slow='^(golden_isa_|reference_self_test|Presets/PresetSplit\.|Cli\.Tour|Cli\.LogitsOfAPreset|BenchCli\.|Linear\.GemmPaths)'
+cmake --preset asan >/dev/null
+if cmake --build build-asan -j "$jobs"; then
+  (cd build-asan && UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --output-on-failure -j "$jobs" --timeout 900 -E "$slow") 2>&1 | tee build-asan/ctest.log || status=1
+else
+  echo "ctest: the sanitizer build failed" >build-asan/ctest.log
+  status=1
+fi
+
+summary() { grep -E 'tests passed|tests failed|Total Test time|sanitizer build failed' "$1" || echo "no ctest summary"; }
+echo
+echo "== Release:"
+summary build/ctest.log
+echo "== ASan + UBSan (without the slowest tests) + fuzz smokes:"
+summary build-asan/ctest.log
+# Both runs in one plain closing line: "N% tests passed, F tests failed out of T" → passed, failed.
+totals=$(cat build/ctest.log build-asan/ctest.log |
+  sed -nE 's/^[0-9]+% tests passed, ([0-9]+) tests? failed out of ([0-9]+).*/\1 \2/p' |
+  awk '{f += $1; t += $2} END {printf "%d passed, %d failed", t - f, f}')
+echo "all: $totals"
+exit $status

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the libFuzzer harnesses (fuzz/corpus/<harness>/): a few small valid
+inputs of each format and a few broken ones. The valid config.json seeds come from the harness
+itself, so they always match the checkpoints it writes:
+    LINEAGE_FUZZ_WRITE_SEEDS=fuzz/corpus/fuzz_config build-asan/fuzz/fuzz_config
+Run from the repository root: python3 fuzz/make_corpus.py"""
+import json
+import os
+import struct
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+SEP = b"\n@@@@\n"  # fuzz_support.h: kSectionSeparator
+
+
+def put(harness, name, data):
+    d = os.path.join(ROOT, harness)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+# ---- safetensors ---------------------------------------------------------------------------------
+def safetensors(tensors, metadata=None, pad=True):
+    header, data = {}, b""
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header).encode()
+    if pad:
+        h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+f32 = lambda *v: struct.pack("<%df" % len(v), *v)
+put("fuzz_safetensors", "two_tensors.safetensors",
+    safetensors([("w", "F32", [2, 2], f32(1, 2, 3, 4)), ("b", "BF16", [3], b"\x80\x3f\x00\x40\x40\x40")],
+                {"format": "pt"}))
+put("fuzz_safetensors", "scalar_and_empty.safetensors",
+    safetensors([("s", "F64", [], struct.pack("<d", 1.5)), ("e", "I8", [0, 4], b""), ("u", "U8", [2], b"\x01\x02"),
+                 ("i", "I64", [1], struct.pack("<q", -1)), ("h", "F16", [1], b"\x00\x3c"), ("k", "BOOL", [1], b"\x01")]))
+put("fuzz_safetensors", "no_tensors.safetensors", safetensors([], {"note": "empty"}))
+good = safetensors([("w", "F32", [2], f32(1, 2))])
+put("fuzz_safetensors", "header_past_end.safetensors", struct.pack("<Q", 1 << 40) + good[8:])
+overlap = json.dumps({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                      "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}}).encode()
+put("fuzz_safetensors", "overlap.safetensors", struct.pack("<Q", len(overlap)) + overlap + b"\0" * 6)
+put("fuzz_safetensors", "unknown_dtype.safetensors", safetensors([("w", "Q4", [2], b"\0\0")]))
+put("fuzz_safetensors", "truncated.safetensors", good[:-3])
+
+# ---- sharded index (fuzz_checkpoint_index.cpp writes these shards) -------------------------------
+shard1, shard2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+weight_map = {"model.embed.weight": shard1, "model.layers.0.norm.weight": shard1,
+              "model.layers.0.proj.weight": shard2, "lm_head.weight": shard2}
+put("fuzz_checkpoint_index", "valid.json",
+    json.dumps({"metadata": {"total_size": 92}, "weight_map": weight_map}, indent=2))
+put("fuzz_checkpoint_index", "one_shard.json",
+    json.dumps({"weight_map": {"model.embed.weight": shard1, "model.layers.0.norm.weight": shard1}}))
+put("fuzz_checkpoint_index", "duplicate_name.json",
+    json.dumps({"weight_map": dict(weight_map, **{"extra": "extra.safetensors"})}))
+put("fuzz_checkpoint_index", "missing_shard.json",
+    json.dumps({"weight_map": {"model.embed.weight": "model-00003-of-00003.safetensors"}}))
+put("fuzz_checkpoint_index", "wrong_shard.json", json.dumps({"weight_map": {"lm_head.weight": shard1}}))
+put("fuzz_checkpoint_index", "not_object.json", json.dumps({"weight_map": ["model.safetensors"]}))
+put("fuzz_checkpoint_index", "truncated.json", json.dumps({"weight_map": weight_map})[:40])
+
+# ---- config.json (broken ones; the valid ones come from the harness) -----------------------------
+put("fuzz_config", "broken_gpt2_heads.json",
+    '0{"model_type": "gpt2", "vocab_size": 40, "n_positions": 16, "n_embd": 8, "n_layer": 2, "n_head": 3}')
+put("fuzz_config", "broken_kda_types.json",
+    '7{"model_type": "kda", "vocab_size": "40", "hidden_size": 8.5, "num_hidden_layers": -2, "head_dim": null}')
+put("fuzz_config", "broken_unknown_type.json", '2{"model_type": "mamba", "vocab_size": 40}')
+put("fuzz_config", "broken_not_json.json", '4{"model_type": "delta_net", "vocab_size": 40,')
+put("fuzz_config", "broken_array.json", '5[1, 2, 3]')
+
+# ---- tokenizers ----------------------------------------------------------------------------------
+def byte_to_unicode():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+B2U = byte_to_unicode()
+spell = lambda s: "".join(B2U[b] for b in s.encode())
+byte_vocab = {B2U[b]: b for b in range(256)}
+pieces = ["he", "ll", "hell", "hello", spell(" w"), "or", spell(" wor"), "ld", spell(" world")]
+gpt2_vocab = dict(byte_vocab)
+for p in pieces:
+    gpt2_vocab[p] = len(gpt2_vocab)
+gpt2_vocab["<|endoftext|>"] = len(gpt2_vocab)
+gpt2_merges = ["h e", "l l", "he ll", "hell o", spell(" ") + " w", spell(" w") + " or", spell(" wor") + " ld"]
+assert all(p in gpt2_vocab for m in gpt2_merges for p in m.split(" ") + ["".join(m.split(" "))])
+merges_txt = "#version: 0.2\n" + "\n".join(gpt2_merges) + "\n"
+vocab_json = json.dumps(gpt2_vocab, ensure_ascii=False)
+text = "hello world<|endoftext|> hello\n\ttabs café 日本 😀"
+put("fuzz_tokenizer", "vocab_merges.txt", b"1" + vocab_json.encode() + SEP + merges_txt.encode() + SEP + text.encode())
+put("fuzz_tokenizer", "vocab_merges_config.txt",
+    b"3" + vocab_json.encode() + SEP + merges_txt.encode() + SEP +
+    json.dumps({"eos_token": {"content": "<|endoftext|>"}, "bos_token": "<|endoftext|>", "add_bos_token": True}).encode())
+gpt2_json = {"version": "1.0",
+             "added_tokens": [{"id": len(gpt2_vocab) - 1, "content": "<|endoftext|>", "special": True}],
+             "normalizer": None,
+             "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+             "decoder": {"type": "ByteLevel"},
+             "model": {"type": "BPE", "vocab": gpt2_vocab, "merges": [m.split(" ") for m in gpt2_merges]}}
+put("fuzz_tokenizer", "gpt2_tokenizer_json.txt", b"0" + json.dumps(gpt2_json, ensure_ascii=False).encode() + SEP + text.encode())
+
+SP = "\u2581"
+sp_vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+for b in range(256):
+    sp_vocab["<0x%02X>" % b] = 3 + b
+for p in [SP, "h", "e", "l", "o", "w", "r", "d", SP + "h", "ll", SP + "he", "llo", SP + "hello", SP + "w", "or",
+          SP + "wor", "ld", SP + "world"]:
+    sp_vocab[p] = len(sp_vocab)
+sp_merges = [SP + " h", "l l", SP + "h e", "ll o", SP + "he llo", SP + " w", "o r", SP + "w or", "l d", SP + "wor ld"]
+added = [{"id": i, "content": c, "special": True, "normalized": False} for i, c in enumerate(["<unk>", "<s>", "</s>"])]
+sp_decoder = {"type": "Sequence", "decoders": [
+    {"type": "Replace", "pattern": {"String": SP}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+    {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+llama = {"version": "1.0", "added_tokens": added,
+         "normalizer": {"type": "Sequence", "normalizers": [
+             {"type": "Prepend", "prepend": SP}, {"type": "Replace", "pattern": {"String": " "}, "content": SP}]},
+         "pre_tokenizer": None,
+         "post_processor": {"type": "TemplateProcessing",
+                            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]},
+         "decoder": sp_decoder,
+         "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "fuse_unk": True, "byte_fallback": True,
+                   "vocab": sp_vocab, "merges": sp_merges}}
+put("fuzz_tokenizer", "llama_prepend_replace.txt",
+    b"2" + json.dumps(llama, ensure_ascii=False).encode() + SEP + json.dumps({"eos_token": "</s>", "add_bos_token": True}).encode()
+    + SEP + "hello world </s> zz ü".encode())
+metaspace = dict(llama, normalizer=None,
+                 pre_tokenizer={"type": "Metaspace", "replacement": SP, "prepend_scheme": "first", "split": False},
+                 decoder={"type": "Sequence", "decoders": [{"type": "Metaspace", "replacement": SP, "prepend_scheme": "first"},
+                                                           {"type": "ByteFallback"}, {"type": "Fuse"}]})
+put("fuzz_tokenizer", "llama_metaspace.txt", b"0" + json.dumps(metaspace, ensure_ascii=False).encode())
+put("fuzz_tokenizer", "broken_missing_bytes.txt", b"1" + json.dumps({"a": 0, "b": 1}).encode() + SEP + b"a b\n")
+put("fuzz_tokenizer", "broken_three_part_merge.txt", b"1" + vocab_json.encode() + SEP + b"#version: 0.2\nh e l\n")
+put("fuzz_tokenizer", "broken_unigram.txt", b"0" + json.dumps({"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}).encode())
+put("fuzz_tokenizer", "broken_truncated.txt", b"0" + json.dumps(gpt2_json, ensure_ascii=False).encode()[:300])
+
+# ---- .npy ----------------------------------------------------------------------------------------
+def npy(descr, shape, data, version=1, fortran=False):
+    dims = ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "")
+    header = "{'descr': '%s', 'fortran_order': %s, 'shape': (%s), }" % (descr, fortran, dims)
+    pre = 10 if version == 1 else 12
+    header += " " * (-(pre + len(header) + 1) % 64) + "\n"
+    length = struct.pack("<H", len(header)) if version == 1 else struct.pack("<I", len(header))
+    return b"\x93NUMPY" + bytes([version, 0]) + length + header.encode() + data
+
+
+put("fuzz_npy", "f4_2x3.npy", npy("<f4", [2, 3], f32(0, 1, 2, 3, 4, 5)))
+put("fuzz_npy", "f8_3.npy", npy("<f8", [3], struct.pack("<3d", 1.0, -2.5, 1e300)))
+put("fuzz_npy", "i4_scalar.npy", npy("<i4", [], struct.pack("<i", 7)))
+put("fuzz_npy", "i8_v2.npy", npy("<i8", [2, 1], struct.pack("<2q", -1, 1 << 40), version=2))
+put("fuzz_npy", "f4_empty.npy", npy("<f4", [0, 5], b""))
+put("fuzz_npy", "broken_fortran.npy", npy("<f4", [2, 2], f32(1, 2, 3, 4), fortran=True))
+put("fuzz_npy", "broken_f2.npy", npy("<f2", [2], b"\0\0\0\0"))
+put("fuzz_npy", "broken_short_data.npy", npy("<f4", [4, 4], f32(1, 2, 3)))
+put("fuzz_npy", "broken_magic.npy", b"\x93NUMPX\x01\x00" + npy("<f4", [1], f32(1))[8:])
