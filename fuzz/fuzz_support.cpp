@@ -1,5 +1,7 @@
 #include "fuzz_support.h"
 
+#include "lineage/io/safetensors.h"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -41,18 +43,7 @@ void write_file(const fs::path& path, std::string_view bytes) {
 }
 
 void write_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors) {
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", std::string(dtype_name(t.dtype()))},
-                    {"shape", t.shape()},
-                    {"data_offsets", {data.size(), data.size() + t.nbytes()}}};
-    data.append(static_cast<const char*>(t.raw()), t.nbytes());
-  }
-  std::string h = header.dump();
-  while (h.size() % 8) h += ' ';
-  const uint64_t len = h.size();
-  write_file(path, std::string(reinterpret_cast<const char*>(&len), 8) + h + data);
+  io::save_safetensors(path, tensors);
 }
 
 std::vector<std::string_view> split_sections(std::string_view input) {

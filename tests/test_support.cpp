@@ -94,6 +94,7 @@ RunResult run_lineage(const std::string& args) {
 
 #include <nlohmann/json.hpp>
 
+#include "lineage/io/safetensors.h"
 #include "lineage/model/archs/arch.h"
 #include "lineage/model/archs/presets.h"
 
@@ -115,15 +116,7 @@ void write_raw_safetensors(const fs::path& path, const std::string& header, cons
 }
 
 void write_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors) {
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", std::string(dtype_name(t.dtype()))},
-                    {"shape", t.shape()},
-                    {"data_offsets", {data.size(), data.size() + t.nbytes()}}};
-    data.append(static_cast<const char*>(t.raw()), t.nbytes());
-  }
-  write_raw_safetensors(path, header.dump(), data);
+  io::save_safetensors(path, tensors);
 }
 
 fs::path tiny_gpt2_dir(DType dtype, const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit) {

@@ -220,4 +220,21 @@ size_t Checkpoint::file_bytes() const {
   return n;
 }
 
+void save_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  json header = json::object();
+  size_t at = 0;
+  for (const auto& [name, t] : tensors) {
+    header[name] = {{"dtype", std::string(dtype_name(t.dtype()))}, {"shape", t.shape()}, {"data_offsets", {at, at + t.nbytes()}}};
+    at += t.nbytes();
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');
+  const uint64_t len = h.size();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out << h;
+  for (const auto& [name, t] : tensors) out.write(static_cast<const char*>(t.raw()), std::streamsize(t.nbytes()));
+  if (!out) throw Error(cat(path.string(), ": cannot write"));
+}
+
 }  // namespace lineage::io

@@ -53,4 +53,8 @@ class Checkpoint {
   std::map<std::string, size_t> where_;  // tensor name → index into files_
 };
 
+// Writes `tensors` in order as one .safetensors file: the header padded with spaces to 8 bytes, the
+// data contiguous. Throws Error naming the file when it cannot be written.
+void save_safetensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors);
+
 }  // namespace lineage::io
