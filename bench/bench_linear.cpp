@@ -23,8 +23,6 @@ constexpr LinearShape kShapes[] = {{"c_attn", 768, 2304},    {"attn_c_proj", 768
 
 void bm_linear(benchmark::State& state, LinearShape s, DType dtype, kernels::Layout layout, int64_t T, bool dot,
                bool mapped) {
-  const bool before = kernels::bf16_dot_products();
-  kernels::use_bf16_dot_products(dot);
   const bool out_in = layout == kernels::Layout::OutIn;
   const int64_t rows = out_in ? s.out : s.in, cols = out_in ? s.in : s.out;
   const std::vector<Tensor>& w = mapped ? mapped_cold_weights(rows, cols, dtype) : cold_weights(rows, cols, dtype);
@@ -37,17 +35,15 @@ void bm_linear(benchmark::State& state, LinearShape s, DType dtype, kernels::Lay
   work.memory_bound = T == 1;
   work.weights = dtype;
   run(state, work, [&] {
-    kernels::linear(x.data(), T, {&w[next], layout}, nullptr, y.data());
+    kernels::linear(x.data(), T, {&w[next], layout, dot}, nullptr, y.data());
     next = (next + 1) % w.size();
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   });
-  kernels::use_bf16_dot_products(before);
 }
 
 const bool registered = [] {
-  const bool before = kernels::bf16_dot_products(), dot_available = kernels::use_bf16_dot_products(true);
-  kernels::use_bf16_dot_products(before);
+  const bool dot_available = kernels::bf16_dot_available();
   struct Variant {
     int64_t T;
     bool mapped;

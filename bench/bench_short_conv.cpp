@@ -30,7 +30,7 @@ void bm_short_conv_prefill(benchmark::State& state, int64_t T) {
   work.tokens = double(T);
   run(state, work, [&] {
     std::fill(tail.begin(), tail.end(), 0.0f);
-    kernels::short_conv(x.data(), T, kC, kLd, w, tail.data(), true, y.data(), kLd);
+    kernels::short_conv(x.data(), T, kC, kLd, w, tail.data(), kC, true, y.data(), kLd);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   });

@@ -115,7 +115,7 @@ TEST(BenchCli, CheckpointWeightsAreReportedMapped) {
 TEST(BenchCli, Bf16ProductsAreReported) {
   const std::string dir = test::shell_quote((test::testdata() / "kda" / "bf16").string());
   const std::string args = "--model " + dir + " --prompt 4 --gen 2 --repetitions 1 --threads 1";
-  const bool dot_here = kernels::bf16_dot_products();  // this process's default: whether the CPU can
+  const bool dot_here = kernels::bf16_dot_available();  // this process's default: whether the CPU can
   ::testing::Test::RecordProperty("bf16_branch", dot_here ? "bf16 dot products" : "exact f32 products");
   std::printf("bf16 branch: %s\n", dot_here ? "bf16 dot products" : "exact f32 products (no AVX512_BF16)");
   for (const auto& row : run_bench_json(args)) EXPECT_EQ(row["bf16_dot"].get<bool>(), dot_here) << row.dump();

@@ -34,7 +34,7 @@ fs::path golden_case() { return test::testdata() / "gpt2" / "f32_tanh"; }
 // run takes the bf16 dot products where the CPU has them; tests/CMakeLists.txt runs Cli.Bf16* again
 // under LINEAGE_ISA=avx2 and scalar, where the exact products run.
 bool bf16_dot_branch() {
-  const bool dot = kernels::bf16_dot_products();
+  const bool dot = kernels::bf16_dot_available();
   const char* branch = dot ? "bf16 dot products" : "exact f32 products (no AVX512_BF16 in this kernel table)";
   ::testing::Test::RecordProperty("bf16_branch", branch);
   std::printf("bf16 branch: %s; kernel table %s\n", branch, kernels::kernel_table().isa);

@@ -45,25 +45,19 @@ std::vector<fs::path> cases(const std::string& family) {
 
 const char* const kDeltaFamilies[] = {"linear_attn", "delta_net", "gated_deltanet", "kda"};
 
-// Forces the delta-rule kernel path for the lifetime of the object.
-struct ForcePath {
-  explicit ForcePath(layers::DeltaRulePath p) { layers::set_delta_rule_path(p); }
-  ~ForcePath() { layers::set_delta_rule_path(layers::DeltaRulePath::Auto); }
-};
-
 // The goldens multiply the stored weights exactly, so BF16 weights take the exact path against them
 // (their default, bf16 dot products, is held to the same goldens within its rounding error in
 // cli_test's Bf16DotLogits tests).
-struct ExactBf16Products {
-  ExactBf16Products() : before(kernels::bf16_dot_products()) { kernels::use_bf16_dot_products(false); }
-  ~ExactBf16Products() { kernels::use_bf16_dot_products(before); }
-  bool before;
-};
-
-void check_case(const fs::path& dir) {
-  SCOPED_TRACE(dir.string());
-  ExactBf16Products exact;
+io::LoadedModel load_exact(const fs::path& dir) {
   io::LoadedModel lm = io::load_model(dir, false);
+  lm.model.options.bf16_dot = false;
+  return lm;
+}
+
+void check_case(const fs::path& dir, layers::DeltaRulePath path = layers::DeltaRulePath::Auto) {
+  SCOPED_TRACE(dir.string());
+  io::LoadedModel lm = load_exact(dir);
+  lm.model.options.delta_rule_path = path;
   const Tensor toks = io::load_npy(dir / "golden" / "tokens.npy");
   std::vector<int32_t> ids(toks.data<int32_t>(), toks.data<int32_t>() + toks.numel());
   std::map<std::string, std::vector<float>> got;
@@ -187,8 +181,7 @@ TEST(GoldenDeltaFamily, EveryIntermediateMatchesPyTorchOnBothKernelPaths) {
     for (const auto& dir : all) {
       for (auto path : {layers::DeltaRulePath::Recurrent, layers::DeltaRulePath::Chunked}) {
         SCOPED_TRACE(path == layers::DeltaRulePath::Recurrent ? "recurrent kernel" : "chunked kernel");
-        ForcePath force(path);
-        check_case(dir);
+        check_case(dir, path);
       }
     }
   }
@@ -221,11 +214,10 @@ TEST(GoldenDeltaFamily, SnapshotRestoreContinuesIdentically) {
 // To 1e-5 on the exact path; with bf16 dot products an f32-level difference can flip an activation's
 // rounding, which the recurrence carries on (Cli.Bf16DotLogitsAgreeAcrossChunkSizes bounds that).
 TEST(GoldenDeltaFamily, SplitInvarianceAcrossConvTailAndChunks) {
-  ExactBf16Products exact;
   for (const char* family : kDeltaFamilies)
     for (const auto& dir : cases(family)) {
       SCOPED_TRACE(dir.string());
-      io::LoadedModel lm = io::load_model(dir, false);
+      io::LoadedModel lm = load_exact(dir);
       const auto ids = golden_tokens(dir);
       const std::vector<float> ref = logits_in_pieces(lm.model, ids, int64_t(ids.size()));
       for (int64_t piece : {1, 2, 3, 7, 64}) {

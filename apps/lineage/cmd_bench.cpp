@@ -301,8 +301,8 @@ void run(const Opts& o) {
   c.dtype = lower(dtype_name(dtype));
   c.threads = num_threads();
   const bool bf16 = has_bf16_weights(model::count_params(m));
-  c.bf16_dot = bf16 && kernels::bf16_dot_products();
-  c.products_label = bf16 ? ", bf16 weights: " + bf16_products_label() : "";
+  c.bf16_dot = bf16 && bf16_dot(m);
+  c.products_label = bf16 ? ", bf16 weights: " + bf16_products_label(m) : "";
   c.ceil = measure_ceilings(dtype, c.threads, {});
 
   runtime::Session s(m);
@@ -358,7 +358,7 @@ void add_bench(CLI::App& app) {
                                           "measured in the same run");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
-  add_bf16_options(*cmd);
+  add_bf16_options(*cmd, o.src);
   cmd->add_option("--prompt", o.prompt, "pp test: tokens prefilled from an empty state (default 512; 0 skips it)")
       ->check(tokens_at_least(0));
   cmd->add_option("--gen", o.gen, "tg test: tokens decoded after each depth (default 32; 0 skips it)")

@@ -20,7 +20,7 @@ void add_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "generate text from a prompt, streamed to stdout");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
-  add_bf16_options(*cmd);
+  add_bf16_options(*cmd, o.src);
   cmd->add_option("--prompt", o.prompt, "prompt text")->required();
   cmd->add_option("--max-tokens", o.max_tokens, "tokens to generate at most")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--temperature", o.temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));

@@ -19,14 +19,14 @@ void add_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "architecture, layers, parameters and memory of a model");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
-  add_bf16_options(*cmd);
+  add_bf16_options(*cmd, o.src);
   cmd->add_option("--context", o.context, "also report the state bytes after N tokens")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o.json, "print one JSON object");
   cmd->callback([] {
     // A preset's numbers follow from its shapes: no need to draw its random weights.
     io::LoadedModel lm;
     if (o.src.preset.empty()) lm = load(o.src, false);
-    else lm.model = model::preset_skeleton(o.src.preset);
+    else lm.model = model::preset_skeleton(o.src.preset), apply_options(o.src, lm.model);
     model::Model& m = lm.model;
     const model::ParamCount pc = model::count_params(m, *dtype_from_user(o.src.weights_dtype));
     const model::StateCost sc = model::state_cost(m);
@@ -66,7 +66,7 @@ void add_info(CLI::App& app) {
                                 {"params_active", pc.total},
                                 {"weight_bytes_by_dtype", by_dtype},
                                 {"weights_mapped", o.src.preset.empty() && weights_mapped(m)},
-                                {"bf16_dot", bf16 && kernels::bf16_dot_products()},
+                                {"bf16_dot", bf16 && bf16_dot(m)},
                                 {"kernels", {{"isa", kt.isa}, {"gemm", gemm}, {"bf16_dot_available", kt.bf16_dot}}},
                                 {"state_bytes_per_token", sc.per_token},
                                 {"state_bytes_fixed", sc.fixed},
@@ -84,7 +84,7 @@ void add_info(CLI::App& app) {
     for (const auto& [dt, bytes] : pc.bytes_by_dtype)
       std::printf("weights %-6s %s\n", std::string(dtype_name(dt)).c_str(), format_bytes(double(bytes)).c_str());
     std::printf("weights in     %s\n", storage);
-    if (bf16) std::printf("bf16 weights   multiplied with %s\n", bf16_products_label().c_str());
+    if (bf16) std::printf("bf16 weights   multiplied with %s\n", bf16_products_label(m).c_str());
     std::printf("kernels        %s GEMV, %s GEMM, bf16 dot products %s (LINEAGE_ISA=avx2|scalar narrows)\n", kt.isa,
                 gemm.c_str(), kt.bf16_dot ? "available" : "unavailable");
     std::printf("state          %s per token + %s fixed per sequence; %s at %lld tokens\n",

@@ -105,12 +105,13 @@ void add_tour(CLI::App& app) {
     std::string model_dir;
     uint64_t seed = 0;
     std::string dtype = "f32";
+    ModelSource src;  // carries --bf16-exact
   };
   static Opts o;
   auto* cmd = app.add_subcommand("tour", "one row per architecture: memory vs context, decode cost at depth, "
                                          "prefill speed, chunked = token-by-token check");
   add_threads_option(*cmd);
-  add_bf16_options(*cmd);
+  add_bf16_options(*cmd, o.src);
   auto* presets = cmd->add_option("--presets", o.presets, "presets to include (default: one per architecture)")
                       ->check(CLI::IsMember([] {
                         std::vector<std::string> v;
@@ -131,14 +132,15 @@ void add_tour(CLI::App& app) {
     std::printf("%-18s %-44s | %-32s | %-26s | %11s | %s\n", "preset", "memory", "state bytes @ 1k / 4k / 16k",
                 "decode ms/tok @ 1k/4k/16k", "prefill t/s", "chunked = decode");
     if (!o.model_dir.empty()) {
-      ModelSource src;
+      ModelSource src = o.src;
       src.dir = o.model_dir;
       const io::LoadedModel lm = load(src, false);
       print_row(measure(o.model_dir, lm.model, o.seed), lm.model);
       return;
     }
     for (const auto& name : names) {
-      const model::Model m = model::make_preset(name, o.seed, *dtype_from_user(o.dtype));
+      model::Model m = model::make_preset(name, o.seed, *dtype_from_user(o.dtype));
+      apply_options(o.src, m);
       print_row(measure(name, m, o.seed), m);
     }
   });

@@ -42,12 +42,13 @@ void add_threads_option(CLI::App& cmd) {
   cmd.parse_complete_callback([] { kernels::set_threads(threads); });
 }
 
-void add_bf16_options(CLI::App& cmd) {
+void add_bf16_options(CLI::App& cmd, ModelSource& src) {
   // Flag callbacks, not the subcommand's parse callbacks: those belong to add_threads_option.
   CLI::Option* dot = cmd.add_flag_callback(
       "--bf16-dot",
-      [] {
-        if (!kernels::use_bf16_dot_products(true))
+      [&src] {
+        src.bf16_exact = false;
+        if (!kernels::bf16_dot_available())
           std::fprintf(stderr, "lineage: --bf16-dot: this CPU (or LINEAGE_ISA) has no AVX512_BF16; using exact f32 "
                                "products\n");
       },
@@ -55,7 +56,7 @@ void add_bf16_options(CLI::App& cmd) {
       "(~1.7e-3 relative error per product, as llama.cpp does for bf16 weights); the default where the CPU "
       "has AVX512_BF16");
   CLI::Option* exact = cmd.add_flag_callback(
-      "--bf16-exact", [] { kernels::use_bf16_dot_products(false); },
+      "--bf16-exact", [&src] { src.bf16_exact = true; },
       "BF16 weights: widen to f32 and multiply with f32 FMAs (the stored weights' exact products; about "
       "half the bf16 dot products' arithmetic rate)");
   dot->excludes(exact);
@@ -66,9 +67,13 @@ bool has_bf16_weights(const model::ParamCount& pc) {
                      [](const auto& d) { return d.first == DType::BF16 && d.second; });
 }
 
-std::string bf16_products_label() {
-  return kernels::bf16_dot_products() ? "bf16 dot products (--bf16-exact: exact f32 products)" : "exact f32 products";
+bool bf16_dot(const model::Model& m) { return m.options.bf16_dot && kernels::bf16_dot_available(); }
+
+std::string bf16_products_label(const model::Model& m) {
+  return bf16_dot(m) ? "bf16 dot products (--bf16-exact: exact f32 products)" : "exact f32 products";
 }
+
+void apply_options(const ModelSource& src, model::Model& m) { m.options.bf16_dot = !src.bf16_exact; }
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
   if (src.dir.empty() && src.preset.empty()) throw Error("one of --model DIR or --preset NAME is required");
@@ -80,6 +85,7 @@ io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
     if (!src.tokenizer_dir.empty()) m.tokenizer = io::Tokenizer::load(src.tokenizer_dir);
   }
   if (src.check_tensors) model::check_tensors_finite(m.model, src.dir.empty() ? "--preset " + src.preset : src.dir);
+  apply_options(src, m.model);
   return m;
 }
 

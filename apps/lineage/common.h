@@ -19,6 +19,7 @@ struct ModelSource {
   std::string weights_dtype = "f32";
   bool no_mmap = false;  // --no-mmap: copy checkpoint weights into owned (huge-page) memory
   bool check_tensors = false;  // --check-tensors: scan every weight for NaN / Inf at load
+  bool bf16_exact = false;     // --bf16-exact: BF16 weights widened to f32 (the model's Options::bf16_dot off)
 };
 
 // Adds --model, --no-mmap and --check-tensors (and --preset, --seed, --weights-dtype, --tokenizer when presets are
@@ -28,13 +29,18 @@ void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset);
 void add_threads_option(CLI::App& cmd);
 // Adds --bf16-exact (BF16 weights widened to f32, exact products) and --bf16-dot (bf16 dot
 // products, the default where the CPU has AVX512_BF16; given explicitly on a CPU without, says so on
-// stderr and keeps the exact products). They exclude each other.
-void add_bf16_options(CLI::App& cmd);
+// stderr and keeps the exact products). They exclude each other. They set src.bf16_exact, which
+// load() turns into the model's options.
+void add_bf16_options(CLI::App& cmd, ModelSource& src);
+// The model's options from the command line (--bf16-exact); load() calls it.
+void apply_options(const ModelSource& src, model::Model& m);
+// Whether m's BF16 weights are multiplied with bf16 dot products (its option on and the CPU can).
+bool bf16_dot(const model::Model& m);
 // Whether any of the weights counted in pc is BF16.
 bool has_bf16_weights(const model::ParamCount& pc);
 // What this run multiplies BF16 weights with: "bf16 dot products (--bf16-exact: exact f32 products)"
 // or "exact f32 products".
-std::string bf16_products_label();
+std::string bf16_products_label(const model::Model& m);
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer);
 // Whether any weight is borrowed from a checkpoint file's mapping.

@@ -122,8 +122,9 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
       const uintptr_t first = begin / page * page, last = (begin + mapped.nbytes() + page - 1) / page * page;
       madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
     });
-    model::store_linear_weights_out_in(out.model);
+    model::prepare(out.model, true);
   } else {
+    model::prepare(out.model, false);
     out.checkpoint = ckpt;
   }
   out.dir = dir;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "lineage/core/parallel.h"
@@ -17,19 +18,19 @@ namespace {
 
 constexpr int64_t kTile = 64;  // keys scored per step of the online softmax
 
-void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, int64_t hd, float scale,
+void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, int64_t dk, int64_t dv, float scale,
                 float* out, float* acc) {
   float s[kTile], p[kTile];
   float m = -INFINITY, l = 0.0f;
-  std::fill(acc, acc + hd, 0.0f);
+  std::fill(acc, acc + dv, 0.0f);
   for (int64_t j0 = 0; j0 < n_keys; j0 += kTile) {
     const int64_t n = std::min(kTile, n_keys - j0);
     float tile_max = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
-      const float* kj = k + (j0 + j) * hd;
+      const float* kj = k + (j0 + j) * dk;
       float d = 0.0f;
 #pragma omp simd reduction(+ : d)
-      for (int64_t c = 0; c < hd; ++c) d += q[c] * kj[c];
+      for (int64_t c = 0; c < dk; ++c) d += q[c] * kj[c];
       s[j] = d * scale;
       tile_max = std::max(tile_max, s[j]);
     }
@@ -41,17 +42,17 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
 #pragma omp simd reduction(+ : tile_sum)
     for (int64_t j = 0; j < n; ++j) tile_sum += p[j];
     l = l * correction + tile_sum;
-    for (int64_t c = 0; c < hd; ++c) acc[c] *= correction;
+    for (int64_t c = 0; c < dv; ++c) acc[c] *= correction;
     for (int64_t j = 0; j < n; ++j) {
       const float pj = p[j];
-      const float* vj = v + (j0 + j) * hd;
+      const float* vj = v + (j0 + j) * dv;
 #pragma omp simd
-      for (int64_t c = 0; c < hd; ++c) acc[c] += pj * vj[c];
+      for (int64_t c = 0; c < dv; ++c) acc[c] += pj * vj[c];
     }
     m = m_new;
   }
   const float inv = 1.0f / l;
-  for (int64_t c = 0; c < hd; ++c) out[c] = acc[c] * inv;
+  for (int64_t c = 0; c < dv; ++c) out[c] = acc[c] * inv;
 }
 
 // Prefill: a tile of up to kQTile queries of one head against key tiles of kKTile, the scores and
@@ -116,16 +117,18 @@ void attend_tile(const float* q, int64_t ldq, int64_t nq, int64_t first_pos, con
 
 }  // namespace
 
-void attention_causal(const float* q, int64_t ldq, int64_t T, int64_t p0, const float* k, const float* v,
-                      int64_t head_stride, int64_t H, int64_t hd, float scale, float* out) {
+void attention_causal(std::span<const AttentionSeq> seqs, const AttentionHeads& hs) {
   static const bool avx512 = !std::strcmp(isa_name(), "avx512");
-  if (T >= 16) {
+  const int64_t H = hs.H, dk = hs.dk, dv = hs.dv;
+  const auto tiled = [&](const AttentionSeq& s) { return s.T >= 16 && dk == dv; };
+  // Prefill pieces: query tiles. Later query tiles see more keys. Ranked longest first (rank r:
+  // head r % H, the (r / H)-th tile from the end), the (tile, head) items are dealt out like cards,
+  // so each thread's share runs from long to short items, and the ones the threads take from each
+  // other at the end are the shortest: the threads finish together.
+  for (const AttentionSeq& s : seqs) {
+    if (!tiled(s)) continue;
     const auto tile = avx512 ? attend_tile_avx512 : attend_tile;
-    const int64_t tiles = (T + kQTile - 1) / kQTile;
-    // Later query tiles see more keys. Ranked longest first (rank r: head r % H, the (r / H)-th
-    // tile from the end), the (tile, head) items are dealt out like cards, so each thread's share
-    // runs from long to short items, and the ones the threads take from each other at the end are
-    // the shortest: the threads finish together.
+    const int64_t tiles = (s.T + kQTile - 1) / kQTile;
     const int64_t n = H * tiles, parts = parts_for(n);
     int64_t starts[kMaxParts + 1] = {0};
     for (int64_t p = 0; p < parts; ++p) starts[p + 1] = starts[p] + (n - p + parts - 1) / parts;  // ranks ≡ p
@@ -133,30 +136,44 @@ void attention_causal(const float* q, int64_t ldq, int64_t T, int64_t p0, const 
       int64_t p = 0;
       while (i >= starts[p + 1]) ++p;
       const int64_t r = (i - starts[p]) * parts + p;
-      const int64_t h = r % H, t0 = (tiles - 1 - r / H) * kQTile, nq = std::min(kQTile, T - t0);
-      tile(q + t0 * ldq + h * hd, ldq, nq, p0 + t0, k + h * head_stride, v + h * head_stride, hd, scale,
-           out + (t0 * H + h) * hd, H * hd);
+      const int64_t h = r % H, t0 = (tiles - 1 - r / H) * kQTile, nq = std::min(kQTile, s.T - t0);
+      tile(s.q + t0 * s.ldq + h * dk, s.ldq, nq, s.p0 + t0, s.k + h * s.k_stride, s.v + h * s.v_stride, dk,
+           hs.scale, s.out + t0 * s.ldo + h * dv, s.ldo);
     });
-    return;
   }
-  const bool fast = avx512 && hd <= kAttentionDecodeMaxHead;
-  parallel_chunks(T * H, grain_for(2 * (p0 + T) * hd), [&](int64_t b, int64_t e) {
-    if (fast) {
-      for (int64_t i = b; i < e; ++i) {
-        const int64_t t = i / H, h = i % H;
-        attend_one_avx512(q + t * ldq + h * hd, p0 + t + 1, k + h * head_stride, v + h * head_stride, hd, scale,
-                          out + i * hd);
-      }
-      return;
-    }
+  // Everything else, one query at a time: item i of sequence b is (token, head) = (i / H, i % H).
+  thread_local std::vector<int64_t> first;  // first[b]: the first item of sequence b
+  first.assign(1, 0);
+  int64_t keys = 0;
+  for (const AttentionSeq& s : seqs) {
+    const int64_t items = tiled(s) ? 0 : s.T * H;
+    first.push_back(first.back() + items);
+    keys += items * (s.p0 + s.T);
+  }
+  const int64_t total = first.back();
+  if (total == 0) return;
+  const bool fast = avx512 && dk == dv && dk <= kAttentionDecodeMaxHead;
+  const int64_t* f = first.data();  // thread_local: the workers must see the caller's
+  parallel_chunks(total, grain_for(2 * (keys / total) * std::max(dk, dv)), [&](int64_t b, int64_t e) {
     thread_local std::vector<float> acc;
-    acc.resize(hd);
+    acc.resize(dv);
+    int64_t si = std::upper_bound(f, f + seqs.size() + 1, b) - f - 1;
     for (int64_t i = b; i < e; ++i) {
-      const int64_t t = i / H, h = i % H;
-      attend_one(q + t * ldq + h * hd, p0 + t + 1, k + h * head_stride, v + h * head_stride, hd, scale, out + i * hd,
-                 acc.data());
+      while (i >= f[si + 1]) ++si;
+      const AttentionSeq& s = seqs[size_t(si)];
+      const int64_t t = (i - f[si]) / H, h = (i - f[si]) % H;
+      const float *q = s.q + t * s.ldq + h * dk, *k = s.k + h * s.k_stride, *v = s.v + h * s.v_stride;
+      float* out = s.out + t * s.ldo + h * dv;
+      if (fast) attend_one_avx512(q, s.p0 + t + 1, k, v, dk, hs.scale, out);
+      else attend_one(q, s.p0 + t + 1, k, v, dk, dv, hs.scale, out, acc.data());
     }
   });
+}
+
+void attention_causal(const float* q, int64_t ldq, int64_t T, int64_t p0, const float* k, const float* v,
+                      int64_t head_stride, int64_t H, int64_t hd, float scale, float* out) {
+  const AttentionSeq s{q, ldq, T, p0, k, v, head_stride, head_stride, out, H * hd};
+  attention_causal({&s, 1}, {H, hd, hd, scale});
 }
 
 }  // namespace lineage::kernels

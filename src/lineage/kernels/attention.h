@@ -2,16 +2,42 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace lineage::kernels {
 
-// out[t, h, :] = Σ_{j ≤ p0+t} softmax_j(scale · q[t,h]·k[h,j]) · v[h,j]  for T new queries at
-// positions p0 .. p0+T-1. q[t, h] at q + t·ldq + h·hd (ldq = H·hd for [T, H, hd]; 3·H·hd reads the
-// queries in place from a fused [T, q | k | v] projection); keys and values of head h, position j at
-// k[h*head_stride + j*hd] (the KV cache's [H, capacity, hd] layout); out: [T, H, hd], must not
-// alias q, k or v. T ≥ 16 (prefill): tiles of 64 queries per head against steps of keys (64 in the
-// AVX-512 build, 256 in the portable one) as small matrix products; otherwise one query at a time. Threaded over (tile or token, head); every output is
-// reduced in a fixed order, so results are deterministic.
+// The heads every sequence of a call shares: H heads, q·k over dk channels, values of dv channels
+// (GPT-2: dk = dv = 64; MLA: dk = 192, dv = 128), scores scaled by `scale`.
+struct AttentionHeads {
+  int64_t H = 0, dk = 0, dv = 0;
+  float scale = 1.0f;
+};
+
+// One sequence of a batched call: T new queries at positions p0 .. p0+T-1 against its own keys and
+// values 0 .. p0+T-1. Query t, head h at q + t·ldq + h·dk (ldq = H·dk for [T, H, dk]; 3·H·dk reads the
+// queries in place from a fused [T, q | k | v] projection). Key j of head h at k + h·k_stride + j·dk,
+// value j at v + h·v_stride + j·dv (a KV cache's [H, capacity, d] layout). Output t, head h at
+// out + t·ldo + h·dv; out must not alias q, k or v.
+struct AttentionSeq {
+  const float* q = nullptr;
+  int64_t ldq = 0, T = 0, p0 = 0;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t k_stride = 0, v_stride = 0;
+  float* out = nullptr;
+  int64_t ldo = 0;
+};
+
+// out[t, h, :] = Σ_{j ≤ p0+t} softmax_j(scale · q[t,h]·k[h,j]) · v[h,j] for every sequence of
+// `seqs`, each against its own keys only. A sequence with T ≥ 16 (prefill; dk = dv): tiles of 64
+// queries per head against steps of keys (64 in the AVX-512 build, 256 in the portable one) as
+// small matrix products. All other queries of the call (the decode tokens of a batch) are one
+// query at a time, every (sequence, token, head) of the call in one parallel region. Every output
+// is reduced in a fixed order that does not depend on the other sequences, the split or the thread
+// count: a sequence gives the same bits alone as in a batch.
+void attention_causal(std::span<const AttentionSeq> seqs, const AttentionHeads& heads);
+
+// One sequence, dk = dv = hd, out packed [T, H, hd]; keys and values share head_stride.
 void attention_causal(const float* q, int64_t ldq, int64_t T, int64_t p0, const float* k, const float* v,
                       int64_t head_stride, int64_t H, int64_t hd, float scale, float* out);
 

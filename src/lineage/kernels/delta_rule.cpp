@@ -128,24 +128,43 @@ void recurrent_head(const DeltaRuleArgs& a, int64_t j, std::vector<float>& buf) 
 
 }  // namespace
 
-void delta_rule_recurrent(const DeltaRuleArgs& a) {
-  delta_rule_check_args(a);
-  if (a.T == 0) return;
-  static const bool avx512 = std::string(gemv_table().isa) == "avx512";
-  if (avx512 && delta_rule_recurrent_avx512_supports(a)) {
-    const int64_t items = delta_rule_recurrent_avx512_items(a);
-    parallel_for(
-        items, [&](int64_t i0, int64_t i1) { delta_rule_recurrent_items_avx512(a, i0, i1); },
-        grain_for(a.T * 3 * a.K * a.V * a.HV / items));
-    return;
+void delta_rule_recurrent(const DeltaRuleArgs& a) { delta_rule_recurrent(std::span<const DeltaRuleArgs>(&a, 1)); }
+
+void delta_rule_recurrent(std::span<const DeltaRuleArgs> seqs) {
+  if (seqs.empty()) return;
+  const DeltaRuleArgs& a0 = seqs[0];
+  int64_t tokens = 0;
+  for (const DeltaRuleArgs& a : seqs) {
+    delta_rule_check_args(a);
+    LINEAGE_CHECK(a.H == a0.H && a.HV == a0.HV && a.K == a0.K && a.V == a0.V && a.gate == a0.gate &&
+                      a.delta == a0.delta && a.normalize == a0.normalize,
+                  "delta_rule_recurrent: the sequences of one call must share shapes and switches");
+    tokens += a.T;
   }
+  if (tokens == 0) return;
+  static const bool avx512 = std::string(gemv_table().isa) == "avx512";
+  const bool fast = avx512 && delta_rule_recurrent_avx512_supports(a0);
+  // Items of one sequence: blocks of state columns (AVX-512) or whole value heads.
+  const int64_t per = fast ? delta_rule_recurrent_avx512_items(a0) : a0.HV;
+  const int64_t n = per * int64_t(seqs.size());
+  const int64_t work = (tokens + int64_t(seqs.size()) - 1) / int64_t(seqs.size()) * 3 * a0.K * a0.V * a0.HV / per;
   parallel_for(
-      a.HV,
-      [&](int64_t j0, int64_t j1) {
+      n,
+      [&](int64_t i0, int64_t i1) {
         thread_local std::vector<float> buf;
-        for (int64_t j = j0; j < j1; ++j) recurrent_head(a, j, buf);
+        for (int64_t i = i0; i < i1;) {  // the run of items [i, e) inside one sequence
+          const int64_t b = i / per, e = std::min(i1, (b + 1) * per);
+          const DeltaRuleArgs& a = seqs[size_t(b)];
+          if (a.T == 0) {
+          } else if (fast) {
+            delta_rule_recurrent_items_avx512(a, i - b * per, e - b * per);
+          } else {
+            for (int64_t j = i - b * per; j < e - b * per; ++j) recurrent_head(a, j, buf);
+          }
+          i = e;
+        }
       },
-      grain_for(a.T * 3 * a.K * a.V));
+      grain_for(work));
 }
 
 namespace {

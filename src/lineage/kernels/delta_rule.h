@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace lineage::kernels {
 
@@ -45,6 +46,13 @@ void delta_rule_check_args(const DeltaRuleArgs& a);
 // o = S̃ᵀq + (q·k) u. f32 throughout. Threaded over value heads (small problems stay on one thread);
 // bit-identical for any thread count.
 void delta_rule_recurrent(const DeltaRuleArgs& a);
+
+// Many sequences in one call (a batch of decode tokens): one DeltaRuleArgs per sequence, each with
+// its own tokens and its own state (the layer turns each sequence's pool slot into its state and z
+// pointers, as fla's ssm_state_indices index initial_state [N, HV, K, V]). All share H, HV, K, V and
+// the switches; every (sequence, head block) of the call is one item of a single parallel region.
+// A sequence's tokens never touch another's state, and each sequence gets the same bits as alone.
+void delta_rule_recurrent(std::span<const DeltaRuleArgs> seqs);
 
 // Same results as delta_rule_recurrent (to f32 rounding), computed C = chunk tokens at a time with
 // the WY / UT transform: small dense matmuls over the chunk (an AVX-512 register-tiled routine

@@ -105,13 +105,10 @@ void gemv_unit(const GemvTable& k, const GemvBf16Dot* dot, const float* x, const
   }
 }
 
-std::atomic<Bf16WeightGemm> g_bf16_weight_gemm{Bf16WeightGemm::RoundActivationsToBf16};  // exact where the CPU cannot
-
-// The GEMM this CPU and setting call for, or null for OpenBLAS.
-const GemmPath* own_gemm(DType weights) {
+// The GEMM this CPU and the call's weight option ask for, or null for OpenBLAS.
+const GemmPath* own_gemm(const Weight& W) {
   const GemmTable& t = gemm_table();
-  if (weights == DType::BF16 && t.bf16_dot && bf16_weight_gemm() == Bf16WeightGemm::RoundActivationsToBf16)
-    return t.bf16_dot;
+  if (W.w->dtype() == DType::BF16 && t.bf16_dot && W.bf16_dot) return t.bf16_dot;
   return t.exact;
 }
 
@@ -135,7 +132,7 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   thread_local std::vector<char> prepared, rounded_x, partial_buf;
   const uint32_t* xp = nullptr;
   const float* xr = nullptr;
-  auto rounded = [&](const LinearOut& o) { return dot && dot_path && own_gemm(o.W.w->dtype()) == dot_path; };
+  auto rounded = [&](const LinearOut& o) { return dot && dot_path && own_gemm(o.W) == dot_path; };
   for (const LinearOut& o : outs) {
     LINEAGE_CHECK(o.W.in() == outs[0].W.in(), "linear_group: weights of different input sizes");
     if (xp || !rounded(o)) continue;
@@ -307,18 +304,7 @@ void gemm_blocked(const GemmPath& path, const GemmProblem& p) {
 
 }  // namespace
 
-void set_bf16_weight_gemm(Bf16WeightGemm mode) { g_bf16_weight_gemm.store(mode); }
-Bf16WeightGemm bf16_weight_gemm() { return g_bf16_weight_gemm.load(); }
-
-bool use_bf16_dot_products(bool on) {
-  const bool can = gemm_table().bf16_dot != nullptr;
-  set_bf16_weight_gemm(on && can ? Bf16WeightGemm::RoundActivationsToBf16 : Bf16WeightGemm::Exact);
-  return on && can;
-}
-
-bool bf16_dot_products() {
-  return gemm_table().bf16_dot != nullptr && bf16_weight_gemm() == Bf16WeightGemm::RoundActivationsToBf16;
-}
+bool bf16_dot_available() { return gemm_table().bf16_dot != nullptr; }
 
 KernelTable kernel_table() { return {isa_name(), gemm_table().exact != nullptr, gemm_table().bf16_dot != nullptr}; }
 
@@ -334,7 +320,7 @@ void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y, std::optional<Activation> act) {
   LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
   if (T <= 0) return;
-  const GemmPath* own = own_gemm(W.w->dtype());
+  const GemmPath* own = own_gemm(W);
   if (T > 1 && own) {  // adds the bias (and GELU) as it stores y
     const float* b = nullptr;
     thread_local std::vector<float> widened;

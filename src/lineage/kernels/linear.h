@@ -19,10 +19,13 @@ inline Shape stored_shape(Layout layout, int64_t in, int64_t out) {
   return layout == Layout::OutIn ? Shape{out, in} : Shape{in, out};
 }
 
-// A weight matrix as it sits in memory (mapped or owned), with its layout.
+// A weight matrix as it sits in memory (mapped or owned), with its layout, and how this call may
+// multiply it: bf16_dot lets BF16 weights use bf16 dot products (see bf16_dot_available()); false
+// selects the exact path. The option travels with the call, not the process (layers::Options).
 struct Weight {
   const Tensor* w = nullptr;
   Layout layout = Layout::OutIn;
+  bool bf16_dot = false;
   int64_t in() const { return layout == Layout::OutIn ? w->dim(1) : w->dim(0); }
   int64_t out() const { return layout == Layout::OutIn ? w->dim(0) : w->dim(1); }
 };
@@ -36,18 +39,14 @@ struct Weight {
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y,
             std::optional<Activation> act = std::nullopt);
 
-// BF16 weights only: multiply with bf16 dot products (vdpbf16ps) instead of widening W to f32. x is
-// rounded to bf16 once per product, in decode (T = 1) and prefill alike, so the two stay
-// interchangeable; the price is a relative error of ~1.7e-3 per product (llama.cpp rounds its
-// activations the same way for bf16 weights, and PyTorch's bf16 matmul takes bf16 inputs). On by
-// default where the CPU has AVX512_BF16: about twice the exact path's arithmetic rate in prefill
-// (decode, bound by reading the same bytes, runs at about the same speed either way).
-// use_bf16_dot_products(false) selects the exact path (W widened to f32, f32 products;
-// the CLI's --bf16-exact). Process-wide. Returns whether the mode is on: false where the CPU lacks
-// AVX512_BF16 (or LINEAGE_ISA forced a lower ISA).
-bool use_bf16_dot_products(bool on);
-// Whether BF16 weights are multiplied with bf16 dot products now (the mode is on and the CPU can).
-bool bf16_dot_products();
+// BF16 weights with Weight::bf16_dot: multiplied with bf16 dot products (vdpbf16ps) instead of
+// widening W to f32. x is rounded to bf16 once per product, in decode (T = 1) and prefill alike, so
+// the two stay interchangeable; the price is a relative error of ~1.7e-3 per product (llama.cpp
+// rounds its activations the same way for bf16 weights, and PyTorch's bf16 matmul takes bf16
+// inputs). About twice the exact path's arithmetic rate in prefill (decode, bound by reading the
+// same bytes, runs at about the same speed either way). Whether this CPU can: AVX512_BF16, and
+// LINEAGE_ISA not forcing a lower ISA. Where it cannot, bf16_dot is ignored (the exact path runs).
+bool bf16_dot_available();
 
 // The kernels this process runs, chosen once from cpuid: the GEMV table ("avx512", "avx2" or
 // "scalar"; LINEAGE_ISA=avx2|scalar narrows it), whether T > 1 runs the engine's own GEMM (the

@@ -37,19 +37,29 @@ Tensor random_tensor(Shape s, DType dt, uint64_t seed) {
   return dt == DType::F32 ? f : convert(f, dt);
 }
 
-// Sets the BF16 GEMM mode for one test and restores the one before (and the default thread count)
-// on the way out, failed assertions included.
+// Whether this file's dot_linear() calls let BF16 weights take bf16 dot products (Weight::bf16_dot).
+bool g_dot = false;
+
+// linear() with the test's choice of BF16 products.
+void dot_linear(const float* x, int64_t T, Weight W, const Tensor* bias, float* y,
+                std::optional<Activation> act = std::nullopt) {
+  W.bf16_dot = g_dot;
+  linear(x, T, W, bias, y, act);
+}
+
+enum class Bf16Products : uint8_t { Exact, Dot };
+// Sets the BF16 products of dot_linear() for one test and restores exact ones (and the default
+// thread count) on the way out, failed assertions included.
 struct Bf16GemmMode {
-  explicit Bf16GemmMode(Bf16WeightGemm mode) : before(bf16_weight_gemm()) { set_bf16_weight_gemm(mode); }
+  explicit Bf16GemmMode(Bf16Products mode) { g_dot = mode == Bf16Products::Dot; }
   ~Bf16GemmMode() {
-    set_bf16_weight_gemm(before);
+    g_dot = false;
     set_threads(0);
   }
-  Bf16WeightGemm before;
 };
 
 TEST(Linear, MatchesRefOverSizesDtypesLayoutsThreads) {
-  Bf16GemmMode exact(Bf16WeightGemm::Exact);  // the bf16 dot path: GemmPathsMatchRefOverAwkwardSizes
+  Bf16GemmMode exact(Bf16Products::Exact);  // the bf16 dot path: GemmPathsMatchRefOverAwkwardSizes
   const int64_t sizes[] = {0, 1, 3, 15, 16, 17, 63, 64, 65, 130};  // inputs (0: y is the bias)
   for (int threads : {1, 2}) {
     set_threads(threads);
@@ -63,7 +73,7 @@ TEST(Linear, MatchesRefOverSizesDtypesLayoutsThreads) {
               const Tensor x = random_tensor({T, in}, DType::F32, T);
               std::vector<float> got(T * out), want(T * out);
               const Weight W{&w, layout};
-              linear(x.data<float>(), T, W, &b, got.data());
+              dot_linear(x.data<float>(), T, W, &b, got.data());
               ref::linear(x.data<float>(), T, W, &b, want.data());
               ASSERT_LE(rel_rms(got, want), 1e-5) << "dtype " << dtype_name(dt) << " layout " << int(layout) << " in " << in
                                                   << " out " << out << " T " << T << " threads " << threads;
@@ -110,7 +120,7 @@ TEST(Linear, EveryIsaTableMatchesScalar) {
 // [in, out] weights wider than a partial sum fits in L1: pieces of a few input rows, each partial
 // in L2, summed in order; the same result as the reference, at 1 and 2 threads alike.
 TEST(Linear, WideInOutGemvMatchesRef) {
-  Bf16GemmMode exact(Bf16WeightGemm::Exact);
+  Bf16GemmMode exact(Bf16Products::Exact);
   for (DType dt : {DType::F32, DType::BF16}) {
     constexpr int64_t in = 40, out = 9001;
     const Tensor w = random_tensor({in, out}, dt, 12), b = random_tensor({out}, dt, 13);
@@ -118,9 +128,9 @@ TEST(Linear, WideInOutGemvMatchesRef) {
     std::vector<float> want(out), one(out), two(out);
     ref::linear(x.data<float>(), 1, {&w, Layout::InOut}, &b, want.data());
     set_threads(1);
-    linear(x.data<float>(), 1, {&w, Layout::InOut}, &b, one.data());
+    dot_linear(x.data<float>(), 1, {&w, Layout::InOut}, &b, one.data());
     set_threads(2);
-    linear(x.data<float>(), 1, {&w, Layout::InOut}, &b, two.data());
+    dot_linear(x.data<float>(), 1, {&w, Layout::InOut}, &b, two.data());
     EXPECT_LE(rel_rms(one, want), 1e-5) << dtype_name(dt);
     EXPECT_EQ(one, two) << dtype_name(dt);
   }
@@ -138,7 +148,7 @@ TEST(Linear, DeterministicForAThreadCount) {
     for (const Weight& W : {Weight{&w, Layout::OutIn}, Weight{&wt, Layout::InOut}})
       for (int rep = 0; rep < 20; ++rep) {
         const std::vector<float> was = a;
-        linear(x.data<float>(), T, W, nullptr, a.data());
+        dot_linear(x.data<float>(), T, W, nullptr, a.data());
         if (rep) {
           EXPECT_EQ(a, was) << "T " << T << " layout " << int(W.layout);
         }
@@ -189,7 +199,7 @@ TEST(Linear, GemmPathsMatchRefOverAwkwardSizes) {
   const std::string paths = std::string(own ? "own AVX-512 GEMM" : "OpenBLAS") + (dot ? " + bf16 dot products" : "");
   RecordProperty("gemm_paths", paths);  // LINEAGE_ISA=avx2|scalar (golden_isa_*) takes the others
   std::printf("GEMM paths: %s (kernel table %s)\n", paths.c_str(), gemm_table().isa);
-  Bf16GemmMode restore(Bf16WeightGemm::Exact);
+  Bf16GemmMode restore(Bf16Products::Exact);
   for (DType dt : {DType::F32, DType::F16, DType::BF16})
     for (Layout layout : {Layout::OutIn, Layout::InOut})
       for (auto [T, in, out] : awkward_gemm_shapes()) {
@@ -201,11 +211,11 @@ TEST(Linear, GemmPathsMatchRefOverAwkwardSizes) {
         if (dt == DType::BF16 && dot) ref::linear(xr.data<float>(), T, W, nullptr, want_rounded.data());
         for (bool rounds : {false, true}) {
           if (rounds && !(dt == DType::BF16 && dot)) continue;
-          set_bf16_weight_gemm(rounds ? Bf16WeightGemm::RoundActivationsToBf16 : Bf16WeightGemm::Exact);
+          g_dot = rounds;
           const std::vector<float>& ref = rounds ? want_rounded : want;
           for (int threads : {1, 2}) {
             set_threads(threads);
-            linear(x.data<float>(), T, W, nullptr, got.data());
+            dot_linear(x.data<float>(), T, W, nullptr, got.data());
             ASSERT_LE(rel_rms(got, ref), 1e-5) << worst(got, ref) << "; dtype " << dtype_name(dt) << " layout " << int(layout)
                                                << " T " << T << " in " << in << " out " << out << " threads " << threads
                                                << (rounds ? " bf16 dot" : " exact");
@@ -224,18 +234,18 @@ TEST(Linear, GemmPathsMatchRefOverAwkwardSizes) {
 // differs (~1e-6 over 3072 terms; rounding x differently would show as ~1.7e-3). This is what keeps
 // decode and prefill interchangeable (split invariance).
 TEST(Linear, OneRowMatchesTheSameRowOfAGemm) {
-  Bf16GemmMode restore(Bf16WeightGemm::Exact);
+  Bf16GemmMode restore(Bf16Products::Exact);
   for (bool rounds : {false, true}) {
-    set_bf16_weight_gemm(rounds ? Bf16WeightGemm::RoundActivationsToBf16 : Bf16WeightGemm::Exact);
+    g_dot = rounds;
     for (Layout layout : {Layout::OutIn, Layout::InOut})
       for (auto [in, out] : {std::array<int64_t, 2>{768, 2304}, {3072, 768}, {65, 130}, {1, 17}}) {
         constexpr int64_t T = 7;
         const Tensor w = random_tensor(layout == Layout::OutIn ? Shape{out, in} : Shape{in, out}, DType::BF16, in + out);
         const Tensor x = random_tensor({T, in}, DType::F32, 21);
         std::vector<float> all(T * out), one(out);
-        linear(x.data<float>(), T, {&w, layout}, nullptr, all.data());
+        dot_linear(x.data<float>(), T, {&w, layout}, nullptr, all.data());
         for (int64_t t = 0; t < T; ++t) {
-          linear(x.data<float>() + t * in, 1, {&w, layout}, nullptr, one.data());
+          dot_linear(x.data<float>() + t * in, 1, {&w, layout}, nullptr, one.data());
           const std::vector<float> row(all.begin() + t * out, all.begin() + (t + 1) * out);
           ASSERT_LE(rel_rms(one, row), 1e-5) << worst(one, row) << (rounds ? "; bf16 dot" : "; exact") << " layout "
                                              << int(layout) << " " << in << "x" << out << " row " << t;
@@ -244,15 +254,15 @@ TEST(Linear, OneRowMatchesTheSameRowOfAGemm) {
   }
 }
 
-// linear() with an activation gives linear() then activate(): GELU fused into the GEMM's store
+// dot_linear() with an activation gives dot_linear() then activate(): GELU fused into the GEMM's store
 // (T > 1 on the engine's own GEMM) within the ulps of two exp builds, every other case exactly;
 // bias included, both layouts, f32 and bf16 (exact and bf16 dot), 1 and 2 threads.
 TEST(Linear, ActivationAfterEqualsActivate) {
-  Bf16GemmMode restore(Bf16WeightGemm::Exact);
+  Bf16GemmMode restore(Bf16Products::Exact);
   for (int threads : {1, 2}) {
     set_threads(threads);
     for (bool rounds : {false, true}) {
-      set_bf16_weight_gemm(rounds ? Bf16WeightGemm::RoundActivationsToBf16 : Bf16WeightGemm::Exact);
+      g_dot = rounds;
       for (DType dt : {DType::F32, DType::BF16})
         for (Layout layout : {Layout::OutIn, Layout::InOut})
           for (Activation act : {Activation::GeluTanh, Activation::Silu})
@@ -262,8 +272,8 @@ TEST(Linear, ActivationAfterEqualsActivate) {
               const Tensor b = random_tensor({out}, dt, 6);
               const Tensor x = random_tensor({T, in}, DType::F32, 7);
               std::vector<float> got(T * out), want(T * out);
-              linear(x.data<float>(), T, {&w, layout}, &b, got.data(), act);
-              linear(x.data<float>(), T, {&w, layout}, &b, want.data());
+              dot_linear(x.data<float>(), T, {&w, layout}, &b, got.data(), act);
+              dot_linear(x.data<float>(), T, {&w, layout}, &b, want.data());
               activate(act, want.data(), T * out);
               const std::string where = std::string(dtype_name(dt)) + (rounds ? " bf16 dot" : "") + " layout " +
                                         std::to_string(int(layout)) + " act " + std::to_string(int(act)) + " T " +
@@ -282,7 +292,7 @@ TEST(Linear, ActivationAfterEqualsActivate) {
 // boundary apart from the vector loop (and, for bf16 rows starting between pairs, not at all). Every
 // offset gives the reference's result, both layouts, f32 and bf16, exact and bf16 dot products.
 TEST(Linear, WeightsOffTheCacheLineMatchRef) {
-  Bf16GemmMode restore(Bf16WeightGemm::Exact);
+  Bf16GemmMode restore(Bf16Products::Exact);
   // in = 200: rows of 800 / 400 bytes, each starting elsewhere in its line; in = 256: every row at the
   // same place, where the f32 [out, in] GEMV moves x to put it on a line beside the peeled rows.
   constexpr int64_t out = 100;
@@ -299,10 +309,10 @@ TEST(Linear, WeightsOffTheCacheLineMatchRef) {
           ASSERT_NE(reinterpret_cast<uintptr_t>(shifted.raw()) % 64, 0u);
           const Tensor x = random_tensor({in}, DType::F32, 41), xr = rounded_to_bf16(x);
           for (bool rounds : {false, true}) {
-            if (rounds && (dt != DType::BF16 || !use_bf16_dot_products(true))) continue;
-            set_bf16_weight_gemm(rounds ? Bf16WeightGemm::RoundActivationsToBf16 : Bf16WeightGemm::Exact);
+            if (rounds && (dt != DType::BF16 || !bf16_dot_available())) continue;
+            g_dot = rounds;
             std::vector<float> got(out), want(out);
-            linear(x.data<float>(), 1, {&shifted, layout}, nullptr, got.data());
+            dot_linear(x.data<float>(), 1, {&shifted, layout}, nullptr, got.data());
             ref::linear((rounds ? xr : x).data<float>(), 1, {&w, layout}, nullptr, want.data());
             ASSERT_LE(rel_rms(got, want), 1e-5) << worst(got, want) << "; " << dtype_name(dt) << " layout " << int(layout)
                                                 << " in " << in << " offset " << offset << (rounds ? " bf16 dot" : "");
@@ -310,7 +320,7 @@ TEST(Linear, WeightsOffTheCacheLineMatchRef) {
         }
 }
 
-// A group of linear maps on one input gives what linear() gives for each (one shared parallel
+// A group of linear maps on one input gives what dot_linear() gives for each (one shared parallel
 // region for T = 1), with biases, both layouts and all dtypes mixed.
 TEST(Linear, GroupEqualsOneCallEach) {
   const Tensor a = random_tensor({300, 200}, DType::F32, 31), b = random_tensor({200, 130}, DType::BF16, 32);
@@ -324,9 +334,9 @@ TEST(Linear, GroupEqualsOneCallEach) {
                                 {{&b, Layout::InOut}, &bias, yb.data()},
                                 {{&c, Layout::OutIn}, nullptr, yc.data()}};
       linear_group(x.data<float>(), T, outs);
-      linear(x.data<float>(), T, {&a, Layout::OutIn}, nullptr, wa.data());
-      linear(x.data<float>(), T, {&b, Layout::InOut}, &bias, wb.data());
-      linear(x.data<float>(), T, {&c, Layout::OutIn}, nullptr, wc.data());
+      dot_linear(x.data<float>(), T, {&a, Layout::OutIn}, nullptr, wa.data());
+      dot_linear(x.data<float>(), T, {&b, Layout::InOut}, &bias, wb.data());
+      dot_linear(x.data<float>(), T, {&c, Layout::OutIn}, nullptr, wc.data());
       EXPECT_EQ(ya, wa) << "T " << T << " threads " << threads;
       EXPECT_EQ(yb, wb) << "T " << T << " threads " << threads;
       EXPECT_EQ(yc, wc) << "T " << T << " threads " << threads;
@@ -360,7 +370,7 @@ TEST(Linear, GroupThenSeesEveryFinishedOutputOnce) {
         }
       };
       linear_group(in, 1, {&o, 1});
-      linear(in, 1, {&w, layout}, which ? &bias : nullptr, want.data(), Activation::Silu);
+      dot_linear(in, 1, {&w, layout}, which ? &bias : nullptr, want.data(), Activation::Silu);
       for (int64_t i = 0; i < out; ++i) {
         ASSERT_EQ(calls[size_t(i)].load(), 1) << "output " << i << " layout " << which << " threads " << threads;
         ASSERT_EQ(seen[size_t(i)], want[size_t(i)]) << "output " << i << " layout " << which << " threads " << threads;
@@ -379,20 +389,20 @@ TEST(Linear, GroupThenSeesEveryFinishedOutputOnce) {
 // normal x (simulated), 1.67e-3 measured here on GPT-2 shapes. Bound 2.5e-3: half again as much.
 TEST(Linear, Bf16DotPathErrorAgainstF64Ref) {
   if (!gemm_table().bf16_dot) GTEST_SKIP() << "CPU lacks AVX512_BF16 (or LINEAGE_ISA forced a lower ISA)";
-  Bf16GemmMode mode(Bf16WeightGemm::RoundActivationsToBf16);
+  Bf16GemmMode mode(Bf16Products::Dot);
   for (auto [T, in, out, layout] : {std::array<int64_t, 4>{64, 768, 2304, 1}, {33, 3072, 768, 1}, {40, 768, 4000, 0},
                                     {1, 768, 2304, 1}, {1, 768, 4000, 0}}) {
     const Layout l = layout ? Layout::InOut : Layout::OutIn;
     const Tensor w = random_tensor(l == Layout::OutIn ? Shape{out, in} : Shape{in, out}, DType::BF16, 11);
     const Tensor x = random_tensor({T, in}, DType::F32, 12);
     std::vector<float> got(T * out), want(T * out), again(T * out);
-    linear(x.data<float>(), T, {&w, l}, nullptr, got.data());
+    dot_linear(x.data<float>(), T, {&w, l}, nullptr, got.data());
     ref::linear(x.data<float>(), T, {&w, l}, nullptr, want.data());
     const double err = rel_rms(got, want);
     std::printf("bf16 dot path %ldx%ldx%ld: relative RMS error %.3g\n", long(T), long(in), long(out), err);
     EXPECT_LE(err, 2.5e-3) << worst(got, want) << "; " << T << "x" << in << "x" << out;
     EXPECT_GE(err, 1e-4) << "the bf16 dot path did not run (error " << err << " looks like the exact path)";
-    linear(x.data<float>(), T, {&w, l}, nullptr, again.data());
+    dot_linear(x.data<float>(), T, {&w, l}, nullptr, again.data());
     EXPECT_EQ(got, again);
   }
   // The switch leaves F32 and F16 weights on the exact path.
@@ -400,7 +410,7 @@ TEST(Linear, Bf16DotPathErrorAgainstF64Ref) {
     const Tensor w = random_tensor({770, 130}, dt, 13);
     const Tensor x = random_tensor({17, 770}, DType::F32, 14);
     std::vector<float> got(17 * 130), want(17 * 130);
-    linear(x.data<float>(), 17, {&w, Layout::InOut}, nullptr, got.data());
+    dot_linear(x.data<float>(), 17, {&w, Layout::InOut}, nullptr, got.data());
     ref::linear(x.data<float>(), 17, {&w, Layout::InOut}, nullptr, want.data());
     EXPECT_LE(rel_rms(got, want), 1e-5) << worst(got, want) << "; dtype " << dtype_name(dt);
   }

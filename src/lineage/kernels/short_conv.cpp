@@ -25,14 +25,14 @@ void tap_major(const Tensor& w, int64_t c0, int64_t n, int64_t W, std::vector<fl
 
 }  // namespace
 
-void short_conv(const float* x, int64_t T, int64_t C, int64_t ldx, const Tensor& w, float* tail, bool silu,
-                float* y, int64_t ldy) {
+void short_conv(const float* x, int64_t T, int64_t C, int64_t ldx, const Tensor& w, float* tail, int64_t ld_tail,
+                bool silu, float* y, int64_t ldy) {
   const int64_t W = w.dim(-1), P = W - 1;
   thread_local std::vector<float> wf, wt, next;  // reused: no allocation per decode step
   tap_major(w, 0, C, W, wf, wt);
   const float* taps = wt.data();  // a thread_local named inside the lambda would be the worker's own
   // Input row r of the padded sequence [tail; x]: r < P comes from the tail, otherwise x[r − P].
-  const auto row = [&](int64_t r) { return r < P ? tail + r * C : x + (r - P) * ldx; };
+  const auto row = [&](int64_t r) { return r < P ? tail + r * ld_tail : x + (r - P) * ldx; };
   parallel_for(T, [&](int64_t t0, int64_t t1) {
     thread_local std::vector<const float*> rows;  // named here, so each thread has its own
     rows.resize(size_t(W));
@@ -46,7 +46,7 @@ void short_conv(const float* x, int64_t T, int64_t C, int64_t ldx, const Tensor&
   // New tail: the last P rows of [tail; x].
   next.resize(P * C);
   for (int64_t r = 0; r < P; ++r) std::memcpy(next.data() + r * C, row(T + r), C * sizeof(float));
-  std::memcpy(tail, next.data(), P * C * sizeof(float));
+  for (int64_t r = 0; r < P; ++r) std::memcpy(tail + r * ld_tail, next.data() + r * C, C * sizeof(float));
 }
 
 void short_conv_step(const float* x, int64_t c0, int64_t c1, const Tensor& w, float* tail, int64_t ld_tail, bool silu,

@@ -60,7 +60,7 @@ TEST(ShortConv, PrefillMatchesFormulaAndStepsMatchPrefillBitForBit) {
 
         // Prefill: T rows at once.
         std::vector<float> tail = tail0, y(size_t(T * C));
-        short_conv(x.data(), T, C, C, w, tail.data(), silu, y.data(), C);
+        short_conv(x.data(), T, C, C, w, tail.data(), C, silu, y.data(), C);
         const auto want = conv_formula(x, T, C, w, tail0, silu);
         for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], want[i], 1e-5 * (1 + std::fabs(want[i]))) << where << " i " << i;
         for (int64_t r = 0; r < P; ++r)  // the new tail is the last P rows of [tail; x]

@@ -1,12 +1,15 @@
-// What every building block shares: the tensor visitor's vocabulary, reusable scratch, and the
-// trace hook that names intermediates so they can be diffed against the PyTorch reference.
+// What every building block shares: the tensor visitor's vocabulary, the step (which tokens of which
+// sequences one forward runs), the options of a call, named activation buffers, and the trace hook
+// that names intermediates so they can be diffed against the PyTorch reference.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <new>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,34 +25,84 @@ enum class Init : uint8_t { Normal, Ones, Zeros, Custom };
 // Names are the checkpoint's own, relative to the block's prefix.
 using TensorVisitor = std::function<void(const std::string& name, Tensor& t, const Shape& shape, Init init)>;
 
-// Growable f32 buffers reused across calls, so no step allocates once warmed up. Each starts on a
-// cache line (64 bytes), so the kernels' vector loads of a row never straddle two lines; growing one
-// keeps its contents and zeroes the rest, as std::vector::resize would.
-class Scratch {
- public:
-  float* get(int slot, size_t n) {
-    if (slot >= int(bufs_.size())) bufs_.resize(size_t(slot) + 1);
-    Buffer& b = bufs_[size_t(slot)];
-    if (b.size < n) {
-      auto* p = static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64));
-      if (!p) throw std::bad_alloc();
-      if (b.size) std::memcpy(p, b.data.get(), b.size * sizeof(float));
-      std::memset(p + b.size, 0, (n - b.size) * sizeof(float));
-      b.data.reset(p);
-      b.size = n;
-    }
-    return b.data.get();
+// The unit of every forward: N tokens from B sequences. Sequence b owns tokens
+// [seq_begin[b], seq_begin[b + 1]) (fla's cu_seqlens), continues the state in pool slot slots[b] and
+// starts at position starts[b]. A prefill piece and single decode tokens of other sequences may
+// share one step; a slot appears at most once. The vectors keep their capacity across clear(), so
+// building a step each decode round allocates nothing once warm.
+struct Step {
+  std::vector<int32_t> tokens;        // [N]
+  std::vector<int64_t> seq_begin{0};  // [B + 1], seq_begin[0] = 0, seq_begin[B] = N
+  std::vector<int32_t> slots;         // [B]
+  std::vector<int64_t> starts;        // [B]
+
+  void clear() {
+    tokens.clear(), slots.clear(), starts.clear();
+    seq_begin.assign(1, 0);
   }
+  // Appends sequence `slot` at position `start` with `toks` (at least one).
+  void add(int32_t slot, int64_t start, std::span<const int32_t> toks) {
+    tokens.insert(tokens.end(), toks.begin(), toks.end());
+    seq_begin.push_back(int64_t(tokens.size()));
+    slots.push_back(slot);
+    starts.push_back(start);
+  }
+  int64_t n_tokens() const { return int64_t(tokens.size()); }
+  int64_t n_seqs() const { return int64_t(slots.size()); }
+  int64_t begin(int64_t b) const { return seq_begin[size_t(b)]; }
+  int64_t length(int64_t b) const { return seq_begin[size_t(b) + 1] - seq_begin[size_t(b)]; }
+};
+
+// Which delta-rule kernel a forward uses: Auto picks the recurrent one for sequences shorter than
+// chunk_threshold(K) and the chunked one otherwise. Tests force either to compare them.
+enum class DeltaRulePath : uint8_t { Auto, Recurrent, Chunked };
+
+// Options that change the numerics of a forward. They belong to the model (Model::options) or to
+// one call, never to the process, so two models or two requests can differ in one process.
+struct Options {
+  DeltaRulePath delta_rule_path = DeltaRulePath::Auto;
+  // BF16 weights multiplied with bf16 dot products (x rounded to bf16 once per product) where the
+  // CPU has AVX512_BF16; false: widened to f32, exact f32 products (the CLI's --bf16-exact).
+  bool bf16_dot = true;
+};
+
+// What one forward call hands every layer: the step and the options.
+struct Call {
+  const Step& step;
+  const Options& options;
+};
+
+// One growable f32 activation buffer, 64-byte aligned, so the kernels' vector loads of a row never
+// straddle two cache lines. get(n) keeps the contents when it grows (zeroing the rest, as
+// std::vector::resize would). Every growth is counted: once a workspace is warm, a step allocates
+// nothing (the workspace test counts over 100 steps).
+class Buffer {
+ public:
+  float* get(size_t n) {
+    if (size_ < n) grow(n);
+    return data_.get();
+  }
+  size_t size() const { return size_; }
+  size_t bytes() const { return size_ * sizeof(float); }
+  // Growths of any Buffer in this process so far.
+  static int64_t growths() { return growths_.load(std::memory_order_relaxed); }
 
  private:
+  void grow(size_t n) {
+    auto* p = static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64));
+    if (!p) throw std::bad_alloc();
+    if (size_) std::memcpy(p, data_.get(), size_ * sizeof(float));
+    std::memset(p + size_, 0, (n - size_) * sizeof(float));
+    data_.reset(p);
+    size_ = n;
+    growths_.fetch_add(1, std::memory_order_relaxed);
+  }
   struct Free {
     void operator()(float* p) const { std::free(p); }
   };
-  struct Buffer {
-    std::unique_ptr<float[], Free> data;
-    size_t size = 0;
-  };
-  std::vector<Buffer> bufs_;
+  std::unique_ptr<float[], Free> data_;
+  size_t size_ = 0;
+  static inline std::atomic<int64_t> growths_{0};
 };
 
 // Named-intermediate hook: forward code calls trace("attn.qkv", data, {T, 3D}); the model adds the

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <type_traits>
 
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
@@ -65,85 +66,232 @@ SequenceState Model::new_state() const {
   return s;
 }
 
-namespace {
+// ---------------------------------------------------------------------------------------------
+// The state pool.
 
-void embed_tokens(const Model& m, std::span<const int32_t> tokens, int64_t p0, float* x) {
-  const int64_t D = m.config.d_model;
-  thread_local std::vector<float> pos;
-  pos.resize(D);
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    kernels::widen_row(m.embed, int64_t(tokens[t]) * D, D, x + t * D);
-    if (m.pos_embed.defined() && m.pos_embed.numel()) {
-      kernels::widen_row(m.pos_embed, (p0 + int64_t(t)) * D, D, pos.data());
-      for (int64_t i = 0; i < D; ++i) x[t * D + i] += pos[i];
-    }
+StatePool::StatePool(const Model& m, PoolOptions options) : model_(&m), options_(options) {
+  LINEAGE_CHECK(options.slots >= 0 && options.ctx >= 0, "pool options must be >= 0");
+  if (options.ctx > 0 && m.config.max_positions > 0 && options.ctx > m.config.max_positions)
+    throw Error(cat("--ctx ", options.ctx, " exceeds the model's context limit of ", m.config.max_positions,
+                    " (config.json field ", m.config.max_positions_field, ")"));
+  for (int64_t i = 0; i < options.slots; ++i) {
+    auto s = std::make_unique<SequenceState>(m.new_state());
+    if (options.ctx > 0)
+      for (size_t l = 0; l < s->layers.size(); ++l)
+        if (auto* a = std::get_if<layers::Attention::State>(&s->layers[l])) {
+          const auto& cfg = std::get<layers::Attention>(m.blocks[l].mixer).config;
+          a->reserve(cfg.n_heads, cfg.head_dim, options.ctx);
+        }
+    slots_.push_back(std::move(s));
+    used_.push_back(0);
   }
 }
 
+int32_t StatePool::acquire() {
+  for (size_t i = 0; i < used_.size(); ++i)
+    if (!used_[i]) {
+      used_[i] = 1;
+      slots_[i]->clear();
+      return int32_t(i);
+    }
+  if (options_.slots > 0)
+    throw Error(cat("all ", options_.slots, " state slots are in use (--slots ", options_.slots,
+                    "); release one or start the pool with more"));
+  slots_.push_back(std::make_unique<SequenceState>(model_->new_state()));
+  used_.push_back(1);
+  return int32_t(slots_.size() - 1);
+}
+
+void StatePool::check(int32_t slot) const {
+  if (slot < 0 || slot >= int32_t(slots_.size()) || !used_[size_t(slot)])
+    throw Error(cat("state slot ", slot, " is not in use (", used(), " of ", capacity(), " slots acquired)"));
+}
+
+void StatePool::release(int32_t slot) {
+  check(slot);
+  used_[size_t(slot)] = 0;
+}
+
+void StatePool::clear(int32_t slot) {
+  check(slot);
+  slots_[size_t(slot)]->clear();
+}
+
+void StatePool::copy(int32_t from, int32_t to) {
+  check(from);
+  check(to);
+  if (from != to) slots_[size_t(to)]->assign(*slots_[size_t(from)]);
+}
+
+SequenceState& StatePool::state(int32_t slot) {
+  check(slot);
+  return *slots_[size_t(slot)];
+}
+
+const SequenceState& StatePool::state(int32_t slot) const {
+  check(slot);
+  return *slots_[size_t(slot)];
+}
+
+bool StatePool::in_use(int32_t slot) const {
+  return slot >= 0 && slot < int32_t(slots_.size()) && used_[size_t(slot)];
+}
+
+size_t StatePool::bytes() const {
+  size_t n = 0;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (used_[i]) n += slots_[i]->bytes();
+  return n;
+}
+
+int64_t StatePool::used() const { return std::count(used_.begin(), used_.end(), char(1)); }
+
+// ---------------------------------------------------------------------------------------------
+// The residual stream.
+
+ResidualStream::ResidualStream(ResidualKind kind, float* x, int64_t N, int64_t D) : kind_(kind), x_(x), n_(N * D) {
+  if (kind != ResidualKind::Plain)
+    throw Error("Block Attention Residuals are not implemented yet (Kimi K3); this build runs plain residuals only");
+}
+
+const float* ResidualStream::input(int64_t) const { return x_; }
+
 // x += y over n elements, split over the threads for long prompts.
-void add_residual(float* x, const float* y, int64_t n) {
-  parallel_for(n, [&](int64_t i0, int64_t i1) {
+void ResidualStream::add(int64_t, const float* y) {
+  float* x = x_;
+  parallel_for(n_, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) x[i] += y[i];
   }, grain_for(1));
 }
 
-void check_input(const Model& m, std::span<const int32_t> tokens, int64_t p0) {
-  for (size_t t = 0; t < tokens.size(); ++t)
-    if (tokens[t] < 0 || tokens[t] >= m.config.vocab_size)
-      throw Error(cat("token id ", tokens[t], " at position ", p0 + int64_t(t), " is outside the vocabulary [0, ",
-                      m.config.vocab_size, ")"));
-  const int64_t end = p0 + int64_t(tokens.size());
-  if (m.config.max_positions > 0 && end > m.config.max_positions)
-    throw Error(cat("context of ", end, " tokens exceeds the model's limit of ", m.config.max_positions,
-                    " (config.json field ", m.config.max_positions_field, ")"));
+// ---------------------------------------------------------------------------------------------
+// The forward.
+
+namespace {
+
+void embed_tokens(const Model& m, const layers::Step& step, float* x, float* pos) {
+  const int64_t D = m.config.d_model;
+  const bool positions = m.pos_embed.defined() && m.pos_embed.numel();
+  for (int64_t b = 0; b < step.n_seqs(); ++b)
+    for (int64_t i = 0; i < step.length(b); ++i) {
+      const int64_t t = step.begin(b) + i;
+      kernels::widen_row(m.embed, int64_t(step.tokens[size_t(t)]) * D, D, x + t * D);
+      if (!positions) continue;
+      kernels::widen_row(m.pos_embed, (step.starts[size_t(b)] + i) * D, D, pos);
+      for (int64_t c = 0; c < D; ++c) x[t * D + c] += pos[c];
+    }
+}
+
+void check_step(const Model& m, const layers::Step& step, const StatePool& pool) {
+  LINEAGE_CHECK(&pool.model() == &m, "the state pool belongs to another model");
+  LINEAGE_CHECK(step.seq_begin.size() == step.slots.size() + 1 && step.starts.size() == step.slots.size() &&
+                    step.seq_begin.front() == 0 && step.seq_begin.back() == step.n_tokens(),
+                "malformed step: ", step.slots.size(), " sequences, ", step.seq_begin.size(), " offsets, ",
+                step.n_tokens(), " tokens");
+  const int64_t limit = pool.options().ctx > 0 ? pool.options().ctx : m.config.max_positions;
+  for (int64_t b = 0; b < step.n_seqs(); ++b) {
+    const int32_t slot = step.slots[size_t(b)];
+    if (!pool.in_use(slot)) throw Error(cat("step sequence ", b, ": state slot ", slot, " is not in use"));
+    for (int64_t c = 0; c < b; ++c)
+      if (step.slots[size_t(c)] == slot) throw Error(cat("state slot ", slot, " appears twice in one step"));
+    const int64_t p0 = step.starts[size_t(b)], T = step.length(b);
+    if (T < 1) throw Error(cat("step sequence ", b, " (slot ", slot, ") has no tokens"));
+    if (p0 != pool.position(slot))
+      throw Error(cat("step sequence ", b, " starts at position ", p0, ", but slot ", slot, " is at position ",
+                      pool.position(slot)));
+    for (int64_t i = 0; i < T; ++i) {
+      const int32_t tok = step.tokens[size_t(step.begin(b) + i)];
+      if (tok < 0 || tok >= m.config.vocab_size)
+        throw Error(cat("token id ", tok, " at position ", p0 + i, " is outside the vocabulary [0, ",
+                        m.config.vocab_size, ")"));
+    }
+    if (limit > 0 && p0 + T > limit) {
+      if (pool.options().ctx > 0)
+        throw Error(cat("context of ", p0 + T, " tokens exceeds the state pool's room of ", limit,
+                        " positions per sequence (--ctx)"));
+      throw Error(cat("context of ", p0 + T, " tokens exceeds the model's limit of ", limit, " (config.json field ",
+                      m.config.max_positions_field, ")"));
+    }
+  }
+}
+
+// Pointers to layer i's state of each sequence of the step.
+template <class S>
+std::span<S* const> layer_states(std::vector<S*>& out, const layers::Step& step, StatePool& pool, size_t i) {
+  out.clear();
+  for (const int32_t slot : step.slots) out.push_back(&std::get<S>(pool.state(slot).layers[i]));
+  return out;
 }
 
 }  // namespace
 
-void forward(const Model& m, std::span<const int32_t> tokens, SequenceState& state, LogitRows rows, float* logits,
-             layers::Scratch& scratch, const layers::Trace& trace) {
-  const int64_t T = int64_t(tokens.size()), D = m.config.d_model, p0 = state.position;
-  if (T == 0) return;
-  check_input(m, tokens, p0);
-  LINEAGE_CHECK(state.layers.size() == m.blocks.size(), "state has ", state.layers.size(), " layers, model ",
-                m.blocks.size());
-  float* x = scratch.get(10, size_t(T) * D);
-  float* a = scratch.get(11, size_t(T) * D);
-  float* y = scratch.get(12, size_t(T) * D);
-  embed_tokens(m, tokens, p0, x);
-  trace("embed", x, {T, D});
+void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRows rows, float* logits, Workspace& ws,
+             const layers::Trace& trace) {
+  forward(m, step, pool, rows, logits, ws, trace, m.options);
+}
 
+void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRows rows, float* logits, Workspace& ws,
+             const layers::Trace& trace, const layers::Options& options) {
+  const int64_t N = step.n_tokens(), B = step.n_seqs(), D = m.config.d_model;
+  if (N == 0) return;
+  check_step(m, step, pool);
+  const layers::Call call{step, options};
+  float* x = ws.x.get(size_t(N) * D);
+  float* a = ws.normed.get(size_t(N) * D);
+  float* y = ws.out.get(size_t(N) * D);
+  embed_tokens(m, step, x, y);
+  trace("embed", x, {N, D});
+
+  ResidualStream stream(m.config.residual, x, N, D);
   for (size_t i = 0; i < m.blocks.size(); ++i) {
     const Block& b = m.blocks[i];
-    const layers::Trace tr = trace.with_prefix("h" + std::to_string(i) + ".");
-    layers::forward(b.norm1, x, T, a);
-    tr(b.names.norm1, a, {T, D});
+    const layers::Trace tr = trace.on() ? trace.with_prefix("h" + std::to_string(i) + ".") : layers::Trace{};
+    layers::forward(b.norm1, stream.input(2 * i), N, a);
+    tr(b.names.norm1, a, {N, D});
     std::visit(
         [&](const auto& mixer) {
-          using S = std::decay_t<decltype(mixer.new_state())>;
-          forward(mixer, a, T, std::get<S>(state.layers[i]), y, scratch, tr);
+          using Mixer = std::decay_t<decltype(mixer)>;
+          if constexpr (std::is_same_v<Mixer, layers::Attention>)
+            forward(mixer, call, a, layer_states(ws.attention_states, step, pool, i), y, ws.attention, tr);
+          else
+            forward(mixer, call, a, layer_states(ws.delta_rule_states, step, pool, i), y, ws.delta_rule, tr);
         },
         b.mixer);
-    add_residual(x, y, T * D);
-    tr("resid_mid", x, {T, D});
-    layers::forward(b.norm2, x, T, a);
-    tr(b.names.norm2, a, {T, D});
-    std::visit([&](const auto& ffn) { forward(ffn, a, T, y, scratch, tr); }, b.ffn);
-    add_residual(x, y, T * D);
-    tr("out", x, {T, D});
+    stream.add(2 * i, y);
+    tr("resid_mid", stream.state(), {N, D});
+    layers::forward(b.norm2, stream.input(2 * i + 1), N, a);
+    tr(b.names.norm2, a, {N, D});
+    std::visit(
+        [&](const auto& ffn) {
+          using Ffn = std::decay_t<decltype(ffn)>;
+          if constexpr (std::is_same_v<Ffn, layers::Mlp>) forward(ffn, call, a, y, ws.mlp, tr);
+          else forward(ffn, call, a, y, ws.gated_mlp, tr);
+        },
+        b.ffn);
+    stream.add(2 * i + 1, y);
+    tr("out", stream.state(), {N, D});
   }
-  state.position = p0 + T;
+  for (int64_t s = 0; s < B; ++s) pool.state(step.slots[size_t(s)]).position += step.length(s);
 
-  layers::forward(m.final_norm, x, T, a);
-  trace(m.names.final_norm.substr(m.names.final_norm.rfind('.') + 1), a, {T, D});
+  layers::forward(m.final_norm, stream.state(), N, a);
+  trace(m.names.final_norm.substr(m.names.final_norm.rfind('.') + 1), a, {N, D});
   if (rows == LogitRows::None) return;
-  const int64_t first = rows == LogitRows::All ? 0 : T - 1, n = T - first;
-  kernels::linear(a + first * D, n, {&m.output_weight(), kernels::Layout::OutIn}, nullptr, logits);
+  const float* head_in = a;
+  int64_t n = N;
+  if (rows == LogitRows::Last) {  // the last row of each sequence, then one product for all of them
+    float* last = ws.head_rows.get(size_t(B) * D);
+    for (int64_t s = 0; s < B; ++s)
+      std::memcpy(last + s * D, a + (step.begin(s) + step.length(s) - 1) * D, size_t(D) * sizeof(float));
+    head_in = last, n = B;
+  }
+  kernels::linear(head_in, n, {&m.output_weight(), kernels::Layout::OutIn, options.bf16_dot}, nullptr, logits);
   trace("logits", logits, {n, m.config.vocab_size});
 }
 
-void store_linear_weights_out_in(Model& m) {
+void prepare(Model& m, bool owned) {
   for (Block& b : m.blocks) {
+    if (auto* d = std::get_if<layers::DeltaRule>(&b.mixer)) d->prepare();
+    if (!owned) continue;
     if (auto* a = std::get_if<layers::Attention>(&b.mixer)) layers::store_out_in(*a);
     if (auto* f = std::get_if<layers::Mlp>(&b.ffn)) layers::store_out_in(*f);
   }

@@ -2,6 +2,7 @@
 // that one model serves any number of. Weights never live in the state.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -22,8 +23,8 @@ using TokenMixer = std::variant<layers::Attention, layers::DeltaRule>;
 using ChannelMixer = std::variant<layers::Mlp, layers::GatedMlp>;
 using MixerState = std::variant<layers::Attention::State, layers::DeltaRule::State>;
 
-// Pre-norm residual block: x += mixer(norm1(x)); x += ffn(norm2(x)). The only place that knows
-// norm placement and residual wiring.
+// Pre-norm block: mixer(norm1(·)) then ffn(norm2(·)), each a sublayer of the model's residual
+// stream (ResidualStream below: plain x += f(norm(x)), or Block Attention Residuals with K3).
 struct Block {
   struct Names {
     std::string norm1, mixer, norm2, ffn;  // checkpoint sub-prefixes, e.g. "ln_1", "attn", "ln_2", "mlp"
@@ -36,6 +37,13 @@ struct Block {
   void for_each_tensor(const std::string& prefix, const layers::TensorVisitor& f);
 };
 
+// How the sublayers' outputs are combined into the next sublayer's input.
+//   Plain: x += f(norm(x)) (GPT-2, fla, Kimi Linear).
+//   BlockAttention: Block Attention Residuals (Kimi K3): each sublayer reads a learned softmax mixture
+//   of the block representations so far. Only the seam exists here; a model that asks for it is an
+//   Error until the K3 issue implements it.
+enum class ResidualKind : uint8_t { Plain, BlockAttention };
+
 struct ModelConfig {
   std::string model_type;             // config.json "model_type" ("gpt2", ...)
   std::string description;            // one line for `lineage info`
@@ -45,9 +53,11 @@ struct ModelConfig {
   std::string layers_field;           // the config.json field that sets the number of blocks
   bool tied_lm_head = true;
   std::optional<int32_t> bos_token_id, eos_token_id;
+  ResidualKind residual = ResidualKind::Plain;
 };
 
-// Per-sequence memory: position plus one state per layer. Copy only through clone().
+// Per-sequence memory: position plus one state per layer. Copy only through clone(). A StatePool
+// holds one per slot.
 struct SequenceState {
   int64_t position = 0;
   std::vector<MixerState> layers;
@@ -79,6 +89,8 @@ struct Model {
   Tensor lm_head;    // [V, D] when not tied
   // Checkpoint tensors that are buffers, not parameters (GPT-2's attn.bias): matched by suffix.
   std::vector<std::string> ignored_suffixes;
+  // The numerics every forward of this model uses unless the call passes its own.
+  layers::Options options;
 
   // Every parameter once, under its full checkpoint name (the tied head is not listed twice).
   void for_each_tensor(const layers::TensorVisitor& f);
@@ -87,22 +99,95 @@ struct Model {
   int64_t n_layers() const { return int64_t(blocks.size()); }
 };
 
+// Per-sequence memory of many sequences by slot: every layer's KV rows, recurrent S (+ z) and conv
+// tails (and MLA latents with K3). Slots are acquired and released without touching the others;
+// released slots keep their buffers for the next sequence. Fixed up front (`slots`, `ctx` > 0:
+// every slot allocated with room for ctx positions, running out is an Error) or growing on demand
+// (0). The pool serves one model and must not outlive it.
+struct PoolOptions {
+  int64_t slots = 0;  // most sequences at once; 0 = grow on demand
+  int64_t ctx = 0;    // most positions per sequence; 0 = the model's limit, KV caches grow on demand
+};
+
+class StatePool {
+ public:
+  explicit StatePool(const Model& m, PoolOptions options = {});
+
+  int32_t acquire();  // an empty sequence; Error when all `slots` are in use
+  void release(int32_t slot);
+  void clear(int32_t slot);               // back to position 0, keeping the buffers
+  void copy(int32_t from, int32_t to);    // snapshot: `to` continues exactly as `from` would
+  SequenceState& state(int32_t slot);
+  const SequenceState& state(int32_t slot) const;
+  int64_t position(int32_t slot) const { return state(slot).position; }
+  bool in_use(int32_t slot) const;
+  size_t bytes(int32_t slot) const { return state(slot).bytes(); }  // state in use by that sequence
+  size_t bytes() const;                                             // all slots in use
+  int64_t capacity() const { return int64_t(slots_.size()); }       // slots allocated so far
+  int64_t used() const;
+  const PoolOptions& options() const { return options_; }
+  const Model& model() const { return *model_; }
+
+ private:
+  void check(int32_t slot) const;
+  const Model* model_;
+  PoolOptions options_;
+  std::vector<std::unique_ptr<SequenceState>> slots_;
+  std::vector<char> used_;
+};
+
+// A step's activations, by name, sized from the model and the step as they run: the residual
+// stream, the normalized input of a sublayer, a sublayer's output, the rows the LM head reads, each
+// layer kind's own buffers (shared by the layers of that kind, which run one after another), and
+// the per-sequence state pointers handed to the mixers. Once a workspace has run a step of some
+// shape, steps up to that shape allocate nothing.
+struct Workspace {
+  layers::Buffer x, normed, out, head_rows;
+  layers::Attention::Buffers attention;
+  layers::DeltaRule::Buffers delta_rule;
+  layers::Mlp::Buffers mlp;
+  layers::GatedMlp::Buffers gated_mlp;
+  std::vector<layers::Attention::State*> attention_states;
+  std::vector<layers::DeltaRule::State*> delta_rule_states;
+};
+
+// The residual wiring of one forward over N rows of width D (ResidualKind). Plain: the stream is x;
+// a sublayer reads x and its output is added to x.
+class ResidualStream {
+ public:
+  ResidualStream(ResidualKind kind, float* x, int64_t N, int64_t D);
+  const float* input(int64_t sublayer) const;   // what sublayer i normalizes and reads
+  void add(int64_t sublayer, const float* y);   // sublayer i's output [N, D]
+  const float* state() const { return x_; }     // the stream after the last sublayer
+
+ private:
+  ResidualKind kind_;
+  float* x_;
+  int64_t n_;
+};
+
 // Which rows of logits forward() writes.
 enum class LogitRows : uint8_t { All, Last, None };
 
-// Runs T ≥ 1 tokens through the model from state.position, updating the state as if the tokens had
-// been fed one at a time. logits: [T, V] (All), [1, V] (Last) or unused (None). Throws Error when
-// the context limit is exceeded or a token id is outside the vocabulary.
-void forward(const Model& m, std::span<const int32_t> tokens, SequenceState& state, LogitRows rows,
-             float* logits, layers::Scratch& scratch, const layers::Trace& trace = {});
+// Runs one step through the model: the step's sequences continue from their pool slots (each at
+// its slot's position, which must equal the step's start for it) and leave them as if each
+// sequence's tokens had been fed one at a time, alone. logits: [N, V] (All), [B, V] with the last
+// token of each sequence (Last), or unused (None). Throws Error when a sequence would exceed the
+// model's context limit or the pool's ctx, a token id is outside the vocabulary, or a slot is not
+// acquired, appears twice, or starts elsewhere than its position. `options` defaults to the model's.
+void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRows rows, float* logits, Workspace& ws,
+             const layers::Trace& trace = {});
+void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRows rows, float* logits, Workspace& ws,
+             const layers::Trace& trace, const layers::Options& options);
 
-// Owned weights (presets, `--no-mmap`): GPT-2's Conv1D matrices, stored [in, out] in checkpoints,
-// are transposed to [out, in], where the decode GEMV reads each output's weights as one contiguous
-// run (the [in, out] walk over 16-bit weights reads ~20 % slower per byte on the development CPU).
-// Prefill gives the same bits either way (the GEMM packs both layouts into the same panels); one
-// decoded token may differ in the last bits (another summation order). Mapped weights stay as the
-// files hold them: call this only on weights the model owns.
-void store_linear_weights_out_in(Model& m);
+// Readies bound weights for forward, once: small parameters widened to f32 (each layer's
+// prepare()), and with `owned` (presets, `--no-mmap`) GPT-2's Conv1D matrices, stored [in, out] in
+// checkpoints, transposed to [out, in], where the decode GEMV reads each output's weights as one
+// contiguous run (the [in, out] walk over 16-bit weights reads ~20 % slower per byte on the
+// development CPU). Prefill gives the same bits either way (the GEMM packs both layouts into the
+// same panels); one decoded token may differ in the last bits (another summation order). Mapped
+// weights stay as the files hold them.
+void prepare(Model& m, bool owned);
 
 // Scans every weight once for NaN or ±Inf (`--check-tensors`); the first tensor that holds one is an
 // Error that names it, the element and `where` (the model directory or preset).

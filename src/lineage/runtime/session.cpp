@@ -4,15 +4,18 @@
 
 namespace lineage::runtime {
 
-Session::Session(const model::Model& m) : model_(m), state_(m.new_state()) {}
+Session::Session(const model::Model& m)
+    : model_(m), pool_(m, {.slots = 1}), slot_(pool_.acquire()), options_(m.options) {}
 
 std::span<const float> Session::prefill(std::span<const int32_t> tokens, bool all_positions) {
   const int64_t V = model_.config.vocab_size, T = int64_t(tokens.size());
   if (T == 0) throw Error("prefill needs at least one token");
   logits_.resize(size_t(all_positions ? T : 1) * V);
-  const int64_t first = state_.position;
-  model::forward(model_, tokens, state_, all_positions ? model::LogitRows::All : model::LogitRows::Last,
-                 logits_.data(), scratch_, trace_);
+  const int64_t first = position();
+  step_.clear();
+  step_.add(slot_, first, tokens);
+  model::forward(model_, step_, pool_, all_positions ? model::LogitRows::All : model::LogitRows::Last,
+                 logits_.data(), ws_, trace_, options_);
   // A NaN or Inf here would become a silent token (argmax picks id 0, sampling the last candidate).
   const int64_t bad = first_non_finite(DType::F32, logits_.data(), int64_t(logits_.size()));
   if (bad >= 0) {
@@ -28,9 +31,9 @@ std::span<const float> Session::decode(int32_t token) { return prefill(std::span
 
 void Session::restore(const model::SequenceState& snapshot) {
   LINEAGE_CHECK(snapshot.layers.size() == model_.blocks.size(), "snapshot of a different model");
-  state_.assign(snapshot);
+  pool_.state(slot_).assign(snapshot);
 }
 
-void Session::reset() { state_.clear(); }
+void Session::reset() { pool_.clear(slot_); }
 
 }  // namespace lineage::runtime

@@ -1,4 +1,5 @@
-// A session: one sequence's state plus reusable scratch, over a model it does not own.
+// A session: one sequence over a model it does not own, the simple API as a thin layer over a
+// one-slot state pool: each prefill or decode is a step of one sequence.
 #pragma once
 
 #include <span>
@@ -18,20 +19,27 @@ class Session {
   // Feeds one token; returns its logits [V].
   std::span<const float> decode(int32_t token);
 
-  int64_t position() const { return state_.position; }
-  const model::SequenceState& state() const { return state_; }
+  int64_t position() const { return pool_.position(slot_); }
+  const model::SequenceState& state() const { return pool_.state(slot_); }
   // Continues from a snapshot taken with state().clone() (on this model). The snapshot is copied
   // into the session's own buffers where they are large enough (a KV cache that already held that
   // many positions), so restoring touches no new pages; the snapshot stays as it was.
   void restore(const model::SequenceState& snapshot);
   void reset();  // an empty sequence again; buffers are kept, so no page is faulted in twice
   void set_trace(layers::Trace trace) { trace_ = std::move(trace); }
+  // The numerics of this session's forwards (the model's options by default).
+  void set_options(const layers::Options& options) { options_ = options; }
+  const layers::Options& options() const { return options_; }
   const model::Model& model() const { return model_; }
+  const model::Workspace& workspace() const { return ws_; }
 
  private:
   const model::Model& model_;
-  model::SequenceState state_;
-  layers::Scratch scratch_;
+  model::StatePool pool_;
+  int32_t slot_;
+  layers::Options options_;
+  layers::Step step_;
+  model::Workspace ws_;
   std::vector<float> logits_;
   layers::Trace trace_;
 };

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -5,30 +6,37 @@
 
 namespace lineage::kernels::ref {
 
+void attention_causal(std::span<const AttentionSeq> seqs, const AttentionHeads& hs) {
+  const int64_t H = hs.H, dk = hs.dk, dv = hs.dv;
+  std::vector<double> s;
+  for (const AttentionSeq& sq : seqs)
+    for (int64_t t = 0; t < sq.T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t n = sq.p0 + t + 1;  // keys visible to this query
+        const float* qv = sq.q + t * sq.ldq + h * dk;
+        s.assign(n, 0.0);
+        double m = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kv = sq.k + h * sq.k_stride + j * dk;
+          double d = 0;
+          for (int64_t c = 0; c < dk; ++c) d += double(qv[c]) * kv[c];
+          s[j] = d * hs.scale;
+          m = std::max(m, s[j]);
+        }
+        double z = 0;
+        for (int64_t j = 0; j < n; ++j) z += (s[j] = std::exp(s[j] - m));
+        for (int64_t c = 0; c < dv; ++c) {
+          double acc = 0;
+          for (int64_t j = 0; j < n; ++j) acc += s[j] * sq.v[h * sq.v_stride + j * dv + c];
+          sq.out[t * sq.ldo + h * dv + c] = float(acc / z);
+        }
+      }
+}
+
 void attention_causal(const float* q, int64_t ldq, int64_t T, int64_t p0, const float* k, const float* v,
                       int64_t k_head_stride, int64_t H, int64_t hd, float scale, float* out) {
-  std::vector<double> s;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t n = p0 + t + 1;  // keys visible to this query
-      const float* qv = q + t * ldq + h * hd;
-      s.assign(n, 0.0);
-      double m = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        const float* kv = k + h * k_head_stride + j * hd;
-        double d = 0;
-        for (int64_t c = 0; c < hd; ++c) d += double(qv[c]) * kv[c];
-        s[j] = d * scale;
-        m = std::max(m, s[j]);
-      }
-      double z = 0;
-      for (int64_t j = 0; j < n; ++j) z += (s[j] = std::exp(s[j] - m));
-      for (int64_t c = 0; c < hd; ++c) {
-        double acc = 0;
-        for (int64_t j = 0; j < n; ++j) acc += s[j] * v[h * k_head_stride + j * hd + c];
-        out[(t * H + h) * hd + c] = float(acc / z);
-      }
-    }
+  const AttentionSeq s{q, ldq, T, p0, k, v, k_head_stride, k_head_stride, out, H * hd};
+  attention_causal({&s, 1}, {H, hd, hd, scale});
 }
 
 }  // namespace lineage::kernels::ref

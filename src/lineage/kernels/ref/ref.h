@@ -4,6 +4,9 @@
 
 #include <cstdint>
 
+#include <span>
+
+#include "lineage/kernels/attention.h"
 #include "lineage/kernels/linear.h"
 
 namespace lineage::kernels::ref {
@@ -16,5 +19,7 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
 // at k[h*k_head_stride + j*hd]; out: [T, H, hd]. Same contract as kernels::attention_causal.
 void attention_causal(const float* q, int64_t ldq, int64_t T, int64_t p0, const float* k, const float* v,
                       int64_t k_head_stride, int64_t H, int64_t hd, float scale, float* out);
+// Same contract as the batched kernels::attention_causal (separate q·k and v head dims).
+void attention_causal(std::span<const AttentionSeq> seqs, const AttentionHeads& heads);
 
 }  // namespace lineage::kernels::ref

@@ -48,16 +48,10 @@ struct GemmTable {
 // The table for the ISA gemv_table() chose (so LINEAGE_ISA=scalar|avx2 also turns this off).
 const GemmTable& gemm_table();
 
-// How linear() multiplies BF16 weights (GEMM, and the GEMV in gemv.h); F32 and F16 weights always
-// take the exact path. The public switch is use_bf16_dot_products() in linear.h.
-//   Exact:                      widen W to f32, f32 FMA; matches ref::linear to ~1e-6 relative RMS.
-//   RoundActivationsToBf16:     round x to bf16 and use vdpbf16ps, about twice the exact path's rate;
-//                               relative RMS error vs ref::linear ≈ 1.7e-3 for normal data (the rounding
-//                               of x alone; measured and bounded in linear_test).
-// Process-wide, default RoundActivationsToBf16 (the CLI's --bf16-exact turns it off). Where
-// gemm_table().bf16_dot is null, RoundActivationsToBf16 runs the exact path.
-enum class Bf16WeightGemm : uint8_t { Exact, RoundActivationsToBf16 };
-void set_bf16_weight_gemm(Bf16WeightGemm mode);
-Bf16WeightGemm bf16_weight_gemm();
+// How linear() multiplies BF16 weights is the call's choice (Weight::bf16_dot in linear.h):
+//   exact:     widen W to f32, f32 FMA; matches ref::linear to ~1e-6 relative RMS.
+//   bf16 dot:  round x to bf16 and use vdpbf16ps, about twice the exact path's rate; relative RMS
+//              error vs ref::linear ≈ 1.7e-3 for normal data (the rounding of x alone; measured and
+//              bounded in linear_test). Where gemm_table().bf16_dot is null, the exact path runs.
 
 }  // namespace lineage::kernels

@@ -23,7 +23,7 @@ struct GemvTable {
   void (*sum_parts)(const float* parts, int64_t n, int64_t stride, int64_t out, float* y);
 };
 
-// BF16 weights in the bf16 dot mode (gemm.h, Bf16WeightGemm::RoundActivationsToBf16): xp holds x
+// BF16 weights in the bf16 dot mode (Weight::bf16_dot, linear.h): xp holds x
 // as bf16 pairs (x[2p], x[2p+1]) exactly as the bf16 GEMM's `prepare` writes one row of them (zero
 // past `in`, 64-byte aligned, whole 16-pair vectors), so decode and prefill round x identically.
 // [in, out] weights take the exact in_out kernel on x rounded the same way (a product of two bf16

@@ -20,12 +20,14 @@ std::string GatedMlp::describe() const {
          std::to_string(config.d_model);
 }
 
-void forward(const GatedMlp& m, const float* x, int64_t T, float* y, Scratch& scratch, const Trace& trace) {
-  const int64_t F = m.config.hidden;
-  float* g = scratch.get(3, size_t(T) * F);
-  float* u = scratch.get(4, size_t(T) * F);
-  const kernels::LinearOut gate_up[] = {{{&m.weights.gate_proj, kernels::Layout::OutIn}, nullptr, g},
-                                        {{&m.weights.up_proj, kernels::Layout::OutIn}, nullptr, u}};
+void forward(const GatedMlp& m, const Call& call, const float* x, float* y, GatedMlp::Buffers& buf,
+             const Trace& trace) {
+  const int64_t F = m.config.hidden, T = call.step.n_tokens();
+  const bool dot = call.options.bf16_dot;
+  float* g = buf.gate.get(size_t(T) * F);
+  float* u = buf.up.get(size_t(T) * F);
+  const kernels::LinearOut gate_up[] = {{{&m.weights.gate_proj, kernels::Layout::OutIn, dot}, nullptr, g},
+                                        {{&m.weights.up_proj, kernels::Layout::OutIn, dot}, nullptr, u}};
   kernels::linear_group(x, T, gate_up);
   // g ← SiLU(g) ⊙ u, one pass over the rows split across the threads (prefill).
   const auto gate = [&](int64_t t0, int64_t t1) {
@@ -36,7 +38,7 @@ void forward(const GatedMlp& m, const float* x, int64_t T, float* y, Scratch& sc
   };
   if (T > 1) parallel_for(T, gate, grain_for(20 * F));
   else gate(0, T);  // one token: no std::function to build
-  kernels::linear(g, T, {&m.weights.down_proj, kernels::Layout::OutIn}, nullptr, y);
+  kernels::linear(g, T, {&m.weights.down_proj, kernels::Layout::OutIn, dot}, nullptr, y);
   trace("mlp.out", y, {T, m.config.d_model});
 }
 

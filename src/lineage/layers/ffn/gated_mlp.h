@@ -15,13 +15,17 @@ struct GatedMlp {
     Tensor up_proj;    // [F, D]
     Tensor down_proj;  // [D, F]
   };
+  struct Buffers {
+    Buffer gate, up;  // [N, F] each
+  };
   Config config;
   Weights weights;
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
   std::string describe() const;
 };
 
-// y[T, D] = down(silu(gate(x)) ⊙ up(x)). y must not alias x. Traces mlp.out.
-void forward(const GatedMlp& m, const float* x, int64_t T, float* y, Scratch& scratch, const Trace& trace);
+// y[N, D] = down(silu(gate(x)) ⊙ up(x)) over the step's N rows. y must not alias x. Traces mlp.out.
+void forward(const GatedMlp& m, const Call& call, const float* x, float* y, GatedMlp::Buffers& buf,
+             const Trace& trace);
 
 }  // namespace lineage::layers

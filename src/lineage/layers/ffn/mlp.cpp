@@ -28,12 +28,13 @@ void store_out_in(Mlp& m) {
   m.weights.layout = kernels::Layout::OutIn;
 }
 
-void forward(const Mlp& m, const float* x, int64_t T, float* y, Scratch& scratch, const Trace& trace) {
-  const int64_t D = m.config.d_model, F = m.config.hidden;
-  float* h = scratch.get(3, size_t(T) * F);
-  kernels::linear(x, T, {&m.weights.c_fc_weight, m.weights.layout}, &m.weights.c_fc_bias, h, m.config.act);
+void forward(const Mlp& m, const Call& call, const float* x, float* y, Mlp::Buffers& buf, const Trace& trace) {
+  const int64_t D = m.config.d_model, F = m.config.hidden, T = call.step.n_tokens();
+  const bool dot = call.options.bf16_dot;
+  float* h = buf.hidden.get(size_t(T) * F);
+  kernels::linear(x, T, {&m.weights.c_fc_weight, m.weights.layout, dot}, &m.weights.c_fc_bias, h, m.config.act);
   trace("mlp.act", h, {T, F});
-  kernels::linear(h, T, {&m.weights.c_proj_weight, m.weights.layout}, &m.weights.c_proj_bias, y);
+  kernels::linear(h, T, {&m.weights.c_proj_weight, m.weights.layout, dot}, &m.weights.c_proj_bias, y);
   trace("mlp.out", y, {T, D});
 }
 

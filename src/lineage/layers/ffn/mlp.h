@@ -20,6 +20,9 @@ struct Mlp {
     // How c_fc and c_proj are stored: as checkpoints have them, or [out, in] after store_out_in.
     kernels::Layout layout = kernels::Layout::InOut;
   };
+  struct Buffers {
+    Buffer hidden;  // [N, F]
+  };
   Config config;
   Weights weights;
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
@@ -29,7 +32,7 @@ struct Mlp {
 // Transposes c_fc and c_proj into owned [out, in] tensors (no-op when they are already).
 void store_out_in(Mlp& m);
 
-// y[T, D] = c_proj(act(c_fc(x))). y must not alias x. Traces mlp.act, mlp.out.
-void forward(const Mlp& m, const float* x, int64_t T, float* y, Scratch& scratch, const Trace& trace);
+// y[N, D] = c_proj(act(c_fc(x))) over the step's N rows. y must not alias x. Traces mlp.act, mlp.out.
+void forward(const Mlp& m, const Call& call, const float* x, float* y, Mlp::Buffers& buf, const Trace& trace);
 
 }  // namespace lineage::layers

@@ -91,32 +91,50 @@ void store_out_in(Attention& a) {
   a.weights.layout = kernels::Layout::OutIn;
 }
 
-void forward(const Attention& a, const float* x, int64_t T, Attention::State& s, float* y, Scratch& scratch,
-             const Trace& trace) {
-  const int64_t D = a.config.d_model, H = a.config.n_heads, hd = a.config.head_dim;
-  float* qkv = scratch.get(0, size_t(T) * 3 * D);
-  float* ctx = scratch.get(1, size_t(T) * D);
-  kernels::linear(x, T, {&a.weights.c_attn_weight, a.weights.layout}, &a.weights.c_attn_bias, qkv);
-  trace("attn.qkv", qkv, {T, 3 * D});
+void Attention::State::reserve(int64_t H, int64_t hd, int64_t positions) {
+  if (positions <= capacity) return;
+  Tensor nk, nv;
+  copy_cache(*this, H, hd, positions, nk, nv);
+  k = std::move(nk);
+  v = std::move(nv);
+  capacity = positions;
+}
 
-  const int64_t p0 = s.length;
-  grow(s, H, hd, p0 + T);
-  parallel_for(T, [&](int64_t t0, int64_t t1) {  // K and V into the cache; the queries are read in place
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        const float* row = qkv + t * 3 * D + h * hd;
-        std::memcpy(s.k.data<float>() + (h * s.capacity + p0 + t) * hd, row + D, hd * 4);
-        std::memcpy(s.v.data<float>() + (h * s.capacity + p0 + t) * hd, row + 2 * D, hd * 4);
-      }
-  }, grain_for(2 * D));
-  s.length = p0 + T;
+void forward(const Attention& a, const Call& call, const float* x, std::span<Attention::State* const> states,
+             float* y, Attention::Buffers& buf, const Trace& trace) {
+  const Step& step = call.step;
+  const int64_t D = a.config.d_model, H = a.config.n_heads, hd = a.config.head_dim, N = step.n_tokens();
+  const bool dot = call.options.bf16_dot;
+  float* qkv = buf.qkv.get(size_t(N) * 3 * D);
+  float* ctx = buf.context.get(size_t(N) * D);
+  kernels::linear(x, N, {&a.weights.c_attn_weight, a.weights.layout, dot}, &a.weights.c_attn_bias, qkv);
+  trace("attn.qkv", qkv, {N, 3 * D});
 
+  buf.seqs.clear();
+  for (int64_t b = 0; b < step.n_seqs(); ++b) {
+    Attention::State& s = *states[size_t(b)];
+    const int64_t p0 = s.length, T = step.length(b), t0 = step.begin(b);
+    grow(s, H, hd, p0 + T);
+    const float* rows = qkv + t0 * 3 * D;
+    const auto store = [&](int64_t r0, int64_t r1) {  // K and V into the cache; queries are read in place
+      for (int64_t t = r0; t < r1; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          const float* row = rows + t * 3 * D + h * hd;
+          std::memcpy(s.k.data<float>() + (h * s.capacity + p0 + t) * hd, row + D, hd * 4);
+          std::memcpy(s.v.data<float>() + (h * s.capacity + p0 + t) * hd, row + 2 * D, hd * 4);
+        }
+    };
+    if (T > 1) parallel_for(T, store, grain_for(2 * D));
+    else store(0, T);
+    s.length = p0 + T;
+    buf.seqs.push_back({rows, 3 * D, T, p0, s.k.data<float>(), s.v.data<float>(), s.capacity * hd, s.capacity * hd,
+                        ctx + t0 * D, D});
+  }
   const float scale = a.config.scale_attn_weights ? 1.0f / std::sqrt(float(hd)) : 1.0f;
-  kernels::attention_causal(qkv, 3 * D, T, p0, s.k.data<float>(), s.v.data<float>(), s.capacity * hd, H, hd, scale,
-                            ctx);
-  trace("attn.context", ctx, {T, D});
-  kernels::linear(ctx, T, {&a.weights.c_proj_weight, a.weights.layout}, &a.weights.c_proj_bias, y);
-  trace("attn.out", y, {T, D});
+  kernels::attention_causal(buf.seqs, {H, hd, hd, scale});
+  trace("attn.context", ctx, {N, D});
+  kernels::linear(ctx, N, {&a.weights.c_proj_weight, a.weights.layout, dot}, &a.weights.c_proj_bias, y);
+  trace("attn.out", y, {N, D});
 }
 
 }  // namespace lineage::layers

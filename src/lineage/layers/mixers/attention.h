@@ -2,6 +2,7 @@
 // rotary). Spec: shared/spec/attention-mla-moe-attnres.md §1.3–1.4; reference/gpt2.py.
 #pragma once
 
+#include "lineage/kernels/attention.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/layers/common.h"
 
@@ -32,6 +33,15 @@ struct Attention {
     // of the same heads (no new pages to touch), else into new ones with twice that room.
     void assign(const State& from);
     void clear() { length = 0; }  // keeps the buffers: a new sequence reuses their pages
+    // Room for `positions` positions of H heads of hd channels, allocated now (a pool of fixed
+    // context); keeps what is cached.
+    void reserve(int64_t H, int64_t hd, int64_t positions);
+  };
+  // A step's activations: the fused q | k | v projection [N, 3D], the attended context [N, D], and
+  // one kernel argument per sequence.
+  struct Buffers {
+    Buffer qkv, context;
+    std::vector<kernels::AttentionSeq> seqs;
   };
 
   Config config;
@@ -47,9 +57,10 @@ struct Attention {
 // Transposes c_attn and c_proj into owned [out, in] tensors (no-op when they are already).
 void store_out_in(Attention& a);
 
-// y[T, D] = attention of x[T, D] (already normalized) given the cached past; appends T rows to the
-// cache. y must not alias x. Traces attn.qkv, attn.context, attn.out.
-void forward(const Attention& a, const float* x, int64_t T, Attention::State& s, float* y, Scratch& scratch,
-             const Trace& trace);
+// y[N, D] = attention of x[N, D] (already normalized, the step's N tokens): sequence b of the step
+// attends its own cached past, states[b], and appends its tokens' keys and values to it. The
+// projections run once over all N rows. y must not alias x. Traces attn.qkv, attn.context, attn.out.
+void forward(const Attention& a, const Call& call, const float* x, std::span<Attention::State* const> states,
+             float* y, Attention::Buffers& buf, const Trace& trace);
 
 }  // namespace lineage::layers

@@ -1,6 +1,6 @@
 #include "lineage/layers/mixers/delta_rule.h"
 
-#include <atomic>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -15,13 +15,6 @@ namespace lineage::layers {
 
 namespace {
 
-std::atomic<DeltaRulePath> g_path{DeltaRulePath::Auto};
-
-// Scratch slots of this mixer (the model uses 10–12; other mixers 0–9).
-enum Slot { kQ = 20, kK, kV, kRaw, kBeta, kDecay, kLowRank, kCore, kGate, kFeature, kFeature2, kLowDecay, kLowGate };
-
-
-kernels::Weight lin(const Tensor& w) { return {&w, kernels::Layout::OutIn}; }
 
 void apply_map(DeltaRule::FeatureMap m, float* x, int64_t n) {
   switch (m) {
@@ -41,11 +34,11 @@ void apply_map(DeltaRule::FeatureMap m, float* x, int64_t n) {
 
 // fla HadamardFeatureMap on rows of K: x ← (x·W2ᵀ + b2) ⊙ (x·W1ᵀ + b1).
 void product_map(float* x, int64_t rows, int64_t K, const Tensor& w1, const Tensor& b1, const Tensor& w2,
-                 const Tensor& b2, Scratch& scratch) {
-  float* a = scratch.get(kFeature, size_t(rows) * K);
-  float* b = scratch.get(kFeature2, size_t(rows) * K);
-  kernels::linear(x, rows, lin(w1), &b1, a);
-  kernels::linear(x, rows, lin(w2), &b2, b);
+                 const Tensor& b2, bool dot, DeltaRule::Buffers& buf) {
+  float* a = buf.feature_a.get(size_t(rows) * K);
+  float* b = buf.feature_b.get(size_t(rows) * K);
+  kernels::linear(x, rows, {&w1, kernels::Layout::OutIn, dot}, &b1, a);
+  kernels::linear(x, rows, {&w2, kernels::Layout::OutIn, dot}, &b2, b);
   for (int64_t i = 0; i < rows * K; ++i) x[i] = a[i] * b[i];
 }
 
@@ -83,8 +76,6 @@ void repeat_heads(const float* src, int64_t heads, int64_t G, int64_t d, float* 
 }
 
 }  // namespace
-
-void set_delta_rule_path(DeltaRulePath p) { g_path = p; }
 
 void DeltaRule::State::clear() {
   for (Tensor* t : {&S, &z, &conv_tail})
@@ -164,6 +155,23 @@ DeltaRule::State DeltaRule::new_state() const {
   return s;
 }
 
+void DeltaRule::prepare() {
+  const Config& c = config;
+  Prepared p;
+  if (c.decay != DecayInput::None) {
+    const int64_t width = c.decay == DecayInput::PerChannelLowRank ? c.n_v_heads * c.head_k : c.n_v_heads;
+    p.A.resize(size_t(c.n_v_heads));
+    p.dt_bias.resize(size_t(width));
+    kernels::widen_row(weights.A_log, 0, c.n_v_heads, p.A.data());
+    kernels::widen_row(weights.dt_bias, 0, width, p.dt_bias.data());
+    for (float& a : p.A) a = -std::exp(a);
+  }
+  p.o_norm.assign(size_t(c.head_v), 1.0f);
+  if (c.out_norm_weight) kernels::widen_row(weights.o_norm, 0, c.head_v, p.o_norm.data());
+  p.ready = true;
+  prepared = std::move(p);
+}
+
 size_t DeltaRule::state_bytes_fixed() const {
   const Config& c = config;
   size_t n = size_t(c.n_v_heads * c.head_k * c.head_v);
@@ -181,225 +189,286 @@ std::string DeltaRule::describe() const {
   return s;
 }
 
-void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s, float* y, Scratch& scratch,
-             const Trace& trace) {
+namespace {
+
+// What every stage of one forward shares: the mixer, the step and its options, the per-sequence
+// states, the buffers, and the widths of the packed q | k | v rows.
+struct Pass {
+  const DeltaRule& m;
+  const Call& call;
+  std::span<DeltaRule::State* const> states;
+  DeltaRule::Buffers& buf;
+  int64_t N, H, KVH, HV, K, V;
+  int64_t Cq, Ck, Cv, C;  // channels of q, k, v as projected, and their sum (the short conv's row)
+  int64_t decay_width;    // HV, or HV·K for the per-channel gate
+  bool one_token;         // one sequence, one token: every projection in one GEMV region
+  float *raw, *qkv, *q, *k, *v, *beta, *decay, *low_decay, *gate, *low_gate, *core;
+
+  kernels::Weight lin(const Tensor& w) const { return {&w, kernels::Layout::OutIn, call.options.bf16_dot}; }
+  bool per_channel() const { return m.config.decay == DeltaRule::DecayInput::PerChannelLowRank; }
+  bool swish_gate() const { return m.config.out_gate == DeltaRule::OutGate::Swish; }
+  bool low_rank_gate() const { return m.config.out_gate == DeltaRule::OutGate::SigmoidLowRank; }
+  bool has_beta() const { return m.config.delta && m.config.has_beta; }
+};
+
+Pass make_pass(const DeltaRule& m, const Call& call, std::span<DeltaRule::State* const> states,
+               DeltaRule::Buffers& buf) {
   const DeltaRule::Config& c = m.config;
-  const DeltaRule::Weights& w = m.weights;
-  const int64_t H = c.n_heads, KVH = c.n_kv_heads, HV = c.n_v_heads, K = c.head_k, V = c.head_v;
-  const int64_t v_heads_proj = c.delta ? HV : KVH;  // heads that v_proj produces
-  const int64_t Cq = H * K, Ck = KVH * K, Cv = v_heads_proj * V;
+  Pass p{m, call, states, buf};
+  p.N = call.step.n_tokens(), p.H = c.n_heads, p.KVH = c.n_kv_heads, p.HV = c.n_v_heads, p.K = c.head_k,
+  p.V = c.head_v;
+  p.Cq = p.H * p.K, p.Ck = p.KVH * p.K, p.Cv = (c.delta ? p.HV : p.KVH) * p.V, p.C = p.Cq + p.Ck + p.Cv;
+  p.decay_width = p.per_channel() ? p.HV * p.K : p.HV;
+  p.one_token = p.N == 1;
+  const size_t N = size_t(p.N);
+  p.raw = buf.raw.get(N * p.C);
+  p.qkv = buf.qkv.get(N * p.C);
+  p.q = buf.q.get(N * p.H * p.K);
+  p.k = buf.k.get(N * p.H * p.K);
+  p.v = buf.v.get(N * p.HV * p.V);
+  p.beta = c.delta ? buf.beta.get(N * p.HV) : nullptr;
+  p.decay = c.decay != DeltaRule::DecayInput::None ? buf.decay.get(N * p.decay_width) : nullptr;
+  p.low_decay = p.per_channel() ? buf.low_decay.get(N * p.V) : nullptr;
+  p.gate = p.swish_gate() || p.low_rank_gate() ? buf.gate.get(N * p.HV * p.V) : nullptr;
+  p.low_gate = p.low_rank_gate() ? buf.low_gate.get(N * p.V) : nullptr;
+  p.core = buf.core.get(N * p.HV * p.V);
+  return p;
+}
 
-  // Where the projections of x land: q | k | v side by side in one buffer (so the short conv runs
-  // over all channels), β, the decay's input and the output gate's input.
-  const int64_t C = Cq + Ck + Cv;
-  float* raw = scratch.get(kRaw, size_t(T) * C);
-  const bool has_beta = c.delta && c.has_beta;
-  const bool per_channel = c.decay == DeltaRule::DecayInput::PerChannelLowRank;
-  const int64_t decay_width = per_channel ? HV * K : HV;
-  float* beta = c.delta ? scratch.get(kBeta, size_t(T) * HV) : nullptr;
-  float* decay = c.decay != DeltaRule::DecayInput::None ? scratch.get(kDecay, size_t(T) * decay_width) : nullptr;
-  float* low_decay = per_channel ? scratch.get(kLowDecay, size_t(T) * V) : nullptr;
-  const bool swish_gate = c.out_gate == DeltaRule::OutGate::Swish;
-  const bool low_rank_gate = c.out_gate == DeltaRule::OutGate::SigmoidLowRank;
-  float* gate = swish_gate || low_rank_gate ? scratch.get(kGate, size_t(T) * HV * V) : nullptr;
-  float* low_gate = low_rank_gate ? scratch.get(kLowGate, size_t(T) * V) : nullptr;
-
-  float* qkv = scratch.get(kLowRank, size_t(T) * C);  // q | k | v after the short conv
-
-  // 1. The projections. One token: every projection of x in one parallel region, each chunk of
-  // q, k and v rows convolved (one short-conv step) by the thread that computed it.
-  const bool step_conv = T == 1 && c.conv_size > 0;
-  if (T == 1) {
-    kernels::LinearOut outs[6] = {{lin(w.q_proj), nullptr, raw},
-                                  {lin(w.k_proj), nullptr, raw + Cq},
-                                  {lin(w.v_proj), nullptr, raw + Cq + Ck}};
-    struct ConvStep {
-      const Tensor* w;
-      int64_t off;  // first channel in raw, the tail and qkv
-      bool silu;
-    };
-    const ConvStep steps[3] = {{&w.q_conv, 0, c.qk_conv_silu}, {&w.k_conv, Cq, c.qk_conv_silu}, {&w.v_conv, Cq + Ck, true}};
-    float* tail = step_conv ? s.conv_tail.data<float>() : nullptr;
-    const auto conv = [&](int i, int64_t o0, int64_t o1) {
-      const ConvStep& st = steps[i];
-      kernels::short_conv_step(raw + st.off, o0, o1, *st.w, tail + st.off, C, st.silu, qkv + st.off);
-    };
-    for (int i = 0; step_conv && i < 3; ++i)  // two words each: std::function keeps them without allocating
-      outs[i].then = [&conv, i](int64_t o0, int64_t o1) { conv(i, o0, o1); };
-    size_t n = 3;
-    if (has_beta) outs[n++] = {lin(w.b_proj), nullptr, beta};
-    if (per_channel) outs[n++] = {lin(w.f_a), nullptr, low_decay};
-    else if (decay) outs[n++] = {lin(w.a_proj), nullptr, decay};
-    if (swish_gate) outs[n++] = {lin(w.g_proj), nullptr, gate, kernels::Activation::Silu};
-    if (low_rank_gate) outs[n++] = {lin(w.g_a), nullptr, low_gate};
-    kernels::linear_group(x, 1, {outs, n});
-  } else {
-    float* tmp = scratch.get(kCore, size_t(T) * std::max({Cq, Ck, Cv}));
-    const std::pair<const Tensor*, int64_t> parts[] = {{&w.q_proj, 0}, {&w.k_proj, Cq}, {&w.v_proj, Cq + Ck}};
+// Stage 1: the projections of x, q | k | v side by side in raw (so the short conv runs over all
+// channels), β, the decay's input and the output gate's input. One token: every projection in one
+// parallel region, each chunk of q, k and v rows convolved (one short-conv step) by the thread that
+// computed it. Otherwise one GEMM per weight over all N rows of the step.
+void project(Pass& p, const float* x) {
+  const DeltaRule::Config& c = p.m.config;
+  const DeltaRule::Weights& w = p.m.weights;
+  if (!p.one_token) {
+    const int64_t N = p.N;
+    float* tmp = p.buf.staging.get(size_t(N) * std::max({p.Cq, p.Ck, p.Cv}));
+    const std::pair<const Tensor*, int64_t> parts[] = {{&w.q_proj, 0}, {&w.k_proj, p.Cq}, {&w.v_proj, p.Cq + p.Ck}};
     for (const auto& [wt, off] : parts) {
-      const int64_t n = wt->dim(0);
-      kernels::linear(x, T, lin(*wt), nullptr, tmp);
+      const int64_t n = wt->dim(0), C = p.C;
+      float* raw = p.raw;
+      kernels::linear(x, N, p.lin(*wt), nullptr, tmp);
       // `off` by init-capture: clang before 16 cannot capture a structured binding.
-      over_rows(T, n, [&, off = off](int64_t t0, int64_t t1) {
+      over_rows(N, n, [&, off = off](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) std::memcpy(raw + t * C + off, tmp + t * n, n * sizeof(float));
       });
     }
+    if (p.has_beta()) kernels::linear(x, N, p.lin(w.b_proj), nullptr, p.beta);
+    if (p.per_channel()) kernels::linear(x, N, p.lin(w.f_a), nullptr, p.low_decay);
+    else if (p.decay) kernels::linear(x, N, p.lin(w.a_proj), nullptr, p.decay);
+    if (p.swish_gate()) kernels::linear(x, N, p.lin(w.g_proj), nullptr, p.gate, kernels::Activation::Silu);
+    if (p.low_rank_gate()) kernels::linear(x, N, p.lin(w.g_a), nullptr, p.low_gate);
+    return;
   }
-  float* q = scratch.get(kQ, size_t(T) * H * K);
-  float* kk = scratch.get(kK, size_t(T) * H * K);
-  float* v = scratch.get(kV, size_t(T) * HV * V);
-  if (c.conv_size > 0 && !step_conv) {
-    // One tail for all channels; q/k and v differ only in whether SiLU follows.
-    float* tail = s.conv_tail.data<float>();
-    const int64_t P = c.conv_size - 1;
-    thread_local std::vector<float> tq, tk, tv;  // reused: no allocation per decode step
-    tq.resize(P * Cq), tk.resize(P * Ck), tv.resize(P * Cv);
-    for (int64_t r = 0; r < P; ++r) {
-      std::memcpy(tq.data() + r * Cq, tail + r * C, Cq * 4);
-      std::memcpy(tk.data() + r * Ck, tail + r * C + Cq, Ck * 4);
-      std::memcpy(tv.data() + r * Cv, tail + r * C + Cq + Ck, Cv * 4);
+  kernels::LinearOut outs[6] = {{p.lin(w.q_proj), nullptr, p.raw},
+                                {p.lin(w.k_proj), nullptr, p.raw + p.Cq},
+                                {p.lin(w.v_proj), nullptr, p.raw + p.Cq + p.Ck}};
+  struct ConvStep {
+    const Tensor* w;
+    int64_t off;  // first channel in raw, the tail and qkv
+    bool silu;
+  };
+  const ConvStep steps[3] = {
+      {&w.q_conv, 0, c.qk_conv_silu}, {&w.k_conv, p.Cq, c.qk_conv_silu}, {&w.v_conv, p.Cq + p.Ck, true}};
+  const bool conv = c.conv_size > 0;
+  float* tail = conv ? p.states[0]->conv_tail.data<float>() : nullptr;
+  const auto step = [&](int i, int64_t o0, int64_t o1) {
+    const ConvStep& st = steps[i];
+    kernels::short_conv_step(p.raw + st.off, o0, o1, *st.w, tail + st.off, p.C, st.silu, p.qkv + st.off);
+  };
+  for (int i = 0; conv && i < 3; ++i)  // two words each: std::function keeps them without allocating
+    outs[i].then = [&step, i](int64_t o0, int64_t o1) { step(i, o0, o1); };
+  size_t n = 3;
+  if (p.has_beta()) outs[n++] = {p.lin(w.b_proj), nullptr, p.beta};
+  if (p.per_channel()) outs[n++] = {p.lin(w.f_a), nullptr, p.low_decay};
+  else if (p.decay) outs[n++] = {p.lin(w.a_proj), nullptr, p.decay};
+  if (p.swish_gate()) outs[n++] = {p.lin(w.g_proj), nullptr, p.gate, kernels::Activation::Silu};
+  if (p.low_rank_gate()) outs[n++] = {p.lin(w.g_a), nullptr, p.low_gate};
+  kernels::linear_group(x, 1, {outs, n});
+}
+
+// Stage 2: raw → qkv through each sequence's short convolution, continuing its own tail (already
+// done for one token, by the projections). Without a conv, fla applies the activation directly.
+void convolve(Pass& p) {
+  const DeltaRule::Config& c = p.m.config;
+  const DeltaRule::Weights& w = p.m.weights;
+  const int64_t C = p.C, Cq = p.Cq, Ck = p.Ck, Cv = p.Cv;
+  if (c.conv_size > 0) {
+    if (p.one_token) return;
+    const Step& step = p.call.step;
+    for (int64_t b = 0; b < step.n_seqs(); ++b) {
+      const int64_t t0 = step.begin(b), T = step.length(b);
+      float* tail = p.states[size_t(b)]->conv_tail.data<float>();
+      const float* raw = p.raw + t0 * C;
+      float* out = p.qkv + t0 * C;
+      kernels::short_conv(raw, T, Cq, C, w.q_conv, tail, C, c.qk_conv_silu, out, C);
+      kernels::short_conv(raw + Cq, T, Ck, C, w.k_conv, tail + Cq, C, c.qk_conv_silu, out + Cq, C);
+      kernels::short_conv(raw + Cq + Ck, T, Cv, C, w.v_conv, tail + Cq + Ck, C, true, out + Cq + Ck, C);
     }
-    kernels::short_conv(raw, T, Cq, C, w.q_conv, tq.data(), c.qk_conv_silu, qkv, C);
-    kernels::short_conv(raw + Cq, T, Ck, C, w.k_conv, tk.data(), c.qk_conv_silu, qkv + Cq, C);
-    kernels::short_conv(raw + Cq + Ck, T, Cv, C, w.v_conv, tv.data(), true, qkv + Cq + Ck, C);
-    for (int64_t r = 0; r < P; ++r) {
-      std::memcpy(tail + r * C, tq.data() + r * Cq, Cq * 4);
-      std::memcpy(tail + r * C + Cq, tk.data() + r * Ck, Ck * 4);
-      std::memcpy(tail + r * C + Cq + Ck, tv.data() + r * Cv, Cv * 4);
-    }
-  } else if (c.conv_size == 0) {
-    std::memcpy(qkv, raw, size_t(T) * C * 4);
-    if (c.delta) {  // fla applies the activation directly when there is no short conv
-      for (int64_t t = 0; t < T; ++t) {
-        if (c.qk_conv_silu) apply_map(DeltaRule::FeatureMap::Silu, qkv + t * C, Cq + Ck);
-        apply_map(DeltaRule::FeatureMap::Silu, qkv + t * C + Cq + Ck, Cv);
-      }
-    }
+    return;
   }
-  // 2. Split into heads; linear attention repeats its k/v heads up to H (GQA).
-  const int64_t G = H / KVH, Gv = c.delta ? 1 : G;
+  std::memcpy(p.qkv, p.raw, size_t(p.N) * C * 4);
+  if (!c.delta) return;
+  for (int64_t t = 0; t < p.N; ++t) {
+    if (c.qk_conv_silu) apply_map(DeltaRule::FeatureMap::Silu, p.qkv + t * C, Cq + Ck);
+    apply_map(DeltaRule::FeatureMap::Silu, p.qkv + t * C + Cq + Ck, Cv);
+  }
+}
+
+// Stage 3: split into heads (linear attention repeats its k/v heads up to H, GQA), the q/k feature
+// map or activation (traced before the normalization), then the q/k normalization.
+void heads(Pass& p, const Trace& trace) {
+  const DeltaRule::Config& c = p.m.config;
+  const DeltaRule::Weights& w = p.m.weights;
+  const int64_t N = p.N, H = p.H, KVH = p.KVH, HV = p.HV, K = p.K, V = p.V, C = p.C, Cq = p.Cq, Ck = p.Ck;
+  const int64_t G = H / KVH, Gv = c.delta ? 1 : G, v_heads = c.delta ? HV : KVH;
   const auto split = [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const float* row = qkv + t * C;
-      std::memcpy(q + t * Cq, row, Cq * 4);
-      repeat_heads(row + Cq, KVH, G, K, kk + t * H * K);
-      repeat_heads(row + Cq + Ck, v_heads_proj, Gv, V, v + t * HV * V);
+      const float* row = p.qkv + t * C;
+      std::memcpy(p.q + t * Cq, row, Cq * 4);
+      repeat_heads(row + Cq, KVH, G, K, p.k + t * H * K);
+      repeat_heads(row + Cq + Ck, v_heads, Gv, V, p.v + t * HV * V);
     }
   };
-  if (T > 1) over_rows(T, H * K + HV * V, split);
-  else split(0, T);  // one token: no std::function to build
-  // 3. q/k feature map or activation, traced before the normalization.
+  if (N > 1) over_rows(N, H * K + HV * V, split);
+  else split(0, N);  // one token: no std::function to build
   if (c.qk_map == DeltaRule::FeatureMap::ElementwiseProduct) {
-    product_map(q, T * H, K, w.fm_q1_w, w.fm_q1_b, w.fm_q2_w, w.fm_q2_b, scratch);
-    product_map(kk, T * H, K, w.fm_k1_w, w.fm_k1_b, w.fm_k2_w, w.fm_k2_b, scratch);
+    const bool dot = p.call.options.bf16_dot;
+    product_map(p.q, N * H, K, w.fm_q1_w, w.fm_q1_b, w.fm_q2_w, w.fm_q2_b, dot, p.buf);
+    product_map(p.k, N * H, K, w.fm_k1_w, w.fm_k1_b, w.fm_k2_w, w.fm_k2_b, dot, p.buf);
   } else {
-    apply_map(c.qk_map, q, T * H * K);
-    apply_map(c.qk_map, kk, T * H * K);
+    apply_map(c.qk_map, p.q, N * H * K);
+    apply_map(c.qk_map, p.k, N * H * K);
   }
-  trace("attn.q", q, {T, H * K});
-  trace("attn.k", kk, {T, H * K});
-  trace("attn.v", v, {T, HV * V});
-  normalize_heads(c.q_norm, q, T * H, K);
-  normalize_heads(c.k_norm, kk, T * H, K);
+  trace("attn.q", p.q, {N, H * K});
+  trace("attn.k", p.k, {N, H * K});
+  trace("attn.v", p.v, {N, HV * V});
+  normalize_heads(c.q_norm, p.q, N * H, K);
+  normalize_heads(c.k_norm, p.k, N * H, K);
+}
 
-  // 4. β and the log decay.
+// Stage 4: β = sigmoid(b_proj x) (or 1; ×2 with negative eigenvalues) and the log decay
+// A·softplus(input + dt_bias), per head or per key channel.
+void gates(Pass& p, const Trace& trace) {
+  const DeltaRule::Config& c = p.m.config;
+  const DeltaRule::Weights& w = p.m.weights;
+  const int64_t N = p.N, HV = p.HV, K = p.K;
   if (c.delta) {
-    if (has_beta) {
-      if (T > 1) kernels::linear(x, T, lin(w.b_proj), nullptr, beta);
-      kernels::sigmoid(beta, beta, T * HV);
-    } else {
-      std::fill(beta, beta + T * HV, 1.0f);
-    }
+    if (p.has_beta()) kernels::sigmoid(p.beta, p.beta, N * HV);
+    else std::fill(p.beta, p.beta + N * HV, 1.0f);
     if (c.neg_eigval)
-      for (int64_t i = 0; i < T * HV; ++i) beta[i] *= 2.0f;
-    trace("attn.beta", beta, {T, HV});
+      for (int64_t i = 0; i < N * HV; ++i) p.beta[i] *= 2.0f;
+    trace("attn.beta", p.beta, {N, HV});
   }
-  if (decay) {
-    const int64_t width = decay_width;
-    thread_local std::vector<float> A, dt;
-    A.resize(HV), dt.resize(width);
-    kernels::widen_row(w.A_log, 0, HV, A.data());
-    kernels::widen_row(w.dt_bias, 0, width, dt.data());
-    for (float& a : A) a = -std::exp(a);
-    const float* Ap = A.data();  // thread_local: the workers must see the caller's copies
-    const float* dtp = dt.data();
-    // Entries [i0, i1) of one token's decay row: + dt_bias, softplus, × the head's A.
-    const auto finish = [=](float* a, int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) a[i] += dtp[i];
-      kernels::softplus(a + i0, a + i0, i1 - i0);
-      for (int64_t i = i0; i < i1; ++i) a[i] *= Ap[per_channel ? i / K : i];
-    };
-    if (per_channel && T == 1) {  // each chunk finished by the thread that computed it
-      kernels::LinearOut up{lin(w.f_b), nullptr, decay};
-      up.then = [&](int64_t o0, int64_t o1) { finish(decay, o0, o1); };
-      kernels::linear_group(low_decay, 1, {&up, 1});
-    } else {
-      if (per_channel) {
-        if (T > 1) kernels::linear(x, T, lin(w.f_a), nullptr, low_decay);
-        kernels::linear(low_decay, T, lin(w.f_b), nullptr, decay);
-      } else if (T > 1) {
-        kernels::linear(x, T, lin(w.a_proj), nullptr, decay);
-      }
-      over_rows(T, 24 * width, [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) finish(decay + t * width, 0, width);
-      });
-    }
-    trace("attn.log_decay", decay, {T, width});
+  if (!p.decay) return;
+  const int64_t width = p.decay_width;
+  const bool per_channel = p.per_channel();
+  const float* A = p.m.prepared.A.data();
+  const float* dt = p.m.prepared.dt_bias.data();
+  float* decay = p.decay;
+  // Entries [i0, i1) of one token's decay row: + dt_bias, softplus, × the head's A.
+  const auto finish = [=](float* a, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) a[i] += dt[i];
+    kernels::softplus(a + i0, a + i0, i1 - i0);
+    for (int64_t i = i0; i < i1; ++i) a[i] *= A[per_channel ? i / K : i];
+  };
+  if (per_channel && p.one_token) {  // each chunk finished by the thread that computed it
+    kernels::LinearOut up{p.lin(w.f_b), nullptr, decay};
+    up.then = [&](int64_t o0, int64_t o1) { finish(decay, o0, o1); };
+    kernels::linear_group(p.low_decay, 1, {&up, 1});
+  } else {
+    if (per_channel) kernels::linear(p.low_decay, N, p.lin(w.f_b), nullptr, decay);
+    over_rows(N, 24 * width, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) finish(decay + t * width, 0, width);
+    });
   }
+  trace("attn.log_decay", decay, {N, width});
+}
 
-  // 5. The recurrence.
-  float* core = scratch.get(kCore, size_t(T) * HV * V);
-  kernels::DeltaRuleArgs args;
-  args.T = T, args.H = H, args.HV = HV, args.K = K, args.V = V;
-  args.gate = c.gate();
-  args.delta = c.delta;
-  args.normalize = c.normalize;
-  args.scale = 1.0f / std::sqrt(float(K));
-  args.q = q, args.k = kk, args.v = v, args.beta = beta, args.log_decay = decay;
-  args.state = s.S.data<float>();
-  args.z = c.normalize ? s.z.data<float>() : nullptr;
-  args.out = core;
-  const DeltaRulePath path = g_path.load();
-  if (path == DeltaRulePath::Chunked || (path == DeltaRulePath::Auto && T >= chunk_threshold(K)))
-    kernels::delta_rule_chunked(args, kChunkSize);
-  else
-    kernels::delta_rule_recurrent(args);
-  trace("attn.core", core, {T, HV * V});
-  trace("attn.state", s.S.data<float>(), {HV, K, V});
+// Stage 5: the recurrence, each sequence from its own state. Sequences shorter than the chunk
+// threshold share one call of the recurrent kernel (one parallel region for a batch of decode
+// tokens); longer ones run the chunked kernel each.
+void recur(Pass& p, const Trace& trace) {
+  const DeltaRule::Config& c = p.m.config;
+  const Step& step = p.call.step;
+  const DeltaRulePath path = p.call.options.delta_rule_path;
+  const int64_t H = p.H, HV = p.HV, K = p.K, V = p.V;
+  p.buf.recurrent.clear();
+  for (int64_t b = 0; b < step.n_seqs(); ++b) {
+    const int64_t t0 = step.begin(b), T = step.length(b);
+    DeltaRule::State& s = *p.states[size_t(b)];
+    kernels::DeltaRuleArgs a;
+    a.T = T, a.H = H, a.HV = HV, a.K = K, a.V = V;
+    a.gate = c.gate();
+    a.delta = c.delta;
+    a.normalize = c.normalize;
+    a.scale = 1.0f / std::sqrt(float(K));
+    a.q = p.q + t0 * H * K, a.k = p.k + t0 * H * K, a.v = p.v + t0 * HV * V;
+    a.beta = p.beta ? p.beta + t0 * HV : nullptr;
+    a.log_decay = p.decay ? p.decay + t0 * p.decay_width : nullptr;
+    a.state = s.S.data<float>();
+    a.z = c.normalize ? s.z.data<float>() : nullptr;
+    a.out = p.core + t0 * HV * V;
+    const bool chunked = path == DeltaRulePath::Chunked || (path == DeltaRulePath::Auto && T >= chunk_threshold(K));
+    if (chunked) kernels::delta_rule_chunked(a, kChunkSize);
+    else p.buf.recurrent.push_back(a);
+  }
+  kernels::delta_rule_recurrent(p.buf.recurrent);
+  trace("attn.core", p.core, {p.N, HV * V});
+  if (step.n_seqs() == 1) trace("attn.state", p.states[0]->S.data<float>(), {HV, K, V});
+}
 
-  // 6. Per-head RMSNorm and output gate, then o_proj.
-  thread_local std::vector<float> onw;
-  onw.assign(V, 1.0f);
-  if (c.out_norm_weight) kernels::widen_row(w.o_norm, 0, V, onw.data());
-  if (swish_gate && T > 1) {  // one token: SiLU applied by the projections' GEMV
-    kernels::linear(x, T, lin(w.g_proj), nullptr, gate, kernels::Activation::Silu);
-  } else if (low_rank_gate) {
-    const Tensor* g_bias = m.g_b_has_bias ? &w.g_b_bias : nullptr;
-    if (T == 1) {  // the sigmoid on each chunk, by the thread that computed it
-      kernels::LinearOut up{lin(w.g_b), g_bias, gate};
+// Stage 6: per-head RMSNorm times the output gate, then o_proj.
+void output(Pass& p, float* y, const Trace& trace) {
+  const DeltaRule::Config& c = p.m.config;
+  const DeltaRule::Weights& w = p.m.weights;
+  const int64_t N = p.N, HV = p.HV, V = p.V;
+  float* gate = p.gate;
+  if (p.low_rank_gate()) {
+    const Tensor* g_bias = p.m.g_b_has_bias ? &w.g_b_bias : nullptr;
+    if (p.one_token) {  // the sigmoid on each chunk, by the thread that computed it
+      kernels::LinearOut up{p.lin(w.g_b), g_bias, gate};
       up.then = [&](int64_t o0, int64_t o1) { kernels::sigmoid(gate + o0, gate + o0, o1 - o0); };
-      kernels::linear_group(low_gate, 1, {&up, 1});
+      kernels::linear_group(p.low_gate, 1, {&up, 1});
     } else {
-      kernels::linear(x, T, lin(w.g_a), nullptr, low_gate);
-      kernels::linear(low_gate, T, lin(w.g_b), g_bias, gate);
-      over_rows(T, 16 * HV * V, [&](int64_t t0, int64_t t1) {
+      kernels::linear(p.low_gate, N, p.lin(w.g_b), g_bias, gate);
+      over_rows(N, 16 * HV * V, [&](int64_t t0, int64_t t1) {
         kernels::sigmoid(gate + t0 * HV * V, gate + t0 * HV * V, (t1 - t0) * HV * V);
       });
     }
   }
-  const float* onw_p = onw.data();  // thread_local, as above
-  over_rows(T * HV, 4 * V, [&](int64_t r0, int64_t r1) {
+  const float* onw = p.m.prepared.o_norm.data();
+  const float eps = c.norm_eps;
+  float* core = p.core;
+  over_rows(N * HV, 4 * V, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* o = core + r * V;
       double ss = 0;
 #pragma omp simd reduction(+ : ss)
       for (int64_t i = 0; i < V; ++i) ss += double(o[i]) * o[i];
-      const float inv = float(1.0 / std::sqrt(ss / V + c.norm_eps));
-      for (int64_t i = 0; i < V; ++i) o[i] = o[i] * inv * onw_p[i] * (gate ? gate[r * V + i] : 1.0f);
+      const float inv = float(1.0 / std::sqrt(ss / V + eps));
+      for (int64_t i = 0; i < V; ++i) o[i] = o[i] * inv * onw[i] * (gate ? gate[r * V + i] : 1.0f);
     }
   });
-  kernels::linear(core, T, lin(w.o_proj), nullptr, y);
-  trace("attn.out", y, {T, c.d_model});
+  kernels::linear(core, N, p.lin(w.o_proj), nullptr, y);
+  trace("attn.out", y, {N, c.d_model});
+}
+
+}  // namespace
+
+void forward(const DeltaRule& m, const Call& call, const float* x, std::span<DeltaRule::State* const> states,
+             float* y, DeltaRule::Buffers& buf, const Trace& trace) {
+  LINEAGE_CHECK(m.prepared.ready, "DeltaRule::prepare() must run after the weights are bound");
+  LINEAGE_CHECK(int64_t(states.size()) == call.step.n_seqs(), "one state per sequence of the step");
+  Pass p = make_pass(m, call, states, buf);
+  project(p, x);
+  convolve(p);
+  heads(p, trace);
+  gates(p, trace);
+  recur(p, trace);
+  output(p, y, trace);
 }
 
 }  // namespace lineage::layers

@@ -79,27 +79,46 @@ struct DeltaRule {
     void clear();  // back to the empty sequence, reusing the buffers
   };
 
+  // Small parameters widened to f32 once by prepare(), after the weights are bound: the decay's
+  // A = −exp(A_log) [HV] and dt_bias [HV or HV·K], and the output norm's weight [V] (ones when the
+  // norm has none).
+  struct Prepared {
+    std::vector<float> A, dt_bias, o_norm;
+    bool ready = false;
+  };
+
+  // A step's activations, each [N, width]: raw projections q | k | v (then after the short conv in
+  // qkv), the heads q, k, v, β, the log decay (and its low-rank input), the output gate (and its
+  // low-rank input), the recurrence's output, a projection's staging rows, the product feature map's
+  // two halves; and one kernel argument per sequence.
+  struct Buffers {
+    Buffer raw, qkv, q, k, v, beta, decay, low_decay, gate, low_gate, core, staging, feature_a, feature_b;
+    std::vector<kernels::DeltaRuleArgs> recurrent;
+  };
+
   Config config;
   Weights weights;
+  Prepared prepared;
   bool g_b_has_bias = true;  // Kimi's g_b_proj has none
 
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
+  void prepare();
   State new_state() const;
   size_t state_bytes_per_token() const { return 0; }
   size_t state_bytes_fixed() const;
   std::string describe() const;
 };
 
-// y[T, D] = the mixer on x[T, D] (already normalized), continuing from and updating the state.
-// Traces attn.q, attn.k, attn.v, attn.beta, attn.log_decay, attn.core, attn.state, attn.out.
-void forward(const DeltaRule& m, const float* x, int64_t T, DeltaRule::State& s, float* y, Scratch& scratch,
-             const Trace& trace);
+// y[N, D] = the mixer on x[N, D] (already normalized, the step's N tokens): sequence b continues
+// from and updates states[b] (S, z, conv tail), and nothing else. Its stages: project, convolve,
+// heads (split, feature map, q/k norm), gates (β, log decay), recurrence, output (per-head norm,
+// gate, o_proj). Traces attn.q, attn.k, attn.v, attn.beta, attn.log_decay, attn.core, attn.state
+// (one sequence only), attn.out.
+void forward(const DeltaRule& m, const Call& call, const float* x, std::span<DeltaRule::State* const> states,
+             float* y, DeltaRule::Buffers& buf, const Trace& trace);
 
-// Which kernel a forward uses: Auto picks the recurrent one for T < chunk_threshold(K) and the
-// chunked one otherwise. Tests force either to compare them through whole models.
-enum class DeltaRulePath : uint8_t { Auto, Recurrent, Chunked };
-void set_delta_rule_path(DeltaRulePath p);
-// From 64 tokens on; from 4 where a key head has 256 channels or more (Gated DeltaNet's released size,
+// The recurrent kernel runs for sequences of a step shorter than this (Options::delta_rule_path
+// Auto), the chunked one from it on. From 64 tokens on; from 4 where a key head has 256 channels or more (Gated DeltaNet's released size,
 // K = 256, V = 512: the chunked kernel 1.3–1.7× faster at 4 to 48 tokens, AVX-512; at K = 64 the
 // recurrent one stays ahead up to 63 tokens, at K = 128 the two are within 20 % either way).
 inline int64_t chunk_threshold(int64_t K) { return K >= 256 ? 4 : 64; }

@@ -102,6 +102,7 @@ void init_random(Model& m, uint64_t seed, DType dtype) {
     });
     t = dtype == DType::F32 ? std::move(f) : convert(f, dtype);
   });
+  prepare(m, false);
 }
 
 Model preset_skeleton(const std::string& name) {
@@ -119,7 +120,7 @@ Model preset_skeleton(const std::string& name) {
 Model make_preset(const std::string& name, uint64_t seed, DType dtype) {
   Model m = preset_skeleton(name);
   init_random(m, seed, dtype);
-  store_linear_weights_out_in(m);  // owned, as --no-mmap's
+  prepare(m, true);  // owned, as --no-mmap's
   return m;
 }
 
