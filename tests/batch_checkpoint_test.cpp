@@ -1,0 +1,50 @@
+// Batched steps against each sequence alone on the reference checkpoints of every family (GPT-2 and
+// the fla families), as loaded from config.json + safetensors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "batch_check.h"
+#include "lineage/io/load_model.h"
+#include "test_support.h"
+
+namespace lineage {
+namespace {
+
+namespace fs = std::filesystem;
+
+// BF16 weights take the exact products here: with bf16 dot products a last-bit difference between
+// the GEMV of a lone token and the GEMM of a batch can round an activation to the next bf16, which
+// is a real 2^-8 relative change, not batching error.
+// Where the order is the same the bits are (batch_check.h); where a lone token's GEMV meets the
+// batch's GEMM, GPT-2 stays within 1e-6 (measured ≤ 4.4e-7), while the fla reference checkpoints,
+// drawn at the reference's larger init, carry the same last-bit differences further through L2-normed
+// q / k and the delta rule's v − Sᵀk: measured up to 4.0e-6 (kda/f32_gva), so they are held to the
+// 1e-5 the split-invariance tests (prefill vs decode, the same GEMM-vs-GEMV difference) use for them.
+TEST(BatchCheckpoints, BatchedEqualsAloneForEveryFamily) {
+  int checked = 0;
+  for (const char* family : {"gpt2", "linear_attn", "delta_net", "gated_deltanet", "kda"}) {
+    std::vector<fs::path> dirs;
+    for (const auto& e : fs::directory_iterator(test::testdata() / family))
+      if (fs::exists(e.path() / "config.json")) dirs.push_back(e.path());
+    std::sort(dirs.begin(), dirs.end());
+    ASSERT_FALSE(dirs.empty()) << family;
+    for (const auto& dir : dirs) {
+      SCOPED_TRACE(dir.string());
+      const std::string name = std::string(family) + "/" + dir.filename().string();
+      io::LoadedModel lm = io::load_model(dir, false);
+      lm.model.options.bf16_dot = false;
+      const double tol = std::string(family) == "gpt2" ? 1e-6 : 1e-5;
+      for (int B : {1, 2, 5, 16}) {
+        const double worst = test::expect_batched_equals_alone(lm.model, B, tol);
+        std::printf("%-50s B %2d: largest relative RMS vs alone %.2g\n", name.c_str(), B, worst);
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 25);
+}
+
+}  // namespace
+}  // namespace lineage
