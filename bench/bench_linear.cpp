@@ -49,11 +49,14 @@ const bool registered = [] {
     bool mapped;
     const char* name;
   };
-  for (const Variant v : {Variant{1, false, "gemv"}, Variant{1, true, "gemv_mapped"}, Variant{512, false, "gemm_T512"}})
+  // batch8 / batch32: a step of 8 or 32 decoding sequences, each weight read once for all of them.
+  for (const Variant v : {Variant{1, false, "gemv"}, Variant{1, true, "gemv_mapped"}, Variant{8, false, "batch8"},
+                          Variant{32, false, "batch32"}, Variant{512, false, "gemm_T512"}})
     for (const LinearShape& s : kShapes) {
       if (v.T > 1 && std::string(s.name) == "lm_head") continue;  // prefill runs the head for one token only
       for (DType dt : {DType::F32, DType::F16, DType::BF16})
         for (bool dot : {false, true}) {
+          if (v.T > 1 && v.T < 512 && dt == DType::F16) continue;
           if (dot && (dt != DType::BF16 || !dot_available)) continue;
           // Mapped rows: F32 and BF16 at two shapes show the pages' cost (each set is a 512 MiB file
           // write, so not every shape and dtype).

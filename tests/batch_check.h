@@ -17,9 +17,13 @@ model::Model tiny_preset(const std::string& name, uint64_t seed = 1);
 // prompt as a prefill piece, then one token a step, teacher-forced; sequences join in later steps
 // (their prompts in the same step as the others' decode tokens) and leave when done, so later ones
 // reuse released slots. Each sequence's logits at every position must equal those of the same
-// sequence run alone within `tol` relative RMS, bit for bit where the summation order is the same
-// (B = 1; the logits after a prompt of two tokens or more, on the engine's own GEMM), and a second
-// batched run must give the same bits. Returns the largest relative RMS seen.
+// sequence run alone within `tol` relative RMS (B = 1: bit for bit), and a second batched run must
+// give the same bits. Returns the largest relative RMS seen.
 double expect_batched_equals_alone(const model::Model& m, int B, double tol, uint64_t seed = 7);
+
+// B ≤ 8 sequences prefilled alone, then decoding together, one token each a step: every step's
+// logits bit for bit those of each sequence decoding alone, where the weights are [out, in] (a
+// step of up to 8 rows runs each row through the lone GEMV's arithmetic; kernels::linear).
+void expect_decode_together_bitwise(const model::Model& m, int B, uint64_t seed = 9);
 
 }  // namespace lineage::test

@@ -7,6 +7,7 @@
 
 #include "batch_check.h"
 #include "lineage/io/load_model.h"
+#include "lineage/layers/mixers/delta_rule.h"
 #include "test_support.h"
 
 namespace lineage {
@@ -18,10 +19,11 @@ namespace fs = std::filesystem;
 // the GEMV of a lone token and the GEMM of a batch can round an activation to the next bf16, which
 // is a real 2^-8 relative change, not batching error.
 // Where the order is the same the bits are (batch_check.h); where a lone token's GEMV meets the
-// batch's GEMM, GPT-2 stays within 1e-6 (measured ≤ 4.4e-7), while the fla reference checkpoints,
-// drawn at the reference's larger init, carry the same last-bit differences further through L2-normed
-// q / k and the delta rule's v − Sᵀk: measured up to 4.0e-6 (kda/f32_gva), so they are held to the
-// 1e-5 the split-invariance tests (prefill vs decode, the same GEMM-vs-GEMV difference) use for them.
+// batch's GEMM (a step of more than 8 tokens), GPT-2 stays within 1e-6 (measured ≤ 4.4e-7), while
+// the fla reference checkpoints carry the same last-bit differences further: their decay gates
+// A·softplus(·) with |A| = exp(A_log) up to 16 multiply a relative error in the gate's input by up to
+// 16 in the exponent, and L2-normed q / k and the delta rule's v − Sᵀk add more. Measured up to
+// 1.4e-5 (kda/f32_gva, B = 16); they are held to 3e-5.
 TEST(BatchCheckpoints, BatchedEqualsAloneForEveryFamily) {
   int checked = 0;
   for (const char* family : {"gpt2", "linear_attn", "delta_net", "gated_deltanet", "kda"}) {
@@ -35,11 +37,17 @@ TEST(BatchCheckpoints, BatchedEqualsAloneForEveryFamily) {
       const std::string name = std::string(family) + "/" + dir.filename().string();
       io::LoadedModel lm = io::load_model(dir, false);
       lm.model.options.bf16_dot = false;
-      const double tol = std::string(family) == "gpt2" ? 1e-6 : 1e-5;
+      const double tol = std::string(family) == "gpt2" ? 1e-6 : 3e-5;
       for (int B : {1, 2, 5, 16}) {
         const double worst = test::expect_batched_equals_alone(lm.model, B, tol);
         std::printf("%-50s B %2d: largest relative RMS vs alone %.2g\n", name.c_str(), B, worst);
       }
+      // nn.Linear checkpoints map [out, in]: decoding together is decoding alone, bit for bit.
+      // Not GPT-2's mapped Conv1D weights, [in, out], whose batch runs the GEMM, nor the Hadamard
+      // feature map, whose [K, K] products run over every head of every token (N·H rows > 8).
+      const auto* d = std::get_if<layers::DeltaRule>(&lm.model.blocks[0].mixer);
+      if (d && d->config.qk_map != layers::DeltaRule::FeatureMap::ElementwiseProduct)
+        test::expect_decode_together_bitwise(lm.model, 5);
       ++checked;
     }
   }

@@ -29,6 +29,7 @@ struct Opts {
   ModelSource src;
   int64_t prompt = 512, gen = 32;
   std::vector<int64_t> depths = {0};
+  std::vector<int64_t> batches = {1};
   int repetitions = 3;
   bool json = false;
 };
@@ -46,7 +47,10 @@ struct Row {
   std::vector<double> samples;  // tokens/s of each repetition
   double mean = 0, stddev = 0;
   bool decode = false;
-  runtime::DecodeBytes bytes;    // decode rows
+  int64_t batch = 1;             // decode rows: sequences decoding together, one token each a step
+  bool compute_bound = false;    // decode rows: the FLOP peak binds before the bandwidth does
+  runtime::DecodeBytes bytes;    // decode rows: per step of one sequence (weights once, its state)
+  runtime::PrefillFlops decode_flops;  // decode rows: per token
   runtime::PrefillFlops flops;   // prefill rows
   // Decode rows: the read bandwidth measured around each repetition (mean of the probes just
   // before and just after it), bytes/s, one per sample.
@@ -148,6 +152,47 @@ Row bench_decode(runtime::Session& s, const Opts& o, int64_t depth, const kernel
   return r;
 }
 
+// tg N at depth d with B sequences: B slots of one pool, each restored from the same context
+// snapshot, decode N steps together, one token of each sequence a step (the projections one GEMM
+// over B rows, each weight read once a step). t/s counts the tokens of all B sequences.
+Row bench_decode_batch(runtime::Session& s, const Opts& o, int64_t depth, int64_t B,
+                       const kernels::ReadBandwidthProbe& probe) {
+  const model::Model& m = s.model();
+  const model::SequenceState context = build_context(s, depth, o.src.seed + 202 + uint64_t(depth));
+  model::StatePool pool(m, {.slots = B});
+  std::vector<int32_t> slots;
+  for (int64_t b = 0; b < B; ++b) slots.push_back(pool.acquire());
+  std::vector<std::vector<int32_t>> tokens;
+  for (int64_t b = 0; b < B; ++b)
+    tokens.push_back(random_tokens(o.gen, m.config.vocab_size, o.src.seed + 303 + uint64_t(b)));
+  model::Workspace ws;
+  layers::Step step;
+  std::vector<float> logits(size_t(B * m.config.vocab_size));
+  Row r;
+  r.test = "tg" + std::to_string(o.gen);
+  r.depth = depth;
+  r.decode = true;
+  r.batch = B;
+  double before = 0;
+  for (int rep = 0; rep <= o.repetitions; ++rep) {
+    for (int32_t slot : slots) pool.state(slot).assign(context);
+    if (rep == 1) before = probe.measure(kProbePasses);
+    const double t0 = now();
+    for (int64_t i = 0; i < o.gen; ++i) {
+      step.clear();
+      for (int64_t b = 0; b < B; ++b) step.add(slots[size_t(b)], depth + i, {&tokens[size_t(b)][size_t(i)], 1});
+      model::forward(m, step, pool, model::LogitRows::Last, logits.data(), ws);
+    }
+    const double t1 = now();
+    if (rep == 0) continue;
+    const double after = probe.measure(kProbePasses);
+    r.samples.push_back(double(B * o.gen) / (t1 - t0));
+    r.bandwidth.push_back(0.5 * (before + after));
+    before = after;
+  }
+  return r;
+}
+
 // The dtype holding most of the weight bytes ("bf16"), which picks the peak FLOP/s.
 DType main_dtype(model::Model& m) {
   const model::ParamCount pc = model::count_params(m);
@@ -170,14 +215,19 @@ std::string model_label(const ModelSource& src) {
   return p.has_filename() ? p.filename().string() : p.parent_path().filename().string();
 }
 
-// "495.8 MB", "179.7 MFLOP": decimal prefixes, like GB/s and GFLOP/s in the header.
+// "495.8 MB", "179.7 MFLOP": decimal prefixes, like GB/s and GFLOP/s in the header. Decode rows: the
+// bytes a token moves (a step's weights shared by its B tokens, plus its own state), or its FLOPs
+// where the peak binds.
 std::string per_token_label(const Row& r) {
-  double v = r.decode ? r.bytes.total() : r.flops.total();
+  const bool bytes = r.decode && !r.compute_bound;
+  double v = bytes ? r.bytes.weights / double(r.batch) + r.bytes.state
+             : r.decode ? r.decode_flops.total()
+                        : r.flops.total();
   const char* prefixes[] = {"", "k", "M", "G", "T"};
   int p = 0;
   while (v >= 1000 && p < 4) v /= 1000, ++p;
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%.1f %s%s", v, prefixes[p], r.decode ? "B" : "FLOP");
+  std::snprintf(buf, sizeof buf, "%.1f %s%s", v, prefixes[p], bytes ? "B" : "FLOP");
   return buf;
 }
 
@@ -210,12 +260,13 @@ void print_header(const Context& c, const model::Model& m, const std::vector<Row
                 "it (%.1f-%.1f GB/s in this run)\n",
                 lo / 1e9, hi / 1e9);
   std::printf("\n");
-  std::printf("| %-18s | %-5s | %7s | %6s | %6s | %20s | %12s | %10s | %8s | %12s |\n", "model", "dtype", "threads",
-              "test", "depth", "t/s", "roofline t/s", "% roofline", "% paired", "per token");
-  std::printf("| %s | %s | %s: | %s: | %s: | %s: | %s: | %s: | %s: | %s: |\n", std::string(18, '-').c_str(),
+  std::printf("| %-18s | %-5s | %7s | %6s | %6s | %5s | %20s | %12s | %10s | %8s | %12s |\n", "model", "dtype",
+              "threads", "test", "depth", "batch", "t/s", "roofline t/s", "% roofline", "% paired", "per token");
+  std::printf("| %s | %s | %s: | %s: | %s: | %s: | %s: | %s: | %s: | %s: | %s: |\n", std::string(18, '-').c_str(),
               std::string(5, '-').c_str(), std::string(6, '-').c_str(), std::string(5, '-').c_str(),
-              std::string(5, '-').c_str(), std::string(19, '-').c_str(), std::string(11, '-').c_str(),
-              std::string(9, '-').c_str(), std::string(7, '-').c_str(), std::string(11, '-').c_str());
+              std::string(5, '-').c_str(), std::string(4, '-').c_str(), std::string(19, '-').c_str(),
+              std::string(11, '-').c_str(), std::string(9, '-').c_str(), std::string(7, '-').c_str(),
+              std::string(11, '-').c_str());
 }
 
 void print_row(const Context& c, const Row& r) {
@@ -224,9 +275,9 @@ void print_row(const Context& c, const Row& r) {
   // "±" is two bytes in UTF-8 but one column: pad by hand.
   char paired[16] = "";
   if (r.decode) std::snprintf(paired, sizeof paired, "%.1f %%", 100.0 * r.share_paired);
-  std::printf("| %-18s | %-5s | %7d | %6s | %6lld | %*s | %12.2f | %8.1f %% | %8s | %12s |\n", c.model.c_str(),
-              c.dtype.c_str(), c.threads, r.test.c_str(), (long long)r.depth, 21, tps, r.roofline,
-              100.0 * r.mean / r.roofline, paired, per_token_label(r).c_str());
+  std::printf("| %-18s | %-5s | %7d | %6s | %6lld | %5lld | %*s | %12.2f | %8.1f %% | %8s | %12s |\n",
+              c.model.c_str(), c.dtype.c_str(), c.threads, r.test.c_str(), (long long)r.depth, (long long)r.batch, 21,
+              tps, r.roofline, 100.0 * r.mean / r.roofline, paired, per_token_label(r).c_str());
 }
 
 nlohmann::json row_json(const Context& c, const Row& r, int repetitions) {
@@ -238,6 +289,7 @@ nlohmann::json row_json(const Context& c, const Row& r, int repetitions) {
                       {"weights_huge_page_share", c.mapped ? nlohmann::json(c.huge_share) : nlohmann::json()},
                       {"test", r.test},
                       {"depth", r.depth},
+                      {"batch", r.batch},
                       {"repetitions", repetitions},
                       {"tokens_per_s", r.mean},
                       {"tokens_per_s_stddev", r.stddev},
@@ -255,6 +307,8 @@ nlohmann::json row_json(const Context& c, const Row& r, int repetitions) {
     j["bytes_per_token"] = r.bytes.total();
     j["weight_bytes_per_token"] = r.bytes.weights;
     j["state_bytes_per_token"] = r.bytes.state;
+    j["flops_per_token"] = r.decode_flops.total();
+    j["bound"] = r.compute_bound ? "compute" : "bandwidth";
   } else {
     j["flops_per_token"] = r.flops.total();
     j["weight_flops_per_token"] = r.flops.weights;
@@ -263,13 +317,14 @@ nlohmann::json row_json(const Context& c, const Row& r, int repetitions) {
   return j;
 }
 
-// A whole number of tokens ≥ min, with a message that says so (CLI11's ranges print 1.8e308).
-CLI::Validator tokens_at_least(int64_t min) {
+// A whole number of tokens (or sequences) ≥ min, with a message that says so (CLI11's ranges print
+// 1.8e308).
+CLI::Validator tokens_at_least(int64_t min, const char* what = "tokens") {
   return CLI::Validator(
-      [min](std::string& s) -> std::string {
+      [min, what](std::string& s) -> std::string {
         const auto v = parse_integer(s);
         if (v && *v >= min) return "";
-        return cat("\"", s, "\" is not a whole number of tokens >= ", min);
+        return cat("\"", s, "\" is not a whole number of ", what, " >= ", min);
       },
       min ? "N>=1" : "N>=0");
 }
@@ -315,7 +370,8 @@ void run(const Opts& o) {
   if (o.prompt > 0) done(bench_prefill(s, o));
   if (o.gen > 0) {
     const kernels::ReadBandwidthProbe probe(c.threads, kProbeBytes);
-    for (int64_t d : o.depths) done(bench_decode(s, o, d, probe));
+    for (int64_t B : o.batches)
+      for (int64_t d : o.depths) done(B == 1 ? bench_decode(s, o, d, probe) : bench_decode_batch(s, o, d, B, probe));
   }
   c.ceil = measure_ceilings(dtype, c.threads, c.ceil);
   if (c.mapped) {  // every weight has been read by now
@@ -327,12 +383,18 @@ void run(const Opts& o) {
     for (double bw : r.bandwidth) c.ceil.bandwidth = std::max(c.ceil.bandwidth, bw);
   for (Row& r : rows) {
     if (r.decode) {
-      r.bytes = runtime::decode_bytes_per_token(m, runtime::mean_decode_context(r.depth, o.gen));
-      const double bytes = r.bytes.total();
-      r.roofline = c.ceil.bandwidth / bytes;
-      r.roofline_paired = mean(r.bandwidth) / bytes;
+      // A step of B sequences reads the weights once and each sequence's state: B tokens for
+      // weights + B·state bytes. It also does B tokens' FLOPs; whichever ceiling binds first.
+      const double context = runtime::mean_decode_context(r.depth, o.gen), B = double(r.batch);
+      r.bytes = runtime::decode_bytes_per_token(m, context);
+      r.decode_flops = runtime::prefill_flops_per_token(m, 1, int64_t(context) - 1);
+      const double step_bytes = r.bytes.weights + B * r.bytes.state;
+      const auto bound = [&](double bandwidth) { return std::min(B * bandwidth / step_bytes, c.ceil.peak / r.decode_flops.total()); };
+      r.roofline = bound(c.ceil.bandwidth);
+      r.compute_bound = c.ceil.peak / r.decode_flops.total() < B * c.ceil.bandwidth / step_bytes;
+      r.roofline_paired = bound(mean(r.bandwidth));
       std::vector<double> shares;
-      for (size_t i = 0; i < r.samples.size(); ++i) shares.push_back(r.samples[i] / (r.bandwidth[i] / bytes));
+      for (size_t i = 0; i < r.samples.size(); ++i) shares.push_back(r.samples[i] / bound(r.bandwidth[i]));
       r.share_paired = mean(shares);
     } else {
       r.flops = runtime::prefill_flops_per_token(m, o.prompt, 0);
@@ -366,6 +428,11 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--depth", o.depths, "comma-separated context depths for the tg test (default 0)")
       ->delimiter(',')
       ->check(tokens_at_least(0));
+  cmd->add_option("--batch", o.batches,
+                  "comma-separated numbers of sequences decoding together in the tg test, one token each a step "
+                  "(default 1)")
+      ->delimiter(',')
+      ->check(tokens_at_least(1, "sequences"));
   cmd->add_option("--repetitions", o.repetitions, "timed repetitions of each test after one warm-up (default 3)")
       ->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", o.json, "print one JSON array of result objects");

@@ -45,6 +45,12 @@ void add_bias(const Tensor* bias, int64_t T, int64_t out, float* y) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Up to this many rows of x, [out, in] weights take gemv_rows instead of the GEMM: as fast or faster
+// at 2 to 8 rows (each weight streamed once, no panels packed; bench `linear/batch8/*`), and each row
+// gets a lone GEMV's bits, so a decoding sequence gives the same logits alone and in a batch of up to
+// 8. From 16 rows on the GEMM's register tiles win (`linear/batch32/*`: 1.3-2.7x).
+constexpr int64_t kGemvRowsMax = 8;
+
 // Rows [o0, o1) of one GEMV's y, just computed: y += bias, then y ← act(y), then o.then, on this thread.
 void finish_rows(const LinearOut& o, int64_t o0, int64_t o1) {
   if (o.bias) {
@@ -212,6 +218,32 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   });
 }
 
+// A few rows of x (a batch of decode tokens) against [out, in] weights: the GEMV's loop over each
+// weight row, shared by all rows of x (out_in_rows), so the weights stream from memory once, and
+// each row's result is bit for bit what a lone GEMV gives it. Output rows in the GEMV's chunks over
+// the threads; each chunk's bias and activation added by the thread that computed it.
+void gemv_rows(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y, std::optional<Activation> act) {
+  const GemvTable& k = gemv_table();
+  const GemmPath* dot_path = gemm_table().bf16_dot;
+  const GemvBf16Dot* dot = own_gemm(W) == dot_path && dot_path ? gemv_bf16_dot() : nullptr;
+  const int64_t in = W.in(), out = W.out();
+  const uint32_t* xp = nullptr;
+  int64_t ldxp = 0;
+  thread_local std::vector<char> prepared;
+  if (dot) {
+    auto* buf = static_cast<uint32_t*>(aligned_scratch(prepared, dot_path->prepared_bytes(T, in)));
+    dot_path->prepare(GemmProblem{x, W.w->raw(), 2, true, T, in, out, y}, 0, T, buf);
+    xp = buf;
+    ldxp = int64_t(dot_path->prepared_bytes(1, in) / sizeof(uint32_t));
+  }
+  const int dt = dtype_index(W.w->dtype());
+  parallel_chunks(out, gemv_chunk(in * T), [&](int64_t o0, int64_t o1) {
+    if (dot) dot->out_in_rows(xp, ldxp, T, static_cast<const uint16_t*>(W.w->raw()), in, o0, o1, y, out);
+    else k.out_in_rows[dt](x, in, T, W.w->raw(), in, o0, o1, y, out);
+    for (int64_t t = 0; t < T; ++t) finish_rows(LinearOut{W, bias, y + t * out, act}, o0, o1);
+  });
+}
+
 // Where this ISA has no own GEMM (AVX2, scalar), OpenBLAS, single-threaded (blas_threads.h) inside
 // the engine's own threads.
 // f32 weights: one sgemm a thread, each on its contiguous range of output columns of the stored matrix.
@@ -320,6 +352,10 @@ void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y, std::optional<Activation> act) {
   LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
   if (T <= 0) return;
+  if (T > 1 && T <= kGemvRowsMax && W.layout == Layout::OutIn) {
+    gemv_rows(x, T, W, bias, y, act);
+    return;
+  }
   const GemmPath* own = own_gemm(W);
   if (T > 1 && own) {  // adds the bias (and GELU) as it stores y
     const float* b = nullptr;

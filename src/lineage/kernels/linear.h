@@ -32,8 +32,10 @@ struct Weight {
 
 // y[t, o] = Σ_i x[t, i] · W(i, o) (+ bias[o]).   x: [T, in] f32; y: [T, out] f32; bias: [out] any
 // float dtype or null. y must not alias x. T = 1 runs the streaming GEMV (one pass over W, split
-// over output rows, or over input rows for [in, out] weights); T > 1 runs GEMM. Threaded over the
-// engine's pool. With `act`, y ← act(y) afterwards. The GEMV adds the bias and applies `act` to each
+// over output rows, or over input rows for [in, out] weights); 2 ≤ T ≤ 8 with [out, in] weights the
+// same GEMV loop shared by the T rows (W streamed once; each row bit for bit what T = 1 gives it, so
+// a batch of decode tokens gets each sequence's lone result); otherwise GEMM. Threaded over the
+// engine's pool. With `act`, y ← act(y) afterwards. The GEMVs add the bias and apply `act` to each
 // run of finished rows on the thread that computed them; the engine's own GEMM adds the bias and
 // GeluTanh as it stores y; otherwise a second pass over y does.
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y,

@@ -27,6 +27,16 @@ TEST(Step, BatchedEqualsAloneForEveryPreset) {
   }
 }
 
+// Sequences decoding together get the bits they get decoding alone: every preset (owned weights,
+// [out, in]), 2 to 8 sequences a step.
+TEST(Step, DecodingTogetherIsBitForBitDecodingAlone) {
+  for (const char* name : kPresets) {
+    SCOPED_TRACE(name);
+    const Model m = test::tiny_preset(name);
+    for (int B : {2, 3, 5, 8}) test::expect_decode_together_bitwise(m, B);
+  }
+}
+
 // The options travel with the model: forcing either delta-rule kernel keeps the batch exact too.
 TEST(Step, BatchedEqualsAloneOnBothKernelPaths) {
   for (auto path : {layers::DeltaRulePath::Recurrent, layers::DeltaRulePath::Chunked}) {

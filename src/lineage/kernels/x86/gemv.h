@@ -14,6 +14,10 @@ struct GemvTable {
   const char* isa;
   // OutIn weights [out, in]: y[o] = Σ_i x[i]·W[o, i] for o in [o0, o1).
   void (*out_in[3])(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, float* y);
+  // The same for `rows` rows of x (stride ldx) into rows of y (stride ldy), each weight row read
+  // once for all of them; row r's results equal out_in's on that row alone, bit for bit.
+  void (*out_in_rows[3])(const float* x, int64_t ldx, int64_t rows, const void* w, int64_t in, int64_t o0,
+                         int64_t o1, float* y, int64_t ldy);
   // InOut weights [in, out], rows [i0, i1) of them: p[o] = Σ_{i0 <= i < i1} x[i]·W[i, o] for every
   // o < out (partial sums over a range of inputs; p is overwritten).
   void (*in_out[3])(const float* x, const void* w, int64_t out, int64_t i0, int64_t i1, float* p);
@@ -30,6 +34,10 @@ struct GemvTable {
 // is exact in f32, so only the order of the additions differs from vdpbf16ps).
 struct GemvBf16Dot {
   void (*out_in)(const uint32_t* xp, const uint16_t* w, int64_t in, int64_t o0, int64_t o1, float* y);
+  // The same for `rows` rows of pairs (stride ldxp pairs) into rows of y (stride ldy); bit for bit
+  // out_in's result on each row alone.
+  void (*out_in_rows)(const uint32_t* xp, int64_t ldxp, int64_t rows, const uint16_t* w, int64_t in, int64_t o0,
+                      int64_t o1, float* y, int64_t ldy);
 };
 const GemvBf16Dot& gemv_bf16_dot_avx512bf16();
 // The bf16 dot GEMV where this CPU (and the chosen ISA) has the bf16 dot GEMM, else null.

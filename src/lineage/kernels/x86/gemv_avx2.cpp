@@ -42,6 +42,7 @@ struct Avx2 {
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
   }
   static void prefetch_stream(const char* p) { _mm_prefetch(p, _MM_HINT_NTA); }
+  static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
 };
 }  // namespace
 

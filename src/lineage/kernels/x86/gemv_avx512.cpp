@@ -34,6 +34,7 @@ struct Avx512 {
   static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
   static float sum(Vec v) { return _mm512_reduce_add_ps(v); }
   static void prefetch_stream(const char* p) { _mm_prefetch(p, _MM_HINT_NTA); }
+  static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
 };
 }  // namespace
 

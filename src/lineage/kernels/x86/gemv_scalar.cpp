@@ -20,6 +20,7 @@ struct Scalar {
   static void store(float* p, Vec v) { *p = v; }
   static float sum(Vec v) { return v; }
   static void prefetch_stream(const char*) {}
+  static void prefetch(const char*) {}
 };
 }  // namespace
 

@@ -75,6 +75,9 @@ inline void stream_ahead(const void* w, int64_t i) {
   for (int64_t b = 0; b < N * kElem; b += 64) S::prefetch_stream(p + b);
 }
 
+template <class S, int DT, int G>
+inline void dot_rows(const float* x, int64_t ldx, const void* w, int64_t in, int64_t o, float* y, int64_t ldy);
+
 template <class S, int DT>
 void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, float* y) {
   // One row at a time, front to back: each thread reads its rows as a single sequential stream,
@@ -103,24 +106,131 @@ void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, f
       }
     }
   }
-  for (int64_t o = o0; o < o1; ++o) {
-    const int64_t row = o * in, head = kPeel ? std::min(in, to_line<S, DT>(w, row)) : 0;
-    const int64_t unroll_end = head + (in - head) / (4 * W) * (4 * W), vec_end = head + (in - head) / W * W;
-    typename S::Vec a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
-    for (int64_t i = 0; i < head; i += W) {
-      const int n = int(std::min<int64_t>(W, head - i));
-      a3 = S::fma(S::load_f32_n(x + i, n), load_n<S, DT>(w, row + i, n), a3);
+  for (int64_t o = o0; o < o1; ++o) dot_rows<S, DT, 1>(x, 0, w, in, o, y + o, 0);
+}
+
+// y[g·ldy] = Σ_i x[g·ldx + i]·W[o, i] for the G rows g of x: row o of W is loaded once per vector
+// and used for all G rows, each with its own accumulators in out_in's exact order (the same peel,
+// unroll, tails and combine), so each row's result is bit for bit what out_in gives it alone.
+template <class S, int DT, int G>
+inline void dot_rows(const float* x, int64_t ldx, const void* w, int64_t in, int64_t o, float* y, int64_t ldy) {
+  constexpr int W = S::kWidth;
+  constexpr bool kPeel = DT == 0;
+  const int64_t row = o * in, head = kPeel ? std::min(in, to_line<S, DT>(w, row)) : 0;
+  const int64_t unroll_end = head + (in - head) / (4 * W) * (4 * W), vec_end = head + (in - head) / W * W;
+  typename S::Vec a[G][4];
+  for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = S::zero();
+  for (int64_t i = 0; i < head; i += W) {
+    const int n = int(std::min<int64_t>(W, head - i));
+    const typename S::Vec wv = load_n<S, DT>(w, row + i, n);
+    for (int g = 0; g < G; ++g) a[g][3] = S::fma(S::load_f32_n(x + g * ldx + i, n), wv, a[g][3]);
+  }
+  int64_t i = head;
+  for (; i < unroll_end; i += 4 * W) {
+    const typename S::Vec w0 = load<S, DT>(w, row + i), w1 = load<S, DT>(w, row + i + W);
+    const typename S::Vec w2 = load<S, DT>(w, row + i + 2 * W), w3 = load<S, DT>(w, row + i + 3 * W);
+    for (int g = 0; g < G; ++g) {
+      const float* xg = x + g * ldx + i;
+      a[g][0] = S::fma(S::load_f32(xg), w0, a[g][0]);
+      a[g][1] = S::fma(S::load_f32(xg + W), w1, a[g][1]);
+      a[g][2] = S::fma(S::load_f32(xg + 2 * W), w2, a[g][2]);
+      a[g][3] = S::fma(S::load_f32(xg + 3 * W), w3, a[g][3]);
     }
-    int64_t i = head;
-    for (; i < unroll_end; i += 4 * W) {
-      a0 = S::fma(S::load_f32(x + i), load<S, DT>(w, row + i), a0);
-      a1 = S::fma(S::load_f32(x + i + W), load<S, DT>(w, row + i + W), a1);
-      a2 = S::fma(S::load_f32(x + i + 2 * W), load<S, DT>(w, row + i + 2 * W), a2);
-      a3 = S::fma(S::load_f32(x + i + 3 * W), load<S, DT>(w, row + i + 3 * W), a3);
+  }
+  for (; i < vec_end; i += W) {
+    const typename S::Vec wv = load<S, DT>(w, row + i);
+    for (int g = 0; g < G; ++g) a[g][0] = S::fma(S::load_f32(x + g * ldx + i), wv, a[g][0]);
+  }
+  if (i < in) {
+    const typename S::Vec wv = load_n<S, DT>(w, row + i, int(in - i));
+    for (int g = 0; g < G; ++g) a[g][1] = S::fma(S::load_f32_n(x + g * ldx + i, int(in - i)), wv, a[g][1]);
+  }
+  for (int g = 0; g < G; ++g) y[g * ldy] = S::sum(S::add(S::add(a[g][0], a[g][1]), S::add(a[g][2], a[g][3])));
+}
+
+// dot_rows for O consecutive weight rows o .. o+O-1 at once, whose rows start at the same place in
+// a cache line (the same head): per accumulator index j of out_in (a0 .. a3), one pass over the
+// rows' vectors j, j + 4, j + 8, ... with an accumulator per (weight row, row of x), so each load of
+// x serves O weight rows and each load of a weight row G rows of x (half a load per FMA at 4 × 4;
+// dot_rows alone needs one and a quarter). Each accumulator sees exactly the terms, in exactly the
+// order, that out_in's does (the head peel first in a3, the whole-vector tail last in a0, the masked
+// tail last in a1), and the four are combined as there: bit for bit out_in's result. The first pass
+// requests the lines the later passes read.
+template <class S, int DT, int G, int O>
+inline void dot_block(const float* x, int64_t ldx, const void* w, int64_t in, int64_t o, int64_t head, float* y,
+                      int64_t ldy) {
+  constexpr int W = S::kWidth;
+  constexpr int64_t kElem = DT == 0 ? 4 : 2;
+  const int64_t unroll_end = head + (in - head) / (4 * W) * (4 * W), vec_end = head + (in - head) / W * W;
+  typename S::Vec part[4][O][G];
+  for (int j = 0; j < 4; ++j) {
+    typename S::Vec acc[O][G];
+    for (int r = 0; r < O; ++r)
+      for (int g = 0; g < G; ++g) acc[r][g] = S::zero();
+    if (j == 3)
+      for (int64_t i = 0; i < head; i += W) {
+        const int n = int(std::min<int64_t>(W, head - i));
+        for (int r = 0; r < O; ++r) {
+          const typename S::Vec wv = load_n<S, DT>(w, (o + r) * in + i, n);
+          for (int g = 0; g < G; ++g) acc[r][g] = S::fma(S::load_f32_n(x + g * ldx + i, n), wv, acc[r][g]);
+        }
+      }
+    for (int64_t i = head + j * W; i < unroll_end; i += 4 * W) {
+      if (j == 0)
+        for (int r = 0; r < O; ++r)
+          for (int k = 1; k < 4; ++k)
+            S::prefetch(static_cast<const char*>(w) + ((o + r) * in + i + k * W) * kElem);
+      typename S::Vec wv[O];
+      for (int r = 0; r < O; ++r) wv[r] = load<S, DT>(w, (o + r) * in + i);
+      for (int g = 0; g < G; ++g) {
+        const typename S::Vec xv = S::load_f32(x + g * ldx + i);
+        for (int r = 0; r < O; ++r) acc[r][g] = S::fma(xv, wv[r], acc[r][g]);
+      }
     }
-    for (; i < vec_end; i += W) a0 = S::fma(S::load_f32(x + i), load<S, DT>(w, row + i), a0);
-    if (i < in) a1 = S::fma(S::load_f32_n(x + i, int(in - i)), load_n<S, DT>(w, row + i, int(in - i)), a1);
-    y[o] = S::sum(S::add(S::add(a0, a1), S::add(a2, a3)));
+    if (j == 0)
+      for (int64_t i = unroll_end; i < vec_end; i += W)
+        for (int r = 0; r < O; ++r) {
+          const typename S::Vec wv = load<S, DT>(w, (o + r) * in + i);
+          for (int g = 0; g < G; ++g) acc[r][g] = S::fma(S::load_f32(x + g * ldx + i), wv, acc[r][g]);
+        }
+    if (j == 1 && vec_end < in)
+      for (int r = 0; r < O; ++r) {
+        const typename S::Vec wv = load_n<S, DT>(w, (o + r) * in + vec_end, int(in - vec_end));
+        for (int g = 0; g < G; ++g)
+          acc[r][g] = S::fma(S::load_f32_n(x + g * ldx + vec_end, int(in - vec_end)), wv, acc[r][g]);
+      }
+    for (int r = 0; r < O; ++r)
+      for (int g = 0; g < G; ++g) part[j][r][g] = acc[r][g];
+  }
+  for (int r = 0; r < O; ++r)
+    for (int g = 0; g < G; ++g)
+      y[g * ldy + r] = S::sum(S::add(S::add(part[0][r][g], part[1][r][g]), S::add(part[2][r][g], part[3][r][g])));
+}
+
+// out_in for `rows` rows of x (row stride ldx) into rows of y (stride ldy), outputs [o0, o1): each
+// weight row is read from memory once for all of them (blocks of four weight rows against four rows
+// of x, dot_block; what is left in dot_rows), and every result equals out_in's on that row alone, bit
+// for bit. Batched decode (a few tokens of different sequences) thereby reads each weight once a step
+// and gives each sequence exactly what it gets decoding alone.
+template <class S, int DT>
+void out_in_rows(const float* x, int64_t ldx, int64_t rows, const void* w, int64_t in, int64_t o0, int64_t o1,
+                 float* y, int64_t ldy) {
+  constexpr bool kPeel = DT == 0;
+  int64_t o = o0;
+  for (; o + 4 <= o1; o += 4) {
+    const int64_t head = kPeel ? std::min(in, to_line<S, DT>(w, o * in)) : 0;
+    bool same = true;
+    for (int r = 1; r < 4 && kPeel; ++r) same = same && std::min(in, to_line<S, DT>(w, (o + r) * in)) == head;
+    int64_t g = 0;
+    if (same)
+      for (; g + 4 <= rows; g += 4) dot_block<S, DT, 4, 4>(x + g * ldx, ldx, w, in, o, head, y + g * ldy + o, ldy);
+    for (int r = 0; r < 4; ++r)
+      for (int64_t h = g; h < rows; ++h) dot_rows<S, DT, 1>(x + h * ldx, 0, w, in, o + r, y + h * ldy + o + r, 0);
+  }
+  for (; o < o1; ++o) {
+    int64_t g = 0;
+    for (; g + 4 <= rows; g += 4) dot_rows<S, DT, 4>(x + g * ldx, ldx, w, in, o, y + g * ldy + o, ldy);
+    for (; g < rows; ++g) dot_rows<S, DT, 1>(x + g * ldx, 0, w, in, o, y + g * ldy + o, 0);
   }
 }
 
@@ -185,6 +295,7 @@ template <class S>
 GemvTable make_table(const char* isa) {
   return GemvTable{isa,
                    {out_in<S, 0>, out_in<S, 1>, out_in<S, 2>},
+                   {out_in_rows<S, 0>, out_in_rows<S, 1>, out_in_rows<S, 2>},
                    {in_out<S, 0>, in_out<S, 1>, in_out<S, 2>},
                    {widen<S, 0>, widen<S, 1>, widen<S, 2>},
                    sum_parts<S>};
