@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
+#include <set>
+#include <sstream>
 
 #include "lineage/io/load_model.h"
 #include "lineage/model/archs/arch.h"
@@ -565,6 +567,130 @@ TEST(Cli, KernelTableFollowsLineageIsa) {
       if (a < b) {
         EXPECT_NE(la, lb) << a << " and " << b << " gave the same bits: the same kernels ran";
       }
+}
+
+
+
+// What `generate --prompt` gives for one request: its tokens and why it stopped.
+struct Alone {
+  std::string text, finish_reason;
+  int64_t generated = 0;
+};
+Alone generate_alone(const io::LoadedModel& lm, const std::string& prompt, int max_tokens, float temperature,
+                     uint64_t seed) {
+  runtime::Session s(lm.model);
+  runtime::GenerateOptions opt;
+  opt.max_tokens = max_tokens;
+  opt.sampling = {temperature, 0, 1.0f, seed};
+  opt.eos = lm.model.config.eos_token_id;
+  const auto st = runtime::generate(s, *lm.tokenizer, lm.tokenizer->encode(prompt), opt, [](std::string_view) {});
+  const bool full_context = s.position() >= lm.model.config.max_positions;
+  return {lm.tokenizer->decode(st.tokens), st.stopped_at_eos ? "stop" : full_context ? "context" : "length",
+          st.generated_tokens};
+}
+
+std::map<int64_t, nlohmann::json> lines_by_index(const std::string& out) {
+  std::map<int64_t, nlohmann::json> by;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(by.count(j["index"].get<int64_t>()), 0u) << "index twice: " << line;
+    by[j["index"].get<int64_t>()] = j;
+  }
+  return by;
+}
+
+
+// Many prompts decoded together (continuous batching: 12 prompts through 4 slots, each finished
+// sequence's slot taken by the next prompt) give each prompt what it gives alone: greedy and sampled
+// with a seed of its own, per-prompt max_tokens, EOS, and a prompt that runs into the context limit.
+TEST(Cli, GeneratePromptsEqualsEachPromptAlone) {
+  const std::string stop_prompt = "The cat sat";
+  const io::LoadedModel plain = io::load_model(tiny_model_with_tokenizer());
+  const auto ids = greedy_ids(plain, stop_prompt, 8);
+  const size_t stop = first_new_id(ids);
+  ASSERT_LT(stop, ids.size());
+  const fs::path dir = tiny_model_with_tokenizer([&](nlohmann::json& c) { c["eos_token_id"] = ids[stop]; });
+  const io::LoadedModel lm = io::load_model(dir);
+  struct P {
+    std::string text;
+    int max_tokens;
+    float temperature;
+    uint64_t seed;
+    bool json;
+  };
+  // Plain lines take the command line's --max-tokens 8 --temperature 0.
+  const std::vector<P> prompts = {
+      {stop_prompt, 8, 0.0f, 0, false},        {"Hello world", 8, 0.0f, 0, false},
+      {"A much longer prompt with more words in it than the others", 8, 0.0f, 0, false},
+      {"Sampled one", 6, 0.9f, 42, true},      {"x", 3, 0.0f, 0, true},
+      {"Sampled two", 7, 1.3f, 7, true},       {"emoji \xF0\x9F\x98\x80 and \"quotes\"", 4, 0.0f, 0, true},
+      {"short", 8, 0.0f, 0, false},            {"Another one", 8, 0.0f, 0, false},
+      {"The dog ran", 100, 0.0f, 0, true},      {"last but one", 2, 0.5f, 3, true},
+      {"final", 8, 0.0f, 0, false}};
+  std::string file;
+  for (const P& p : prompts) {
+    if (!p.json) {
+      file += p.text + "\n";
+      continue;
+    }
+    nlohmann::json j = {{"prompt", p.text}, {"max_tokens", p.max_tokens}};
+    if (p.temperature != 0.0f) j["temperature"] = p.temperature, j["seed"] = p.seed;
+    file += j.dump() + "\n\n";  // blank lines are skipped
+  }
+  const fs::path list = test::temp_dir() / "prompts.jsonl";
+  test::write_text(list, file);
+  const auto r = run_lineage("generate --model " + shell_quote(dir.string()) + " --prompts " +
+                             shell_quote(list.string()) + " --batch 4 --max-tokens 8 --temperature 0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto by = lines_by_index(r.out);
+  ASSERT_EQ(by.size(), prompts.size()) << r.out;
+  std::set<std::string> reasons;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const P& p = prompts[i];
+    const Alone want = generate_alone(lm, p.text, p.max_tokens, p.temperature, p.seed);
+    const nlohmann::json& got = by.at(int64_t(i));
+    EXPECT_EQ(got["text"], want.text) << "prompt " << i << ": " << p.text;
+    EXPECT_EQ(got["generated_tokens"], want.generated) << "prompt " << i;
+    EXPECT_EQ(got["finish_reason"], want.finish_reason) << "prompt " << i;
+    EXPECT_EQ(got["prompt_tokens"], lm.tokenizer->encode(p.text).size()) << "prompt " << i;
+    reasons.insert(want.finish_reason);
+  }
+  EXPECT_EQ(reasons, (std::set<std::string>{"context", "length", "stop"})) << "every way of finishing is covered";
+  EXPECT_NE(r.err.find("12 prompts"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tok/s aggregate"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("at most 4 sequences in one, --batch 4"), std::string::npos) << r.err;
+}
+
+// A prompts file that cannot be read as prompts is an error naming the file, the line and the field.
+TEST(Cli, GeneratePromptsRejectsBadFiles) {
+  const fs::path dir = tiny_model_with_tokenizer();
+  const auto run = [&](const std::string& text, const std::string& extra = "") {
+    const fs::path f = test::temp_dir() / "p.jsonl";
+    test::write_text(f, text);
+    return std::pair{run_lineage("generate --model " + shell_quote(dir.string()) + " --prompts " +
+                                 shell_quote(f.string()) + extra),
+                     f.string()};
+  };
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"ok\n{\"prompt\": \"x\", \"max_tokens\": 0}\n", {"line 2", "\"max_tokens\"", "[1, 16777216]", "found 0"}},
+      {"{\"prompt\": 3}\n", {"line 1", "\"prompt\"", "a string"}},
+      {"{\"max_tokens\": 3}\n", {"line 1", "\"prompt\" is missing"}},
+      {"{\"prompt\": \"a\", \"temp\": 1}\n", {"line 1", "unknown field \"temp\"", "temperature"}},
+      {"{\"prompt\": \"a\"\n", {"line 1", "JSON"}},
+      {"{\"prompt\": \"a\", \"seed\": -1}\n", {"\"seed\"", "integer >= 0"}},
+      {"\n\n", {"no prompts"}},
+  };
+  for (const auto& [text, want] : cases) {
+    const auto [r, file] = run(text);
+    EXPECT_NE(r.exit_code, 0) << text;
+    EXPECT_NE(r.err.find(file), std::string::npos) << r.err;
+    for (const auto& w : want) EXPECT_NE(r.err.find(w), std::string::npos) << "want " << w << " in: " << r.err;
+  }
+  EXPECT_NE(run("a\n", " --batch 0").first.exit_code, 0);
+  const auto both = run_lineage("generate --model " + shell_quote(dir.string()) + " --prompt a --prompts x");
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;
 }
 
 }  // namespace

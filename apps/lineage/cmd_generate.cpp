@@ -1,52 +1,180 @@
-// lineage generate: prompt in, text streamed to stdout, a summary on stderr.
+// lineage generate: one prompt in, text streamed to stdout, a summary on stderr; or, with
+// --prompts FILE, many prompts decoded together (continuous batching), one JSON line per prompt.
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common.h"
 #include "lineage/core/error.h"
+#include "lineage/io/json_read.h"
+#include "lineage/runtime/batch_generate.h"
 #include "lineage/runtime/generate.h"
 
 namespace lineage::app {
 
+namespace {
+
+struct Opts {
+  ModelSource src;
+  std::string prompt, prompts_file;
+  int max_tokens = 64;
+  float temperature = 0.8f, top_p = 1.0f;
+  int top_k = 0;
+  bool ignore_eos = false;
+  int64_t batch = 8, ctx = 0;
+};
+
+std::vector<int32_t> encode_prompt(const io::Tokenizer& tok, const std::string& text) {
+  std::vector<int32_t> ids = tok.encode(text);
+  if (tok.adds_bos() && tok.bos_id()) ids.insert(ids.begin(), *tok.bos_id());
+  return ids;
+}
+
+runtime::GenerateOptions default_options(const Opts& o, const io::LoadedModel& m, const io::Tokenizer& tok) {
+  runtime::GenerateOptions opt;
+  opt.max_tokens = o.max_tokens;
+  opt.sampling = {o.temperature, o.top_k, o.top_p, o.src.seed};
+  if (!o.ignore_eos) opt.eos = m.model.config.eos_token_id ? m.model.config.eos_token_id : tok.eos_id();
+  return opt;
+}
+
+// One prompt per line, or JSON Lines: {"prompt": "...", "max_tokens": N, "temperature": T, "top_k": K,
+// "top_p": P, "seed": S}, every key but "prompt" optional (the command line's values otherwise). A
+// line that starts with '{' is JSON; blank lines are skipped.
+std::vector<runtime::BatchRequest> read_prompts(const std::string& path, const io::Tokenizer& tok,
+                                                const runtime::GenerateOptions& defaults) {
+  const std::string text = io::read_file_text(path);
+  std::vector<runtime::BatchRequest> out;
+  size_t line_no = 0, begin = 0;
+  while (begin <= text.size()) {
+    const size_t end = std::min(text.find('\n', begin), text.size());
+    std::string line = text.substr(begin, end - begin);
+    begin = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) {
+      if (end == text.size()) break;
+      continue;
+    }
+    const std::string where = cat(path, ": line ", line_no);
+    runtime::BatchRequest r;
+    r.options = defaults;
+    std::string prompt = line;
+    if (line[line.find_first_not_of(" \t")] == '{') {
+      const nlohmann::json j = io::parse_json(line, where);
+      if (!j.is_object()) throw Error(cat(where, ": expected a JSON object"));
+      for (const auto& [key, v] : j.items()) {
+        const auto field = [&](const char* what) { return cat(where, ": field \"", key, "\": expected ", what); };
+        if (key == "prompt") {
+          if (!v.is_string()) throw Error(field("a string"));
+          prompt = v.get<std::string>();
+        } else if (key == "max_tokens") {
+          if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (1 << 24))
+            throw Error(cat(field("an integer in [1, 16777216]"), ", found ", v.dump()));
+          r.options.max_tokens = v.get<int>();
+        } else if (key == "temperature") {
+          if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 100)
+            throw Error(cat(field("a number in [0, 100]"), ", found ", v.dump()));
+          r.options.sampling.temperature = v.get<float>();
+        } else if (key == "top_k") {
+          if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (1 << 24))
+            throw Error(cat(field("an integer >= 0"), ", found ", v.dump()));
+          r.options.sampling.top_k = v.get<int>();
+        } else if (key == "top_p") {
+          if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 1)
+            throw Error(cat(field("a number in [0, 1]"), ", found ", v.dump()));
+          r.options.sampling.top_p = v.get<float>();
+        } else if (key == "seed") {
+          if (!v.is_number_unsigned()) throw Error(cat(field("an integer >= 0"), ", found ", v.dump()));
+          r.options.sampling.seed = v.get<uint64_t>();
+        } else {
+          throw Error(cat(where, ": unknown field \"", key,
+                          "\"; expected prompt, max_tokens, temperature, top_k, top_p or seed"));
+        }
+      }
+      if (!j.contains("prompt")) throw Error(cat(where, ": field \"prompt\" is missing"));
+    }
+    r.prompt = encode_prompt(tok, prompt);
+    if (r.prompt.empty()) throw Error(cat(where, ": the prompt encodes to no tokens"));
+    out.push_back(std::move(r));
+    if (end == text.size()) break;
+  }
+  if (out.empty()) throw Error(cat(path, ": no prompts (one per line, or JSON Lines with \"prompt\")"));
+  return out;
+}
+
+void run_many(const Opts& o) {
+  io::LoadedModel m = load(o.src, true);
+  const io::Tokenizer& tok = require_tokenizer(m, "generate");
+  const std::vector<runtime::BatchRequest> requests = read_prompts(o.prompts_file, tok, default_options(o, m, tok));
+  runtime::BatchOptions bo;
+  bo.max_sequences = o.batch;
+  bo.ctx = o.ctx;
+  const auto st = runtime::generate_batch(m.model, requests, bo, [&](runtime::BatchResult&& r) {
+    const nlohmann::json j = {{"index", r.index},
+                              {"text", tok.decode(r.tokens)},
+                              {"prompt_tokens", r.prompt_tokens},
+                              {"generated_tokens", r.tokens.size()},
+                              {"finish_reason", r.finish_reason}};
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::fflush(stdout);
+  });
+  std::fprintf(stderr,
+               "lineage: %zu prompts, %lld prompt tokens, generated %lld tokens in %.2f s: %.1f tok/s aggregate "
+               "(%lld steps, at most %lld sequences in one, --batch %lld)\n",
+               requests.size(), (long long)st.prompt_tokens, (long long)st.generated_tokens, st.seconds,
+               double(st.generated_tokens) / std::max(st.seconds, 1e-9), (long long)st.steps,
+               (long long)st.most_together, (long long)o.batch);
+}
+
+void run_one(const Opts& o) {
+  io::LoadedModel m = load(o.src, true);
+  const io::Tokenizer& tok = require_tokenizer(m, "generate");
+  const std::vector<int32_t> prompt = encode_prompt(tok, o.prompt);
+  runtime::Session session(m.model);
+  const auto st = runtime::generate(session, tok, prompt, default_options(o, m, tok), [](std::string_view text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::printf("\n");
+  std::fprintf(stderr,
+               "lineage: prompt %lld tokens, generated %lld tokens%s; prefill %.1f tok/s, decode %.1f tok/s\n",
+               (long long)st.prompt_tokens, (long long)st.generated_tokens, st.stopped_at_eos ? " (stopped at EOS)" : "",
+               st.prompt_tokens / std::max(st.prefill_seconds, 1e-9),
+               st.generated_tokens > 1 ? (st.generated_tokens - 1) / std::max(st.decode_seconds, 1e-9) : 0.0);
+}
+
+}  // namespace
+
 void add_generate(CLI::App& app) {
-  struct Opts {
-    ModelSource src;
-    std::string prompt;
-    int max_tokens = 64;
-    float temperature = 0.8f, top_p = 1.0f;
-    int top_k = 0;
-    bool ignore_eos = false;
-  };
   static Opts o;
-  auto* cmd = app.add_subcommand("generate", "generate text from a prompt, streamed to stdout");
+  auto* cmd = app.add_subcommand("generate", "generate text from a prompt, streamed to stdout; or from many prompts "
+                                             "decoded together (--prompts), one JSON line each");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
   add_bf16_options(*cmd, o.src);
-  cmd->add_option("--prompt", o.prompt, "prompt text")->required();
+  auto* one = cmd->add_option("--prompt", o.prompt, "prompt text");
+  auto* many = cmd->add_option("--prompts", o.prompts_file,
+                               "file of prompts, one per line, or JSON Lines with \"prompt\" and optional "
+                               "max_tokens, temperature, top_k, top_p, seed; decoded together, one JSON line "
+                               "each on stdout (index, text, prompt_tokens, generated_tokens, finish_reason)");
+  one->excludes(many);
+  many->excludes(one);
+  cmd->add_option("--batch", o.batch, "--prompts: sequences decoding together at most (default 8)")
+      ->check(CLI::Range(int64_t(1), int64_t(4096)))
+      ->needs(many);
+  cmd->add_option("--ctx", o.ctx, "--prompts: positions per sequence allocated up front (default: grow on demand)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 31))
+      ->needs(many);
   cmd->add_option("--max-tokens", o.max_tokens, "tokens to generate at most")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--temperature", o.temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));
   cmd->add_option("--top-k", o.top_k, "keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", o.top_p, "nucleus sampling mass (1 = off)")->check(CLI::Range(0.0f, 1.0f));
   cmd->add_flag("--ignore-eos", o.ignore_eos, "do not stop at the end-of-sequence token");
-  cmd->callback([] {
-    io::LoadedModel m = load(o.src, true);
-    const io::Tokenizer& tok = require_tokenizer(m, "generate");
-    std::vector<int32_t> prompt = tok.encode(o.prompt);
-    if (tok.adds_bos() && tok.bos_id()) prompt.insert(prompt.begin(), *tok.bos_id());
-    runtime::GenerateOptions opt;
-    opt.max_tokens = o.max_tokens;
-    opt.sampling = {o.temperature, o.top_k, o.top_p, o.src.seed};
-    if (!o.ignore_eos) opt.eos = m.model.config.eos_token_id ? m.model.config.eos_token_id : tok.eos_id();
-    runtime::Session session(m.model);
-    const auto st = runtime::generate(session, tok, prompt, opt, [](std::string_view text) {
-      std::fwrite(text.data(), 1, text.size(), stdout);
-      std::fflush(stdout);
-    });
-    std::printf("\n");
-    std::fprintf(stderr,
-                 "lineage: prompt %lld tokens, generated %lld tokens%s; prefill %.1f tok/s, decode %.1f tok/s\n",
-                 (long long)st.prompt_tokens, (long long)st.generated_tokens, st.stopped_at_eos ? " (stopped at EOS)" : "",
-                 st.prompt_tokens / std::max(st.prefill_seconds, 1e-9),
-                 st.generated_tokens > 1 ? (st.generated_tokens - 1) / std::max(st.decode_seconds, 1e-9) : 0.0);
+  cmd->callback([one, many] {
+    if (!one->count() && !many->count()) throw Error("generate needs --prompt TEXT or --prompts FILE");
+    if (!o.prompts_file.empty()) run_many(o);
+    else run_one(o);
   });
 }
 
