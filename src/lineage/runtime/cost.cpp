@@ -1,6 +1,5 @@
 #include "lineage/runtime/cost.h"
 
-#include <type_traits>
 
 namespace lineage::runtime {
 
@@ -33,26 +32,7 @@ DecodeBytes decode_bytes_per_token(model::Model& m, double context, DType unallo
 
 double mixer_flops_per_token(const model::Model& m, double context) {
   double f = 0;
-  for (const auto& block : m.blocks)
-    std::visit(
-        [&](const auto& mixer) {
-          using T = std::decay_t<decltype(mixer)>;
-          const auto& c = mixer.config;
-          if constexpr (std::is_same_v<T, layers::Attention>) {
-            f += 4.0 * double(c.d_model) * context;
-          } else {
-            static_assert(std::is_same_v<T, layers::DeltaRule>, "mixer_flops_per_token: count this mixer's work");
-            const double kv = double(c.n_v_heads) * double(c.head_k) * double(c.head_v);
-            f += kv * (4.0 + (c.delta ? 2.0 : 0.0) + (c.decay != layers::DeltaRule::DecayInput::None ? 1.0 : 0.0));
-            if (c.qk_map == layers::DeltaRule::FeatureMap::ElementwiseProduct) {
-              // Two [K, K] layers with biases for q and for k, applied to each of the H heads; the
-              // weight count covers one application.
-              const double K = double(c.head_k);
-              f += 2.0 * double(c.n_heads - 1) * 2.0 * (2.0 * K * K + 2.0 * K);
-            }
-          }
-        },
-        block.mixer);
+  for (const auto& block : m.blocks) f += std::visit([&](const auto& mixer) { return mixer.flops_per_token(context); }, block.mixer);
   return f;
 }
 

@@ -32,12 +32,9 @@ struct PrefillFlops {
 };
 PrefillFlops prefill_flops_per_token(model::Model& m, int64_t tokens, int64_t depth);
 
-// FLOPs of the token mixers for one token that attends `context` positions, all layers. Softmax
-// attention: q·k and p·v over the context, 4·D·context. Delta-rule family, counted in its
-// recurrent form per value head: read qᵀS and write k uᵀ (2·K·V each), the delta rule's
-// prediction kᵀS (2·K·V), the decay (K·V multiplies); the chunked kernel does more than this.
-// A product feature map's [K, K] weights run once per q/k head, H − 1 times more than their
-// 2 FLOP per parameter in prefill_flops_per_token's weights term: the difference counts here.
+// FLOPs of the token mixers for one token that attends `context` positions, all layers: each
+// mixer's own flops_per_token (softmax attention 4·D·context; the delta-rule family's recurrence,
+// the same at any context; their definitions beside them in layers/mixers/).
 double mixer_flops_per_token(const model::Model& m, double context);
 
 // Mean context a decode step attends when `gen` tokens are decoded after `depth`: step i (from 0)

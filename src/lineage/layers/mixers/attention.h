@@ -51,6 +51,9 @@ struct Attention {
   State new_state() const { return State{}; }
   size_t state_bytes_per_token() const { return 2 * size_t(config.d_model) * sizeof(float); }
   size_t state_bytes_fixed() const { return 0; }
+  // The mixer's own FLOPs for one token that attends `context` positions, beyond its weights' 2 per
+  // parameter: q·k and p·v over the context, 4·D·context.
+  double flops_per_token(double context) const { return 4.0 * double(config.d_model) * context; }
   std::string describe() const;
 };
 

@@ -180,6 +180,19 @@ size_t DeltaRule::state_bytes_fixed() const {
   return n * sizeof(float);
 }
 
+double DeltaRule::flops_per_token(double) const {
+  const Config& c = config;
+  const double kv = double(c.n_v_heads) * double(c.head_k) * double(c.head_v);
+  double f = kv * (4.0 + (c.delta ? 2.0 : 0.0) + (c.decay != DecayInput::None ? 1.0 : 0.0));
+  if (c.qk_map == FeatureMap::ElementwiseProduct) {
+    // Two [K, K] layers with biases for q and for k, applied to each of the H heads; the weight
+    // count covers one application.
+    const double K = double(c.head_k);
+    f += 2.0 * double(c.n_heads - 1) * 2.0 * (2.0 * K * K + 2.0 * K);
+  }
+  return f;
+}
+
 std::string DeltaRule::describe() const {
   const Config& c = config;
   std::string s = c.kind + ", " + std::to_string(c.n_heads) + " heads";

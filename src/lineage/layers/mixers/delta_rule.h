@@ -106,6 +106,12 @@ struct DeltaRule {
   State new_state() const;
   size_t state_bytes_per_token() const { return 0; }
   size_t state_bytes_fixed() const;
+  // The mixer's own FLOPs for one token beyond its weights' 2 per parameter (the same at any
+  // context), counted in the recurrent form per value head: read qᵀS and write k uᵀ (2·K·V each),
+  // the delta rule's prediction kᵀS (2·K·V), the decay (K·V multiplies); the chunked kernel does
+  // more than this. A product feature map's [K, K] weights run once per q/k head, H − 1 times more
+  // than their 2 FLOP per parameter: the difference counts here.
+  double flops_per_token(double context) const;
   std::string describe() const;
 };
 
