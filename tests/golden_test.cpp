@@ -318,12 +318,12 @@ TEST(GoldenGpt2, OwnedWeightsGiveTheMappedLogits) {
       const auto& oa = std::get<layers::Attention>(owned.model.blocks[i].mixer).weights;
       const auto& mf = std::get<layers::Mlp>(mapped.model.blocks[i].ffn).weights;
       const auto& of = std::get<layers::Mlp>(owned.model.blocks[i].ffn).weights;
-      EXPECT_EQ(ma.layout, kernels::Layout::InOut);
-      EXPECT_EQ(oa.layout, kernels::Layout::OutIn);
-      EXPECT_EQ(mf.layout, kernels::Layout::InOut);
-      EXPECT_EQ(of.layout, kernels::Layout::OutIn);
-      EXPECT_EQ(oa.c_attn_weight.shape(), (Shape{ma.c_attn_weight.dim(1), ma.c_attn_weight.dim(0)}));
-      EXPECT_EQ(of.c_proj_weight.shape(), (Shape{mf.c_proj_weight.dim(1), mf.c_proj_weight.dim(0)}));
+      EXPECT_EQ(ma.c_attn.layout, kernels::Layout::InOut);
+      EXPECT_EQ(oa.c_attn.layout, kernels::Layout::OutIn);
+      EXPECT_EQ(mf.c_fc.layout, kernels::Layout::InOut);
+      EXPECT_EQ(of.c_fc.layout, kernels::Layout::OutIn);
+      EXPECT_EQ(oa.c_attn.data.shape(), (Shape{ma.c_attn.data.dim(1), ma.c_attn.data.dim(0)}));
+      EXPECT_EQ(of.c_proj.data.shape(), (Shape{mf.c_proj.data.dim(1), mf.c_proj.data.dim(0)}));
     }
     // Decode: the same tokens one at a time through the [in, out] and the [out, in] GEMVs.
     runtime::Session c(mapped.model), d(owned.model);

@@ -1,4 +1,5 @@
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/matrix.h"
 
 #include <cblas.h>
 
@@ -395,6 +396,40 @@ void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs) {
     return;
   }
   gemv_group(x, outs);
+}
+
+MatrixFormat Matrix::format() const {
+  switch (data.dtype()) {
+    case DType::F32: return MatrixFormat::F32;
+    case DType::F16: return MatrixFormat::F16;
+    case DType::BF16: return MatrixFormat::BF16;
+    case DType::U8: if (scales.defined()) return MatrixFormat::MXFP4; [[fallthrough]];
+    default: LINEAGE_CHECK(false, "a weight matrix of ", dtype_name(data.dtype()), " data has no format");
+  }
+  return MatrixFormat::F32;
+}
+
+// The one place the linear kernels dispatch on a matrix's format.
+Weight Matrix::view(bool bf16_dot) const {
+  switch (format()) {
+    case MatrixFormat::F32:
+    case MatrixFormat::F16:
+    case MatrixFormat::BF16: break;
+    case MatrixFormat::MXFP4:
+      throw Error("MXFP4 weight matrices bind, but their kernels come with Kimi K3 (not implemented yet)");
+  }
+  return {&data, layout, bf16_dot};
+}
+
+void linear(const float* x, int64_t T, const Matrix& W, const Tensor* bias, float* y, std::optional<Activation> act,
+            bool bf16_dot) {
+  linear(x, T, W.view(bf16_dot), bias, y, act);
+}
+
+void store_out_in(Matrix& W) {
+  if (W.layout == Layout::OutIn || !W.data.defined()) return;
+  W.data = transposed(W.data);
+  W.layout = Layout::OutIn;
 }
 
 }  // namespace lineage::kernels

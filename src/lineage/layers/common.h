@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "lineage/core/tensor.h"
+#include "lineage/kernels/matrix.h"
 
 namespace lineage::layers {
 
@@ -24,6 +25,16 @@ enum class Init : uint8_t { Normal, Ones, Zeros, Custom };
 // Visitor signature of every Weights::for_each_tensor: f(name, tensor, expected shape, init).
 // Names are the checkpoint's own, relative to the block's prefix.
 using TensorVisitor = std::function<void(const std::string& name, Tensor& t, const Shape& shape, Init init)>;
+// Visitor of every weight matrix of a layer (model::prepare transposes the [in, out] ones it owns).
+using MatrixVisitor = std::function<void(kernels::Matrix& m)>;
+
+// A weight matrix of logical shape [out, in] under its checkpoint name: sets the shape and visits
+// its data with the shape its format and layout store (and, for a packed format, its scales).
+inline void visit_matrix(const TensorVisitor& f, const std::string& name, kernels::Matrix& m, int64_t out, int64_t in,
+                         Init init = Init::Normal) {
+  m.out = out, m.in = in;
+  f(name, m.data, kernels::stored_shape(m.layout, in, out), init);
+}
 
 // The unit of every forward: N tokens from B sequences. Sequence b owns tokens
 // [seq_begin[b], seq_begin[b + 1]) (fla's cu_seqlens), continues the state in pool slot slots[b] and

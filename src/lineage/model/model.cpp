@@ -292,8 +292,9 @@ void prepare(Model& m, bool owned) {
   for (Block& b : m.blocks) {
     if (auto* d = std::get_if<layers::DeltaRule>(&b.mixer)) d->prepare();
     if (!owned) continue;
-    if (auto* a = std::get_if<layers::Attention>(&b.mixer)) layers::store_out_in(*a);
-    if (auto* f = std::get_if<layers::Mlp>(&b.ffn)) layers::store_out_in(*f);
+    const layers::MatrixVisitor to_out_in = [](kernels::Matrix& w) { kernels::store_out_in(w); };
+    std::visit([&](auto& mixer) { mixer.for_each_matrix(to_out_in); }, b.mixer);
+    std::visit([&](auto& ffn) { ffn.for_each_matrix(to_out_in); }, b.ffn);
   }
 }
 

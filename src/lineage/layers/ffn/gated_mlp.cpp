@@ -10,9 +10,9 @@ namespace lineage::layers {
 
 void GatedMlp::for_each_tensor(const std::string& p, const TensorVisitor& f) {
   const int64_t D = config.d_model, F = config.hidden;
-  f(p + ".gate_proj.weight", weights.gate_proj, {F, D}, Init::Normal);
-  f(p + ".up_proj.weight", weights.up_proj, {F, D}, Init::Normal);
-  f(p + ".down_proj.weight", weights.down_proj, {D, F}, Init::Normal);
+  visit_matrix(f, p + ".gate_proj.weight", weights.gate_proj, F, D);
+  visit_matrix(f, p + ".up_proj.weight", weights.up_proj, F, D);
+  visit_matrix(f, p + ".down_proj.weight", weights.down_proj, D, F);
 }
 
 std::string GatedMlp::describe() const {
@@ -26,8 +26,8 @@ void forward(const GatedMlp& m, const Call& call, const float* x, float* y, Gate
   const bool dot = call.options.bf16_dot;
   float* g = buf.gate.get(size_t(T) * F);
   float* u = buf.up.get(size_t(T) * F);
-  const kernels::LinearOut gate_up[] = {{{&m.weights.gate_proj, kernels::Layout::OutIn, dot}, nullptr, g},
-                                        {{&m.weights.up_proj, kernels::Layout::OutIn, dot}, nullptr, u}};
+  const kernels::LinearOut gate_up[] = {{m.weights.gate_proj.view(dot), nullptr, g},
+                                        {m.weights.up_proj.view(dot), nullptr, u}};
   kernels::linear_group(x, T, gate_up);
   // g ← SiLU(g) ⊙ u, one pass over the rows split across the threads (prefill).
   const auto gate = [&](int64_t t0, int64_t t1) {
@@ -38,7 +38,7 @@ void forward(const GatedMlp& m, const Call& call, const float* x, float* y, Gate
   };
   if (T > 1) parallel_for(T, gate, grain_for(20 * F));
   else gate(0, T);  // one token: no std::function to build
-  kernels::linear(g, T, {&m.weights.down_proj, kernels::Layout::OutIn, dot}, nullptr, y);
+  kernels::linear(g, T, m.weights.down_proj, nullptr, y, std::nullopt, dot);
   trace("mlp.out", y, {T, m.config.d_model});
 }
 

@@ -11,9 +11,9 @@ struct GatedMlp {
     int64_t d_model = 0, hidden = 0;  // D, F
   };
   struct Weights {
-    Tensor gate_proj;  // [F, D]
-    Tensor up_proj;    // [F, D]
-    Tensor down_proj;  // [D, F]
+    kernels::Matrix gate_proj;  // [F, D]
+    kernels::Matrix up_proj;    // [F, D]
+    kernels::Matrix down_proj;  // [D, F]
   };
   struct Buffers {
     Buffer gate, up;  // [N, F] each
@@ -21,6 +21,7 @@ struct GatedMlp {
   Config config;
   Weights weights;
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
+  void for_each_matrix(const MatrixVisitor& f) { f(weights.gate_proj), f(weights.up_proj), f(weights.down_proj); }
   std::string describe() const;
 };
 

@@ -15,26 +15,19 @@ std::string Mlp::describe() const {
 
 void Mlp::for_each_tensor(const std::string& prefix, const TensorVisitor& f) {
   const int64_t D = config.d_model, F = config.hidden;
-  f(prefix + ".c_fc.weight", weights.c_fc_weight, kernels::stored_shape(weights.layout, D, F), Init::Normal);
+  visit_matrix(f, prefix + ".c_fc.weight", weights.c_fc, F, D);
   f(prefix + ".c_fc.bias", weights.c_fc_bias, {F}, Init::Zeros);
-  f(prefix + ".c_proj.weight", weights.c_proj_weight, kernels::stored_shape(weights.layout, F, D), Init::Normal);
+  visit_matrix(f, prefix + ".c_proj.weight", weights.c_proj, D, F);
   f(prefix + ".c_proj.bias", weights.c_proj_bias, {D}, Init::Zeros);
-}
-
-void store_out_in(Mlp& m) {
-  if (m.weights.layout == kernels::Layout::OutIn) return;
-  m.weights.c_fc_weight = transposed(m.weights.c_fc_weight);
-  m.weights.c_proj_weight = transposed(m.weights.c_proj_weight);
-  m.weights.layout = kernels::Layout::OutIn;
 }
 
 void forward(const Mlp& m, const Call& call, const float* x, float* y, Mlp::Buffers& buf, const Trace& trace) {
   const int64_t D = m.config.d_model, F = m.config.hidden, T = call.step.n_tokens();
   const bool dot = call.options.bf16_dot;
   float* h = buf.hidden.get(size_t(T) * F);
-  kernels::linear(x, T, {&m.weights.c_fc_weight, m.weights.layout, dot}, &m.weights.c_fc_bias, h, m.config.act);
+  kernels::linear(x, T, m.weights.c_fc, &m.weights.c_fc_bias, h, m.config.act, dot);
   trace("mlp.act", h, {T, F});
-  kernels::linear(h, T, {&m.weights.c_proj_weight, m.weights.layout, dot}, &m.weights.c_proj_bias, y);
+  kernels::linear(h, T, m.weights.c_proj, &m.weights.c_proj_bias, y, std::nullopt, dot);
   trace("mlp.out", y, {T, D});
 }
 

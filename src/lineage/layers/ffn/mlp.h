@@ -13,12 +13,10 @@ struct Mlp {
     kernels::Activation act = kernels::Activation::GeluTanh;
   };
   struct Weights {
-    Tensor c_fc_weight;    // [D, F] Conv1D [in, out]
-    Tensor c_fc_bias;      // [F]
-    Tensor c_proj_weight;  // [F, D] Conv1D [in, out]
-    Tensor c_proj_bias;    // [D]
-    // How c_fc and c_proj are stored: as checkpoints have them, or [out, in] after store_out_in.
-    kernels::Layout layout = kernels::Layout::InOut;
+    kernels::Matrix c_fc;    // [F, D] (GPT-2 stores Conv1D [in, out])
+    Tensor c_fc_bias;        // [F]
+    kernels::Matrix c_proj;  // [D, F]
+    Tensor c_proj_bias;      // [D]
   };
   struct Buffers {
     Buffer hidden;  // [N, F]
@@ -26,11 +24,9 @@ struct Mlp {
   Config config;
   Weights weights;
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
+  void for_each_matrix(const MatrixVisitor& f) { f(weights.c_fc), f(weights.c_proj); }
   std::string describe() const;
 };
-
-// Transposes c_fc and c_proj into owned [out, in] tensors (no-op when they are already).
-void store_out_in(Mlp& m);
 
 // y[N, D] = c_proj(act(c_fc(x))) over the step's N rows. y must not alias x. Traces mlp.act, mlp.out.
 void forward(const Mlp& m, const Call& call, const float* x, float* y, Mlp::Buffers& buf, const Trace& trace);

@@ -78,17 +78,10 @@ std::string Attention::describe() const {
 
 void Attention::for_each_tensor(const std::string& prefix, const TensorVisitor& f) {
   const int64_t D = config.d_model;
-  f(prefix + ".c_attn.weight", weights.c_attn_weight, kernels::stored_shape(weights.layout, D, 3 * D), Init::Normal);
+  visit_matrix(f, prefix + ".c_attn.weight", weights.c_attn, 3 * D, D);
   f(prefix + ".c_attn.bias", weights.c_attn_bias, {3 * D}, Init::Zeros);
-  f(prefix + ".c_proj.weight", weights.c_proj_weight, kernels::stored_shape(weights.layout, D, D), Init::Normal);
+  visit_matrix(f, prefix + ".c_proj.weight", weights.c_proj, D, D);
   f(prefix + ".c_proj.bias", weights.c_proj_bias, {D}, Init::Zeros);
-}
-
-void store_out_in(Attention& a) {
-  if (a.weights.layout == kernels::Layout::OutIn) return;
-  a.weights.c_attn_weight = transposed(a.weights.c_attn_weight);
-  a.weights.c_proj_weight = transposed(a.weights.c_proj_weight);
-  a.weights.layout = kernels::Layout::OutIn;
 }
 
 void Attention::State::reserve(int64_t H, int64_t hd, int64_t positions) {
@@ -107,7 +100,7 @@ void forward(const Attention& a, const Call& call, const float* x, std::span<Att
   const bool dot = call.options.bf16_dot;
   float* qkv = buf.qkv.get(size_t(N) * 3 * D);
   float* ctx = buf.context.get(size_t(N) * D);
-  kernels::linear(x, N, {&a.weights.c_attn_weight, a.weights.layout, dot}, &a.weights.c_attn_bias, qkv);
+  kernels::linear(x, N, a.weights.c_attn, &a.weights.c_attn_bias, qkv, std::nullopt, dot);
   trace("attn.qkv", qkv, {N, 3 * D});
 
   buf.seqs.clear();
@@ -133,7 +126,7 @@ void forward(const Attention& a, const Call& call, const float* x, std::span<Att
   const float scale = a.config.scale_attn_weights ? 1.0f / std::sqrt(float(hd)) : 1.0f;
   kernels::attention_causal(buf.seqs, {H, hd, hd, scale});
   trace("attn.context", ctx, {N, D});
-  kernels::linear(ctx, N, {&a.weights.c_proj_weight, a.weights.layout, dot}, &a.weights.c_proj_bias, y);
+  kernels::linear(ctx, N, a.weights.c_proj, &a.weights.c_proj_bias, y, std::nullopt, dot);
   trace("attn.out", y, {N, D});
 }
 

@@ -14,12 +14,10 @@ struct Attention {
     bool scale_attn_weights = true;  // scores / sqrt(head_dim)
   };
   struct Weights {
-    Tensor c_attn_weight;  // [D, 3D] Conv1D [in, out]: columns q | k | v, head h at h*hd within each
-    Tensor c_attn_bias;    // [3D]
-    Tensor c_proj_weight;  // [D, D] Conv1D [in, out]
-    Tensor c_proj_bias;    // [D]
-    // How c_attn and c_proj are stored: as checkpoints have them, or [out, in] after store_out_in.
-    kernels::Layout layout = kernels::Layout::InOut;
+    kernels::Matrix c_attn;  // [3D, D]: outputs q | k | v, head h at h*hd within each (GPT-2 stores Conv1D [in, out])
+    Tensor c_attn_bias;      // [3D]
+    kernels::Matrix c_proj;  // [D, D]
+    Tensor c_proj_bias;      // [D]
   };
   // The KV cache. k, v: [H, capacity, hd] f32 (head-major so one head's keys are contiguous for
   // decode); rows 0 .. length-1 valid. Grows by doubling; bytes() counts what is in use.
@@ -48,6 +46,7 @@ struct Attention {
   Weights weights;
 
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
+  void for_each_matrix(const MatrixVisitor& f) { f(weights.c_attn), f(weights.c_proj); }
   State new_state() const { return State{}; }
   size_t state_bytes_per_token() const { return 2 * size_t(config.d_model) * sizeof(float); }
   size_t state_bytes_fixed() const { return 0; }
@@ -56,9 +55,6 @@ struct Attention {
   double flops_per_token(double context) const { return 4.0 * double(config.d_model) * context; }
   std::string describe() const;
 };
-
-// Transposes c_attn and c_proj into owned [out, in] tensors (no-op when they are already).
-void store_out_in(Attention& a);
 
 // y[N, D] = attention of x[N, D] (already normalized, the step's N tokens): sequence b of the step
 // attends its own cached past, states[b], and appends its tokens' keys and values to it. The

@@ -33,12 +33,12 @@ void apply_map(DeltaRule::FeatureMap m, float* x, int64_t n) {
 }
 
 // fla HadamardFeatureMap on rows of K: x ← (x·W2ᵀ + b2) ⊙ (x·W1ᵀ + b1).
-void product_map(float* x, int64_t rows, int64_t K, const Tensor& w1, const Tensor& b1, const Tensor& w2,
-                 const Tensor& b2, bool dot, DeltaRule::Buffers& buf) {
+void product_map(float* x, int64_t rows, int64_t K, const kernels::Matrix& w1, const Tensor& b1,
+                 const kernels::Matrix& w2, const Tensor& b2, bool dot, DeltaRule::Buffers& buf) {
   float* a = buf.feature_a.get(size_t(rows) * K);
   float* b = buf.feature_b.get(size_t(rows) * K);
-  kernels::linear(x, rows, {&w1, kernels::Layout::OutIn, dot}, &b1, a);
-  kernels::linear(x, rows, {&w2, kernels::Layout::OutIn, dot}, &b2, b);
+  kernels::linear(x, rows, w1, &b1, a, std::nullopt, dot);
+  kernels::linear(x, rows, w2, &b2, b, std::nullopt, dot);
   for (int64_t i = 0; i < rows * K; ++i) x[i] = a[i] * b[i];
 }
 
@@ -104,7 +104,10 @@ void DeltaRule::for_each_tensor(const std::string& p, const TensorVisitor& f) {
   const Config& c = config;
   const int64_t D = c.d_model, H = c.n_heads, KVH = c.n_kv_heads, HV = c.n_v_heads, K = c.head_k, V = c.head_v;
   const int64_t v_rows = c.delta ? HV * V : KVH * V;
-  const auto proj = [&](const std::string& name, Tensor& t, Shape s) { f(p + "." + name, t, s, Init::Normal); };
+  const auto proj = [&](const std::string& name, kernels::Matrix& m, Shape s) {
+    visit_matrix(f, p + "." + name, m, s[0], s[1]);
+  };
+  const auto conv = [&](const std::string& name, Tensor& t, Shape s) { f(p + "." + name, t, s, Init::Normal); };
   if (c.qk_map == FeatureMap::ElementwiseProduct) {
     for (auto [which, w1, b1, w2, b2] :
          {std::tuple{"q", &weights.fm_q1_w, &weights.fm_q1_b, &weights.fm_q2_w, &weights.fm_q2_b},
@@ -120,9 +123,9 @@ void DeltaRule::for_each_tensor(const std::string& p, const TensorVisitor& f) {
   proj("k_proj.weight", weights.k_proj, {KVH * K, D});
   proj("v_proj.weight", weights.v_proj, {v_rows, D});
   if (c.conv_size > 0) {
-    proj("q_conv1d.weight", weights.q_conv, {H * K, 1, c.conv_size});
-    proj("k_conv1d.weight", weights.k_conv, {H * K, 1, c.conv_size});
-    proj("v_conv1d.weight", weights.v_conv, {HV * V, 1, c.conv_size});
+    conv("q_conv1d.weight", weights.q_conv, {H * K, 1, c.conv_size});
+    conv("k_conv1d.weight", weights.k_conv, {H * K, 1, c.conv_size});
+    conv("v_conv1d.weight", weights.v_conv, {HV * V, 1, c.conv_size});
   }
   if (c.has_beta) proj("b_proj.weight", weights.b_proj, {HV, D});
   if (c.decay == DecayInput::PerHeadProj) {
@@ -153,6 +156,13 @@ DeltaRule::State DeltaRule::new_state() const {
   if (c.conv_size > 0)
     s.conv_tail = Tensor::zeros(DType::F32, {c.conv_size - 1, 2 * c.n_heads * c.head_k + c.n_v_heads * c.head_v});
   return s;
+}
+
+void DeltaRule::for_each_matrix(const MatrixVisitor& f) {
+  Weights& w = weights;
+  for (kernels::Matrix* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.fm_q1_w, &w.fm_q2_w, &w.fm_k1_w, &w.fm_k2_w, &w.b_proj,
+                             &w.a_proj, &w.f_a, &w.f_b, &w.g_proj, &w.g_a, &w.g_b, &w.o_proj})
+    if (m->data.defined()) f(*m);
 }
 
 void DeltaRule::prepare() {
@@ -217,7 +227,7 @@ struct Pass {
   bool one_token;         // one sequence, one token: every projection in one GEMV region
   float *raw, *qkv, *q, *k, *v, *beta, *decay, *low_decay, *gate, *low_gate, *core;
 
-  kernels::Weight lin(const Tensor& w) const { return {&w, kernels::Layout::OutIn, call.options.bf16_dot}; }
+  kernels::Weight lin(const kernels::Matrix& w) const { return w.view(call.options.bf16_dot); }
   bool per_channel() const { return m.config.decay == DeltaRule::DecayInput::PerChannelLowRank; }
   bool swish_gate() const { return m.config.out_gate == DeltaRule::OutGate::Swish; }
   bool low_rank_gate() const { return m.config.out_gate == DeltaRule::OutGate::SigmoidLowRank; }
@@ -258,9 +268,10 @@ void project(Pass& p, const float* x) {
   if (!p.one_token) {
     const int64_t N = p.N;
     float* tmp = p.buf.staging.get(size_t(N) * std::max({p.Cq, p.Ck, p.Cv}));
-    const std::pair<const Tensor*, int64_t> parts[] = {{&w.q_proj, 0}, {&w.k_proj, p.Cq}, {&w.v_proj, p.Cq + p.Ck}};
+    const std::pair<const kernels::Matrix*, int64_t> parts[] = {
+        {&w.q_proj, 0}, {&w.k_proj, p.Cq}, {&w.v_proj, p.Cq + p.Ck}};
     for (const auto& [wt, off] : parts) {
-      const int64_t n = wt->dim(0), C = p.C;
+      const int64_t n = wt->out, C = p.C;
       float* raw = p.raw;
       kernels::linear(x, N, p.lin(*wt), nullptr, tmp);
       // `off` by init-capture: clang before 16 cannot capture a structured binding.

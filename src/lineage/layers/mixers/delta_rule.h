@@ -53,19 +53,20 @@ struct DeltaRule {
   };
 
   struct Weights {
-    Tensor q_proj, k_proj, v_proj;           // [H*K, D], [KVH*K, D], [KVH*V or HV*V, D]
+    kernels::Matrix q_proj, k_proj, v_proj;  // [H*K, D], [KVH*K, D], [KVH*V or HV*V, D]
     Tensor q_conv, k_conv, v_conv;           // [channels, 1, W]
-    Tensor fm_q1_w, fm_q1_b, fm_q2_w, fm_q2_b;  // feature_map_q.layer{1,2}: [K, K], [K]
-    Tensor fm_k1_w, fm_k1_b, fm_k2_w, fm_k2_b;  // feature_map_k.layer{1,2}
-    Tensor b_proj;                           // [HV, D] (DeltaNet: [H, D], H = HV)
-    Tensor a_proj;                           // [HV, D] (GDN)
-    Tensor f_a, f_b;                         // [V, D], [HV*K, V] (KDA low-rank gate input)
+    kernels::Matrix fm_q1_w, fm_q2_w, fm_k1_w, fm_k2_w;  // feature_map_{q,k}.layer{1,2}: [K, K]
+    Tensor fm_q1_b, fm_q2_b, fm_k1_b, fm_k2_b;           // their biases [K]
+    kernels::Matrix b_proj;                  // [HV, D] (DeltaNet: [H, D], H = HV)
+    kernels::Matrix a_proj;                  // [HV, D] (GDN)
+    kernels::Matrix f_a, f_b;                // [V, D], [HV*K, V] (KDA low-rank gate input)
     Tensor A_log;                            // [HV]
     Tensor dt_bias;                          // [HV] (GDN) or [HV*K] (KDA)
-    Tensor g_proj;                           // [HV*V, D] (swish gate)
-    Tensor g_a, g_b, g_b_bias;               // [V, D], [HV*V, V], [HV*V] (sigmoid gate; bias may be absent)
+    kernels::Matrix g_proj;                  // [HV*V, D] (swish gate)
+    kernels::Matrix g_a, g_b;                // [V, D], [HV*V, V] (sigmoid gate)
+    Tensor g_b_bias;                         // [HV*V] (may be absent)
     Tensor o_norm;                           // [V]
-    Tensor o_proj;                           // [D, HV*V]
+    kernels::Matrix o_proj;                  // [D, HV*V]
   };
 
   // Per-sequence memory, fixed size whatever the context length.
@@ -102,6 +103,7 @@ struct DeltaRule {
   bool g_b_has_bias = true;  // Kimi's g_b_proj has none
 
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
+  void for_each_matrix(const MatrixVisitor& f);
   void prepare();
   State new_state() const;
   size_t state_bytes_per_token() const { return 0; }

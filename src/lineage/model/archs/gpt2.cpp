@@ -56,9 +56,13 @@ Model build_gpt2(const ArchInput& in) {
   b.norm1 = b.norm2 = ln;
   layers::Attention a;
   a.config = {D, H, D / H, c.boolean("scale_attn_weights", true)};
-  b.mixer = std::move(a);
   layers::Mlp mlp;
   mlp.config = {D, F, act};
+  // GPT-2's Conv1D stores every matrix [in, out] (the only family that does): bound as the file
+  // has them, transposed once to [out, in] where the weights are owned (model::prepare).
+  for (kernels::Matrix* w : {&a.weights.c_attn, &a.weights.c_proj, &mlp.weights.c_fc, &mlp.weights.c_proj})
+    w->layout = kernels::Layout::InOut;
+  b.mixer = std::move(a);
   b.ffn = std::move(mlp);
   m.blocks.assign(size_t(L), b);
   return m;

@@ -1,0 +1,41 @@
+// A weight matrix as a checkpoint stores it: its storage format, logical [out, in] shape, layout and
+// data (+ block scales). The linear kernels dispatch on the format in one place (linear.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "lineage/core/tensor.h"
+#include "lineage/kernels/linear.h"
+
+namespace lineage::kernels {
+
+// F32, F16, BF16: one element each, widened (or bf16-dotted) inside the kernels. MXFP4 (Kimi K3's
+// experts, OCP microscaling): e2m1 values packed two to a byte along `in` with one E8M0 exponent per
+// 32 of them, stored as a `weight_packed` [out, in/2] U8 + `weight_scale` [out, in/32] U8 pair. Its
+// kernels come with K3; binding one is already possible, multiplying one is an Error until then.
+enum class MatrixFormat : uint8_t { F32, F16, BF16, MXFP4 };
+
+struct Matrix {
+  Tensor data;    // F32/F16/BF16: the elements, [out, in] (OutIn) or [in, out] (InOut); MXFP4: [out, in/2] U8
+  Tensor scales;  // MXFP4: [out, in/32] U8 (E8M0); undefined otherwise
+  Layout layout = Layout::OutIn;
+  int64_t out = 0, in = 0;
+
+  // The format from the data's dtype (U8 data with scales: MXFP4).
+  MatrixFormat format() const;
+  // The shape `data` must have for this layout and logical shape.
+  Shape stored_shape() const { return format() == MatrixFormat::MXFP4 ? Shape{out, in / 2} : kernels::stored_shape(layout, in, out); }
+  // The call view of the elementwise formats (an Error for a packed one: its kernels are to come).
+  Weight view(bool bf16_dot) const;
+  size_t bytes() const { return data.nbytes() + scales.nbytes(); }
+};
+
+// y = act(x·W (+ bias)) for any format (kernels::linear for the elementwise ones). T rows of x.
+void linear(const float* x, int64_t T, const Matrix& W, const Tensor* bias, float* y,
+            std::optional<Activation> act = std::nullopt, bool bf16_dot = false);
+
+// W in [out, in] layout, owned: a no-op where it already is; the GPT-2 Conv1D [in, out] matrices of
+// owned weights are transposed once (model::prepare).
+void store_out_in(Matrix& W);
+
+}  // namespace lineage::kernels
