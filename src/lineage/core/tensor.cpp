@@ -104,6 +104,15 @@ Tensor Tensor::reshaped(Shape shape) const {
   return t;
 }
 
+Tensor Tensor::rows(int64_t r0, int64_t r1) const {
+  LINEAGE_CHECK(defined_ && ndim() >= 1 && 0 <= r0 && r0 <= r1 && r1 <= dim(0), "rows [", r0, ", ", r1, ") of ",
+                shape_str(shape_));
+  Tensor t = *this;
+  t.shape_[0] = r1 - r0;
+  t.data_ = static_cast<char*>(data_) + size_t(r0) * (size_t(numel() / std::max<int64_t>(1, dim(0)))) * dtype_size(dtype_);
+  return t;
+}
+
 Tensor to_f32(const Tensor& t) {
   Tensor out = Tensor::empty(DType::F32, t.shape());
   float* o = out.data<float>();

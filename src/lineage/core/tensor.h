@@ -42,6 +42,8 @@ class Tensor {
   Tensor clone() const;  // deep copy into owned memory (an undefined tensor stays undefined)
   // Same bytes under another shape with equal element count (no copy).
   Tensor reshaped(Shape shape) const;
+  // Rows [r0, r1) along dim 0, sharing these bytes (no copy; keeps the storage alive).
+  Tensor rows(int64_t r0, int64_t r1) const;
 
  private:
   DType dtype_ = DType::F32;

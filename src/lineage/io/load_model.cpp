@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -49,28 +50,132 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
+namespace {
+
+// `name` with its suffix `from` replaced by `to`, or "" when it does not end in `from`.
+std::string with_suffix(const std::string& name, const std::string& from, const std::string& to) {
+  return ends_with(name, from) ? name.substr(0, name.size() - from.size()) + to : std::string();
+}
+
+Shape squeezed(const Shape& s) {
+  Shape r;
+  for (int64_t d : s)
+    if (d != 1) r.push_back(d);
+  return r;
+}
+
+// Floats, or U8 for the two halves of a packed matrix (layers/common.h, visit_matrix).
+bool is_weight_dtype(DType t, const std::string& param) {
+  if (ends_with(param, ".weight_packed") || ends_with(param, ".weight_scale")) return t == DType::U8;
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16;
+}
+
+}  // namespace
+
 void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& where) {
+  const model::BindingTable& table = m.binding;
   std::vector<std::string> missing, wrong;
   std::set<std::string> bound;
+  // A stored tensor checked against what the parameter expects; squeezed where the table allows.
+  const auto check = [&](const std::string& param, const std::string& stored, const Shape& shape, bool squeeze,
+                         Tensor& out) {
+    const TensorEntry& e = ckpt.entry(stored);
+    const std::string label = stored == param ? stored : cat(stored, " (for ", param, ")");
+    if (!is_weight_dtype(e.dtype, param)) {
+      wrong.push_back(cat(label, ": dtype ", dtype_name(e.dtype), ", expected ",
+                          ends_with(param, "_packed") || ends_with(param, "_scale") ? "U8" : "F32, F16 or BF16"));
+    } else if (e.shape == shape) {
+      out = ckpt.tensor(stored);
+    } else if (squeeze && squeezed(e.shape) == squeezed(shape)) {
+      out = ckpt.tensor(stored).reshaped(shape);
+    } else {
+      wrong.push_back(cat(label, ": shape ", shape_str(e.shape), ", expected ", shape_str(shape)));
+    }
+  };
   m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape& shape, layers::Init) {
-    if (!ckpt.has(name)) {
-      missing.push_back(cat(name, " ", shape_str(shape)));
+    bool squeeze = false, optional = false;
+    for (const auto& s : table.squeeze) squeeze = squeeze || ends_with(name, s);
+    for (const auto& s : table.optional) optional = optional || ends_with(name, s);
+    // A part of a split tensor: a view of its rows.
+    for (const auto& sp : table.splits) {
+      int64_t r0 = 0;
+      for (const auto& [part, rows] : sp.parts) {
+        const std::string stored = with_suffix(name, part, sp.stored);
+        if (stored.empty() || !ckpt.has(stored)) {
+          r0 += rows;
+          continue;
+        }
+        bound.insert(stored);
+        const TensorEntry& e = ckpt.entry(stored);
+        int64_t total = 0;
+        for (const auto& p : sp.parts) total += p.second;
+        Shape part_shape = e.shape;
+        if (e.shape.empty() || e.shape[0] != total || !is_weight_dtype(e.dtype, name)) {
+          wrong.push_back(cat(stored, ": shape ", shape_str(e.shape), " ", dtype_name(e.dtype),
+                              ", expected ", total, " rows (split into its parts) of a float dtype"));
+          return;
+        }
+        part_shape[0] = rows;
+        if (part_shape != shape) {
+          wrong.push_back(cat(stored, " rows [", r0, ", ", r0 + rows, ") for ", name, ": shape ", shape_str(part_shape),
+                              ", expected ", shape_str(shape)));
+          return;
+        }
+        t = ckpt.tensor(stored).rows(r0, r0 + rows);
+        return;
+      }
+    }
+    // Several stored tensors: their rows concatenated into one owned tensor.
+    for (const auto& fu : table.fuses) {
+      if (!ends_with(name, fu.param)) continue;
+      std::vector<Tensor> parts;
+      for (const auto& s : fu.stored) {
+        const std::string stored = with_suffix(name, fu.param, s);
+        if (!ckpt.has(stored)) {
+          missing.push_back(cat(stored, " (part of ", name, " ", shape_str(shape), ")"));
+          return;
+        }
+        bound.insert(stored);
+        parts.push_back(ckpt.tensor(stored));
+      }
+      int64_t rows = 0;
+      for (const Tensor& p : parts) rows += p.ndim() ? p.dim(0) : 0;
+      Shape want_part = shape;
+      for (const Tensor& p : parts) {
+        want_part[0] = p.ndim() ? p.dim(0) : 0;
+        if (p.dtype() != parts[0].dtype() || p.shape() != want_part || rows != shape[0]) {
+          wrong.push_back(cat(name, ": its parts ", shape_str(p.shape()), " ", dtype_name(p.dtype()),
+                              " do not stack into ", shape_str(shape)));
+          return;
+        }
+      }
+      Tensor fused = Tensor::empty(parts[0].dtype(), shape);
+      size_t at = 0;
+      for (const Tensor& p : parts) {
+        std::memcpy(static_cast<char*>(fused.raw_mut()) + at, p.raw(), p.nbytes());
+        at += p.nbytes();
+      }
+      t = std::move(fused);
       return;
     }
-    bound.insert(name);
-    const TensorEntry& e = ckpt.entry(name);
-    if (e.dtype != DType::F32 && e.dtype != DType::F16 && e.dtype != DType::BF16)
-      wrong.push_back(cat(name, ": dtype ", dtype_name(e.dtype), ", expected F32, F16 or BF16"));
-    else if (e.shape != shape)
-      wrong.push_back(cat(name, ": shape ", shape_str(e.shape), ", expected ", shape_str(shape)));
-    else
-      t = ckpt.tensor(name);
+    std::string stored = name;
+    for (const auto& r : table.renames) {
+      const std::string s = with_suffix(name, r.param, r.stored);
+      if (!s.empty() && ckpt.has(s)) stored = s;
+    }
+    if (!ckpt.has(stored)) {
+      if (!optional) missing.push_back(cat(name, " ", shape_str(shape)));
+      return;
+    }
+    bound.insert(stored);
+    check(name, stored, shape, squeeze, t);
   });
   std::vector<std::string> unexpected;
   for (const auto& name : ckpt.names()) {
     if (bound.count(name)) continue;
     bool ignored = false;
-    for (const auto& s : m.ignored_suffixes) ignored = ignored || ends_with(name, s);
+    for (const auto& s : table.ignore_suffixes) ignored = ignored || ends_with(name, s);
+    for (const auto& p : table.ignore_prefixes) ignored = ignored || name.compare(0, p.size(), p) == 0;
     if (!ignored) unexpected.push_back(name);
   }
   if (missing.empty() && unexpected.empty() && wrong.empty()) return;

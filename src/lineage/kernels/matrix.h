@@ -20,11 +20,13 @@ struct Matrix {
   Tensor scales;  // MXFP4: [out, in/32] U8 (E8M0); undefined otherwise
   Layout layout = Layout::OutIn;
   int64_t out = 0, in = 0;
+  // Stored as a packed pair (`weight_packed` + `weight_scale`, MXFP4): set by the family's file
+  // before binding (from the config's quantization), so the layer lists both under those names.
+  bool packed = false;
 
   // The format from the data's dtype (U8 data with scales: MXFP4).
   MatrixFormat format() const;
   // The shape `data` must have for this layout and logical shape.
-  Shape stored_shape() const { return format() == MatrixFormat::MXFP4 ? Shape{out, in / 2} : kernels::stored_shape(layout, in, out); }
   // The call view of the elementwise formats (an Error for a packed one: its kernels are to come).
   Weight view(bool bf16_dot) const;
   size_t bytes() const { return data.nbytes() + scales.nbytes(); }

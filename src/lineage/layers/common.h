@@ -28,12 +28,19 @@ using TensorVisitor = std::function<void(const std::string& name, Tensor& t, con
 // Visitor of every weight matrix of a layer (model::prepare transposes the [in, out] ones it owns).
 using MatrixVisitor = std::function<void(kernels::Matrix& m)>;
 
-// A weight matrix of logical shape [out, in] under its checkpoint name: sets the shape and visits
-// its data with the shape its format and layout store (and, for a packed format, its scales).
+// A weight matrix of logical shape [out, in] under its checkpoint name ("….weight"): sets the shape
+// and visits its data with the shape its layout stores; a packed one as its pair, "….weight_packed"
+// [out, in / 2] (two e2m1 values a byte) and "….weight_scale" [out, in / 32] (an E8M0 exponent per
+// 32 values), both U8.
 inline void visit_matrix(const TensorVisitor& f, const std::string& name, kernels::Matrix& m, int64_t out, int64_t in,
                          Init init = Init::Normal) {
   m.out = out, m.in = in;
-  f(name, m.data, kernels::stored_shape(m.layout, in, out), init);
+  if (!m.packed) {
+    f(name, m.data, kernels::stored_shape(m.layout, in, out), init);
+    return;
+  }
+  f(name + "_packed", m.data, {out, (in + 1) / 2}, init);
+  f(name + "_scale", m.scales, {out, (in + 31) / 32}, init);
 }
 
 // The unit of every forward: N tokens from B sequences. Sequence b owns tokens

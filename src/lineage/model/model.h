@@ -15,6 +15,7 @@
 #include "lineage/layers/mixers/attention.h"
 #include "lineage/layers/mixers/delta_rule.h"
 #include "lineage/layers/norm.h"
+#include "lineage/model/binding.h"
 
 namespace lineage::model {
 
@@ -87,8 +88,8 @@ struct Model {
   std::vector<Block> blocks;
   layers::Norm final_norm;
   Tensor lm_head;    // [V, D] when not tied
-  // Checkpoint tensors that are buffers, not parameters (GPT-2's attn.bias): matched by suffix.
-  std::vector<std::string> ignored_suffixes;
+  // Where the checkpoint keeps each parameter when it differs from its name, and what to ignore.
+  BindingTable binding;
   // The numerics every forward of this model uses unless the call passes its own.
   layers::Options options;
 

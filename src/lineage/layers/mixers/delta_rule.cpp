@@ -177,7 +177,7 @@ void DeltaRule::prepare() {
     for (float& a : p.A) a = -std::exp(a);
   }
   p.o_norm.assign(size_t(c.head_v), 1.0f);
-  if (c.out_norm_weight) kernels::widen_row(weights.o_norm, 0, c.head_v, p.o_norm.data());
+  if (c.out_norm_weight && weights.o_norm.defined()) kernels::widen_row(weights.o_norm, 0, c.head_v, p.o_norm.data());
   p.ready = true;
   prepared = std::move(p);
 }

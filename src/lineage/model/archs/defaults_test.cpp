@@ -37,8 +37,8 @@ TEST(ArchDefaults, Gpt2TiesItsHeadUnlessTheConfigSaysNot) {
   // HF ties a GPT-2 head by default even when the file stores lm_head.weight; it is then ignored.
   const Model tied = build("gpt2", {}, true);
   EXPECT_TRUE(tied.config.tied_lm_head);
-  EXPECT_NE(std::find(tied.ignored_suffixes.begin(), tied.ignored_suffixes.end(), "lm_head.weight"),
-            tied.ignored_suffixes.end());
+  const auto& ignored = tied.binding.ignore_suffixes;
+  EXPECT_NE(std::find(ignored.begin(), ignored.end(), "lm_head.weight"), ignored.end());
   EXPECT_FALSE(build("gpt2", {{"tie_word_embeddings", false}}, true).config.tied_lm_head);
 }
 

@@ -79,7 +79,7 @@ Model build_fla(const ArchInput& in, const std::string& type, const DeltaRule::C
   m.config.tied_lm_head = c.boolean("tie_word_embeddings", false);
   m.config.bos_token_id = c.token_id("bos_token_id", V, 1);
   m.config.eos_token_id = c.token_id("eos_token_id", V, 2);
-  if (m.config.tied_lm_head) m.ignored_suffixes.push_back("lm_head.weight");
+  if (m.config.tied_lm_head) m.binding.ignore_suffixes.push_back("lm_head.weight");
   const int64_t F = mlp_width(c, D);
   m.config.description = cat(summary, ": ", L, " layers, d_model ", D, ", SwiGLU MLP ", F);
   m.names = {"model.embeddings.weight", "", "model.layers.", "model.norm", "lm_head.weight"};
@@ -192,7 +192,9 @@ Model build_kda(const ArchInput& in) {
   x.kind = "Kimi Delta Attention";
   x.decay = DeltaRule::DecayInput::PerChannelLowRank;
   x.out_gate = DeltaRule::OutGate::SigmoidLowRank;
-  return build_fla(in, "kda", x, "Kimi Delta Attention (fla)");
+  Model m = build_fla(in, "kda", x, "Kimi Delta Attention (fla)");
+  m.binding.squeeze.push_back(".A_log");  // [HV] in fla, [1, 1, HV, 1] in Kimi's checkpoints
+  return m;
 }
 
 }  // namespace lineage::model

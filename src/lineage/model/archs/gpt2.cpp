@@ -46,8 +46,8 @@ Model build_gpt2(const ArchInput& in) {
   m.config.description = cat("GPT-2: ", L, " layers, d_model ", D, ", ", H, " heads, softmax attention + KV cache, ",
                              act_name, " MLP ", F);
   m.names = {p + "wte.weight", p + "wpe.weight", p + "h.", p + "ln_f", "lm_head.weight"};
-  m.ignored_suffixes = {".attn.bias", ".attn.masked_bias"};
-  if (m.config.tied_lm_head) m.ignored_suffixes.push_back("lm_head.weight");
+  m.binding.ignore_suffixes = {".attn.bias", ".attn.masked_bias"};  // causal-mask buffers, not parameters
+  if (m.config.tied_lm_head) m.binding.ignore_suffixes.push_back("lm_head.weight");
 
   const layers::Norm ln{layers::Norm::Kind::Layer, D, eps, {}, {}};
   m.final_norm = ln;

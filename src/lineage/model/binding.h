@@ -1,0 +1,48 @@
+// How one checkpoint family's tensors bind to the model's parameters: the one table each
+// model/archs/ file fills and io::bind_weights reads. Parameters are listed once by the layers
+// (for_each_tensor, under the names this engine uses); the table says where the file keeps each of
+// them when that differs. Suffixes match the end of a full name ("…h.3.attn.bias" ends in
+// ".attn.bias").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lineage::model {
+
+struct BindingTable {
+  // The parameter ending in `param` is stored under the same name ending in `stored` instead
+  // (fla's "f_proj.0" is Kimi's "f_a_proj").
+  struct Rename {
+    std::string param, stored;
+  };
+  // One stored tensor (name ending in `stored`) holds several parameters, row blocks along dim 0 in
+  // this order (MLA's kv_b_proj: the key and the value halves; fused q | k | v projections). Each
+  // part binds as a view of its rows, no copy.
+  struct Split {
+    std::string stored;
+    std::vector<std::pair<std::string, int64_t>> parts;  // parameter suffix, rows
+  };
+  // One parameter (ending in `param`) stored as several tensors whose rows are concatenated in this
+  // order (copied once into owned memory).
+  struct Fuse {
+    std::string param;
+    std::vector<std::string> stored;
+  };
+
+  std::vector<Rename> renames;
+  std::vector<Split> splits;
+  std::vector<Fuse> fuses;
+  // Parameters (by suffix) that may come with extra dimensions of size 1: Kimi stores A_log
+  // [1, 1, H, 1] for a parameter of shape [H]. Bound as a reshaped view.
+  std::vector<std::string> squeeze;
+  // Parameters (by suffix) the checkpoint may leave out: left undefined, the layer does without.
+  std::vector<std::string> optional;
+  // Stored tensors that are no parameter (GPT-2's attn.bias masks, a tied head's lm_head.weight,
+  // vision towers): by suffix, or by prefix.
+  std::vector<std::string> ignore_suffixes, ignore_prefixes;
+};
+
+}  // namespace lineage::model
