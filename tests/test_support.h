@@ -18,6 +18,9 @@ std::filesystem::path source_dir();
 // A fresh empty directory under the system temp dir, unique per test.
 std::filesystem::path temp_dir();
 
+// Calls of the global operator new in this process so far (the test binary replaces it to count).
+int64_t allocations();
+
 // ‖a − b‖₂ / ‖b‖₂ (relative RMS), in double.
 double rel_rms(const float* a, const float* b, int64_t n);
 // Index of the element with the largest absolute difference.

@@ -178,7 +178,7 @@ int parts_for(int64_t items) {
   return int(std::max<int64_t>(1, std::min<int64_t>(std::min(num_threads(), kMaxThreads), items)));
 }
 
-void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_grain) {
+void parallel_for(int64_t n, RangeFn fn, int64_t min_grain) {
   if (n <= 0) return;
   const int64_t max_parts = std::max<int64_t>(1, n / std::max<int64_t>(1, min_grain));
   const int parts = parts_for(max_parts);
@@ -231,7 +231,7 @@ void run_shares(const int64_t* starts, int parts, const Item& item) {
 
 }  // namespace
 
-void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn) {
+void parallel_chunks(int64_t n, int64_t chunk, RangeFn fn) {
   if (n <= 0) return;
   chunk = std::max<int64_t>(1, chunk);
   const int64_t chunks = (n + chunk - 1) / chunk;
@@ -245,7 +245,7 @@ void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t,
   run_shares(starts, parts, [&](int64_t k) { fn(k * chunk, std::min(n, (k + 1) * chunk)); });
 }
 
-void parallel_shares(std::span<const int64_t> starts, const std::function<void(int64_t, int64_t)>& fn) {
+void parallel_shares(std::span<const int64_t> starts, RangeFn fn) {
   LINEAGE_CHECK(!starts.empty() && starts.front() == 0, "parallel_shares: starts must begin at 0");
   const int parts = int(starts.size()) - 1;
   const int64_t n = starts.back();

@@ -10,9 +10,28 @@
 #include <cstdint>
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <span>
+#include <type_traits>
 
 namespace lineage {
+
+// A non-owning reference to a callable fn(begin, end), what the parallel loops take: passing a
+// lambda with any captures allocates nothing (a std::function would, past two words of them, on
+// every call: hundreds of allocations a decode step). The callable must outlive the call, which a
+// lambda written in the call's arguments does.
+class RangeFn {
+ public:
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, RangeFn>>>
+  RangeFn(F&& f)  // NOLINT: converts implicitly, as std::function does
+      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* o, int64_t a, int64_t b) { (*static_cast<std::remove_reference_t<F>*>(o))(a, b); }) {}
+  void operator()(int64_t a, int64_t b) const { call_(obj_, a, b); }
+
+ private:
+  void* obj_;
+  void (*call_)(void*, int64_t, int64_t);
+};
 
 void set_num_threads(int n);  // n <= 0: all hardware threads
 int num_threads();
@@ -35,7 +54,7 @@ class ScopedThreads {
 
 // Calls fn(begin, end) on contiguous, statically assigned ranges of [0, n): the split depends only
 // on n and the thread count, so reductions inside a range are deterministic.
-void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_grain = 1);
+void parallel_for(int64_t n, RangeFn fn, int64_t min_grain = 1);
 
 // Calls fn(begin, end) on the fixed chunks [k·chunk, min(n, (k+1)·chunk)) of [0, n). Each thread
 // starts on its own contiguous share of the chunks (the p-th of near-equal shares) and runs it front
@@ -45,13 +64,13 @@ void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, in
 // use it where each item's result does not depend on the range it is computed in (GEMV rows,
 // attention heads). A thread that is slowed down (another process on its core, a descheduled vCPU)
 // then costs at most its current chunk, not half of the work.
-void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn);
+void parallel_chunks(int64_t n, int64_t chunk, RangeFn fn);
 
 // parallel_chunks over single items [0, n) with the shares given: thread p starts on items
 // [starts[p], starts[p + 1]), where starts holds parts + 1 nondecreasing values from 0 to n and
 // parts <= parts_for(n). For callers that order or size the items of each share (short ones at its
 // end, so the threads finish together). fn is called with end = begin + 1.
-void parallel_shares(std::span<const int64_t> starts, const std::function<void(int64_t, int64_t)>& fn);
+void parallel_shares(std::span<const int64_t> starts, RangeFn fn);
 
 // The smallest number of items worth handing to one thread when each costs `work_per_item`
 // multiply-adds: waking a thread costs about as much as 32k of them (more on a loaded machine).

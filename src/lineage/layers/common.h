@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <new>
 #include <span>
@@ -129,8 +130,10 @@ struct Trace {
   std::function<void(const std::string& name, const float* data, const Shape& shape)> fn;
   std::string prefix;
   bool on() const { return bool(fn); }
-  void operator()(std::string_view name, const float* data, const Shape& shape) const {
-    if (fn) fn(prefix + std::string(name), data, shape);
+  // The shape as a braced list, made into a Shape only when a hook is set: a step with no trace
+  // allocates nothing here.
+  void operator()(std::string_view name, const float* data, std::initializer_list<int64_t> shape) const {
+    if (fn) fn(prefix + std::string(name), data, Shape(shape));
   }
   Trace with_prefix(const std::string& p) const { return Trace{fn, prefix + p}; }
 };

@@ -74,17 +74,19 @@ StatePool::StatePool(const Model& m, PoolOptions options) : model_(&m), options_
   if (options.ctx > 0 && m.config.max_positions > 0 && options.ctx > m.config.max_positions)
     throw Error(cat("--ctx ", options.ctx, " exceeds the model's context limit of ", m.config.max_positions,
                     " (config.json field ", m.config.max_positions_field, ")"));
-  for (int64_t i = 0; i < options.slots; ++i) {
-    auto s = std::make_unique<SequenceState>(m.new_state());
-    if (options.ctx > 0)
-      for (size_t l = 0; l < s->layers.size(); ++l)
-        if (auto* a = std::get_if<layers::Attention::State>(&s->layers[l])) {
-          const auto& cfg = std::get<layers::Attention>(m.blocks[l].mixer).config;
-          a->reserve(cfg.n_heads, cfg.head_dim, options.ctx);
-        }
-    slots_.push_back(std::move(s));
-    used_.push_back(0);
-  }
+  for (int64_t i = 0; i < options.slots; ++i) add_slot(false);
+}
+
+void StatePool::add_slot(bool used) {
+  auto s = std::make_unique<SequenceState>(model_->new_state());
+  if (options_.ctx > 0)  // room for ctx positions now: the KV caches never grow
+    for (size_t l = 0; l < s->layers.size(); ++l)
+      if (auto* a = std::get_if<layers::Attention::State>(&s->layers[l])) {
+        const auto& cfg = std::get<layers::Attention>(model_->blocks[l].mixer).config;
+        a->reserve(cfg.n_heads, cfg.head_dim, options_.ctx);
+      }
+  slots_.push_back(std::move(s));
+  used_.push_back(used ? 1 : 0);
 }
 
 int32_t StatePool::acquire() {
@@ -95,10 +97,9 @@ int32_t StatePool::acquire() {
       return int32_t(i);
     }
   if (options_.slots > 0)
-    throw Error(cat("all ", options_.slots, " state slots are in use (--slots ", options_.slots,
-                    "); release one or start the pool with more"));
-  slots_.push_back(std::make_unique<SequenceState>(model_->new_state()));
-  used_.push_back(1);
+    throw Error(cat("all ", options_.slots, " state slots are in use (a pool of fixed size ", options_.slots,
+                    "); release one or make the pool larger"));
+  add_slot(true);
   return int32_t(slots_.size() - 1);
 }
 

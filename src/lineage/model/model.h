@@ -131,6 +131,7 @@ class StatePool {
 
  private:
   void check(int32_t slot) const;
+  void add_slot(bool used);
   const Model* model_;
   PoolOptions options_;
   std::vector<std::unique_ptr<SequenceState>> slots_;

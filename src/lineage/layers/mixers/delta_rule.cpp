@@ -44,7 +44,7 @@ void product_map(float* x, int64_t rows, int64_t K, const kernels::Matrix& w1, c
 
 // Runs fn(r0, r1) over rows split across the threads once there are enough of them (prefill); each
 // row costs about `work` operations.
-void over_rows(int64_t rows, int64_t work, const std::function<void(int64_t, int64_t)>& fn) {
+void over_rows(int64_t rows, int64_t work, RangeFn fn) {
   parallel_for(rows, fn, grain_for(work));
 }
 
