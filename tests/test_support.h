@@ -18,7 +18,8 @@ std::filesystem::path source_dir();
 // A fresh empty directory under the system temp dir, unique per test.
 std::filesystem::path temp_dir();
 
-// Calls of the global operator new in this process so far (the test binary replaces it to count).
+// Calls of the global operator new in this process so far (the test binary replaces it to count);
+// -1 under AddressSanitizer, which keeps its own.
 int64_t allocations();
 
 // ‖a − b‖₂ / ‖b‖₂ (relative RMS), in double.

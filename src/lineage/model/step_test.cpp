@@ -203,8 +203,8 @@ long minor_faults() {
 
 // Once warm, a step allocates nothing: no workspace buffer grows, operator new is never called, and
 // no new page is touched over 100 batched decode steps of 8 sequences (a fixed pool with room for
-// all of them). Under AddressSanitizer, whose allocator keeps freed memory aside, pages are not
-// counted (its own bookkeeping touches new ones).
+// all of them). Under AddressSanitizer, whose allocator keeps freed memory aside and whose operator
+// new the test binary leaves alone, only the buffer growths are counted.
 TEST(Workspace, NoAllocationPerStepOnceWarm) {
   for (const char* name : {"gpt2-124m", "kda", "linear-attention"}) {
     SCOPED_TRACE(name);
@@ -234,7 +234,7 @@ TEST(Workspace, NoAllocationPerStepOnceWarm) {
     for (int32_t s : slots) pool.clear(s);
     for (int i = 0; i < kSteps - 60; ++i) run(i);
     EXPECT_EQ(layers::Buffer::growths(), growths);
-    EXPECT_EQ(test::allocations() - news, 0) << "operator new calls during 100 warm steps";
+    if (news >= 0) EXPECT_EQ(test::allocations() - news, 0) << "operator new calls during 100 warm steps";
 #if defined(__SANITIZE_ADDRESS__)
     constexpr bool kSanitized = true;
 #elif defined(__has_feature)
