@@ -106,7 +106,27 @@ void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, f
       }
     }
   }
-  for (int64_t o = o0; o < o1; ++o) dot_rows<S, DT, 1>(x, 0, w, in, o, y + o, 0);
+  // The loop of dot_rows<1> (the same operations in the same order: a batch's rows get these bits),
+  // written out for the one row decode streams.
+  for (int64_t o = o0; o < o1; ++o) {
+    const int64_t row = o * in, head = kPeel ? std::min(in, to_line<S, DT>(w, row)) : 0;
+    const int64_t unroll_end = head + (in - head) / (4 * W) * (4 * W), vec_end = head + (in - head) / W * W;
+    typename S::Vec a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
+    for (int64_t i = 0; i < head; i += W) {
+      const int n = int(std::min<int64_t>(W, head - i));
+      a3 = S::fma(S::load_f32_n(x + i, n), load_n<S, DT>(w, row + i, n), a3);
+    }
+    int64_t i = head;
+    for (; i < unroll_end; i += 4 * W) {
+      a0 = S::fma(S::load_f32(x + i), load<S, DT>(w, row + i), a0);
+      a1 = S::fma(S::load_f32(x + i + W), load<S, DT>(w, row + i + W), a1);
+      a2 = S::fma(S::load_f32(x + i + 2 * W), load<S, DT>(w, row + i + 2 * W), a2);
+      a3 = S::fma(S::load_f32(x + i + 3 * W), load<S, DT>(w, row + i + 3 * W), a3);
+    }
+    for (; i < vec_end; i += W) a0 = S::fma(S::load_f32(x + i), load<S, DT>(w, row + i), a0);
+    if (i < in) a1 = S::fma(S::load_f32_n(x + i, int(in - i)), load_n<S, DT>(w, row + i, int(in - i)), a1);
+    y[o] = S::sum(S::add(S::add(a0, a1), S::add(a2, a3)));
+  }
 }
 
 // y[g·ldy] = Σ_i x[g·ldx + i]·W[o, i] for the G rows g of x: row o of W is loaded once per vector
