@@ -429,3 +429,44 @@ TEST(DType, ConversionsRoundTripAndRound) {
 
 }  // namespace
 }  // namespace lineage::kernels
+
+namespace lineage::kernels {
+namespace {
+
+// 2 to 8 rows of x against [out, in] weights: each row bit for bit what it gives alone (the rows
+// GEMV runs the lone GEMV's operations in its order), every dtype, exact and bf16 dot products, odd
+// shapes (a partial last vector, a block of four weight rows cut short), weights off the cache line,
+// one and two threads.
+TEST(Linear, FewRowsAreEachRowAloneBitForBit) {
+  for (int threads : {1, 2}) {
+    set_threads(threads);
+    for (DType dt : {DType::F32, DType::F16, DType::BF16})
+      for (bool dot : {false, true}) {
+        if (dot && (dt != DType::BF16 || !bf16_dot_available())) continue;
+        for (auto [in, out] : {std::array<int64_t, 2>{768, 130}, {200, 67}, {33, 9}, {256, 5}})
+          for (size_t offset : {size_t(0), size_t(48)}) {
+            const Tensor w0 = random_tensor({out, in}, dt, in + out);
+            auto bytes = std::make_shared<std::vector<char>>(w0.nbytes() + 128);
+            char* line = bytes->data() + (64 - reinterpret_cast<uintptr_t>(bytes->data()) % 64) % 64;
+            std::memcpy(line + offset, w0.raw(), w0.nbytes());
+            const Tensor w = Tensor::borrow(dt, w0.shape(), line + offset, bytes);
+            const Weight W{&w, Layout::OutIn, dot};
+            for (int64_t T = 2; T <= 8; ++T) {
+              const Tensor x = random_tensor({T, in}, DType::F32, T * 13 + in);
+              std::vector<float> all(T * out), one(out);
+              linear(x.data<float>(), T, W, nullptr, all.data());
+              for (int64_t t = 0; t < T; ++t) {
+                linear(x.data<float>() + t * in, 1, W, nullptr, one.data());
+                ASSERT_EQ(std::vector<float>(all.begin() + t * out, all.begin() + (t + 1) * out), one)
+                    << dtype_name(dt) << (dot ? " bf16 dot" : "") << " " << in << "x" << out << " offset " << offset
+                    << " T " << T << " row " << t << " threads " << threads;
+              }
+            }
+          }
+      }
+  }
+  set_threads(0);
+}
+
+}  // namespace
+}  // namespace lineage::kernels
