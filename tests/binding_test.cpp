@@ -101,6 +101,35 @@ TEST(Binding, SplitOneStoredTensorIntoParameters) {
   }
 }
 
+// q, k and v interleaved per head (head h's q rows, then its k rows, then its v rows, as MLA's
+// kv_b_proj holds each head's key and value rows) are gathered per part.
+TEST(Binding, SplitInterleavedPerHead) {
+  Tensors t = kda_tensors();
+  const std::string p0 = layer(0) + "attn.";
+  const int64_t H = t.at(p0 + "A_log").numel();
+  const int64_t q = t.at(p0 + "q_proj.weight").dim(0) / H, k = t.at(p0 + "k_proj.weight").dim(0) / H,
+                v = t.at(p0 + "v_proj.weight").dim(0) / H;
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = layer(i) + "attn.";
+    const Tensor &tq = t.at(p + "q_proj.weight"), &tk = t.at(p + "k_proj.weight"), &tv = t.at(p + "v_proj.weight");
+    const int64_t D = tq.dim(1);
+    Tensor inter = Tensor::empty(DType::F32, {H * (q + k + v), D});
+    float* at = inter.data<float>();
+    for (int64_t h = 0; h < H; ++h)
+      for (auto [src, n] : {std::pair{&tq, q}, {&tk, k}, {&tv, v}}) {
+        std::memcpy(at, src->rows(h * n, (h + 1) * n).raw(), size_t(n * D) * sizeof(float));
+        at += n * D;
+      }
+    for (const char* n : {"q_proj.weight", "k_proj.weight", "v_proj.weight"}) t.erase(p + n);
+    t[p + "qkv_heads.weight"] = inter;
+  }
+  const model::Model m = bind_rewritten(t, [&](model::Model& m) {
+    m.binding.splits.push_back(
+        {".attn.qkv_heads.weight", {{".attn.q_proj.weight", q}, {".attn.k_proj.weight", k}, {".attn.v_proj.weight", v}}, H});
+  });
+  expect_same_logits(m);
+}
+
 // An o_proj stored as two row halves is fused into one owned parameter; Kimi's names for fla's
 // (f_a_proj for f_proj.0) bind through renames; Kimi's A_log [1, 1, H, 1] binds to [H].
 TEST(Binding, FuseRenameSqueeze) {

@@ -96,9 +96,10 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
     bool squeeze = false, optional = false;
     for (const auto& s : table.squeeze) squeeze = squeeze || ends_with(name, s);
     for (const auto& s : table.optional) optional = optional || ends_with(name, s);
-    // A part of a split tensor: a view of its rows.
+    // A part of a split tensor: a view of its rows, or its rows of every group gathered.
     for (const auto& sp : table.splits) {
-      int64_t r0 = 0;
+      int64_t r0 = 0, per_group = 0;
+      for (const auto& p : sp.parts) per_group += p.second;
       for (const auto& [part, rows] : sp.parts) {
         const std::string stored = with_suffix(name, part, sp.stored);
         if (stored.empty() || !ckpt.has(stored)) {
@@ -107,21 +108,29 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
         }
         bound.insert(stored);
         const TensorEntry& e = ckpt.entry(stored);
-        int64_t total = 0;
-        for (const auto& p : sp.parts) total += p.second;
-        Shape part_shape = e.shape;
+        const int64_t total = per_group * sp.groups;
         if (e.shape.empty() || e.shape[0] != total || !is_weight_dtype(e.dtype, name)) {
-          wrong.push_back(cat(stored, ": shape ", shape_str(e.shape), " ", dtype_name(e.dtype),
-                              ", expected ", total, " rows (split into its parts) of a float dtype"));
+          wrong.push_back(cat(stored, ": shape ", shape_str(e.shape), " ", dtype_name(e.dtype), ", expected ", total,
+                              " rows (", sp.groups, " x ", per_group, ", split into its parts) of a float dtype"));
           return;
         }
-        part_shape[0] = rows;
+        Shape part_shape = e.shape;
+        part_shape[0] = rows * sp.groups;
         if (part_shape != shape) {
-          wrong.push_back(cat(stored, " rows [", r0, ", ", r0 + rows, ") for ", name, ": shape ", shape_str(part_shape),
-                              ", expected ", shape_str(shape)));
+          wrong.push_back(cat(stored, ": ", name, "'s rows, shape ", shape_str(part_shape), ", expected ", shape_str(shape)));
           return;
         }
-        t = ckpt.tensor(stored).rows(r0, r0 + rows);
+        const Tensor all = ckpt.tensor(stored);
+        if (sp.groups == 1) {
+          t = all.rows(r0, r0 + rows);
+          return;
+        }
+        Tensor gathered = Tensor::empty(all.dtype(), shape);
+        const size_t bytes = all.rows(0, rows).nbytes();
+        for (int64_t g = 0; g < sp.groups; ++g)
+          std::memcpy(static_cast<char*>(gathered.raw_mut()) + size_t(g) * bytes,
+                      all.rows(g * per_group + r0, g * per_group + r0 + rows).raw(), bytes);
+        t = std::move(gathered);
         return;
       }
     }

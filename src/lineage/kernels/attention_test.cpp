@@ -2,6 +2,7 @@
 // read in place from wider rows (as from a fused q | k | v projection).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -39,6 +40,50 @@ TEST(Attention, MatchesRefOverLengthsAndThreads) {
           }
         }
   }
+  set_threads(0);
+}
+
+// Several sequences in one call, each against its own keys, with q·k over dk channels and values of
+// dv (MLA's 192 / 128 shape, scaled down): the batched kernel against the ref twin, and each
+// sequence equal bit for bit to a call of its own.
+TEST(Attention, BatchedSequencesWithSeparateHeadDims) {
+  for (auto [dk, dv] : {std::array<int64_t, 2>{24, 16}, {16, 16}, {64, 64}})
+    for (int threads : {1, 2}) {
+      set_threads(threads);
+      constexpr int64_t H = 3;
+      const std::vector<std::array<int64_t, 2>> shapes = {{0, 1}, {7, 1}, {0, 20}, {40, 3}, {100, 1}};  // p0, T
+      Rng rng(dk * 7 + dv + threads);
+      std::vector<std::vector<float>> q, k, v, got, want, alone;
+      std::vector<AttentionSeq> seqs, ref_seqs;
+      for (const auto& [p0, T] : shapes) {
+        const int64_t cap = p0 + T + 2;
+        q.emplace_back(size_t(T * H * dk)), k.emplace_back(size_t(H * cap * dk)), v.emplace_back(size_t(H * cap * dv));
+        for (auto* a : {&q.back(), &k.back(), &v.back()})
+          for (float& x : *a) x = rng.normal();
+        got.emplace_back(size_t(T * H * dv)), want.emplace_back(size_t(T * H * dv)), alone.emplace_back(size_t(T * H * dv));
+      }
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const auto [p0, T] = shapes[i];
+        const int64_t cap = p0 + T + 2;
+        seqs.push_back({q[i].data(), H * dk, T, p0, k[i].data(), v[i].data(), cap * dk, cap * dv, got[i].data(), H * dv});
+        AttentionSeq r = seqs.back();
+        r.out = want[i].data();
+        ref_seqs.push_back(r);
+      }
+      const AttentionHeads heads{H, dk, dv, 1.0f / std::sqrt(float(dk))};
+      attention_causal(seqs, heads);
+      ref::attention_causal(ref_seqs, heads);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        AttentionSeq one = seqs[i];
+        one.out = alone[i].data();
+        attention_causal({&one, 1}, heads);
+        EXPECT_EQ(got[i], alone[i]) << "sequence " << i << " dk " << dk << " dv " << dv;
+        double num = 0, den = 0;
+        for (size_t j = 0; j < got[i].size(); ++j)
+          num += (got[i][j] - want[i][j]) * (got[i][j] - want[i][j]), den += want[i][j] * want[i][j];
+        EXPECT_LE(std::sqrt(num / den), 1e-5) << "sequence " << i << " dk " << dk << " dv " << dv;
+      }
+    }
   set_threads(0);
 }
 

@@ -18,12 +18,16 @@ struct BindingTable {
   struct Rename {
     std::string param, stored;
   };
-  // One stored tensor (name ending in `stored`) holds several parameters, row blocks along dim 0 in
-  // this order (MLA's kv_b_proj: the key and the value halves; fused q | k | v projections). Each
-  // part binds as a view of its rows, no copy.
+  // One stored tensor (name ending in `stored`) holds several parameters as row blocks along dim 0,
+  // in this order, repeated `groups` times: group g holds each part's rows of group g (MLA's
+  // kv_b_proj: per head its key rows then its value rows, groups = heads; Qwen3-Next's in_proj_qkvz:
+  // per key head its q, k, v and z rows). A part gathers its rows of every group in order. With one
+  // group each part binds as a view of its rows, no copy; interleaved ones are gathered once into
+  // owned memory.
   struct Split {
     std::string stored;
-    std::vector<std::pair<std::string, int64_t>> parts;  // parameter suffix, rows
+    std::vector<std::pair<std::string, int64_t>> parts;  // parameter suffix, rows per group
+    int64_t groups = 1;
   };
   // One parameter (ending in `param`) stored as several tensors whose rows are concatenated in this
   // order (copied once into owned memory).
