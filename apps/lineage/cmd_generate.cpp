@@ -63,7 +63,9 @@ std::vector<runtime::BatchRequest> read_prompts(const std::string& path, const i
     if (line[line.find_first_not_of(" \t")] == '{') {
       const nlohmann::json j = io::parse_json(line, where);
       if (!j.is_object()) throw Error(cat(where, ": expected a JSON object"));
-      for (const auto& [key, v] : j.items()) {
+      for (const auto& item : j.items()) {  // not a structured binding: clang 14 cannot capture one
+        const std::string key = item.key();
+        const nlohmann::json& v = item.value();
         const auto field = [&](const char* what) { return cat(where, ": field \"", key, "\": expected ", what); };
         if (key == "prompt") {
           if (!v.is_string()) throw Error(field("a string"));

@@ -155,8 +155,8 @@ void attention_causal(std::span<const AttentionSeq> seqs, const AttentionHeads& 
   const bool fast = avx512 && dk == dv && dk <= kAttentionDecodeMaxHead;
   const int64_t* f = first.data();  // thread_local: the workers must see the caller's
   parallel_chunks(total, grain_for(2 * (keys / total) * std::max(dk, dv)), [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> acc;
-    acc.resize(dv);
+    thread_local std::vector<float> acc;  // the portable path's accumulator; the AVX-512 one keeps it in registers
+    if (!fast) acc.resize(dv);
     int64_t si = std::upper_bound(f, f + seqs.size() + 1, b) - f - 1;
     for (int64_t i = b; i < e; ++i) {
       while (i >= f[si + 1]) ++si;

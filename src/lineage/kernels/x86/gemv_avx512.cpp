@@ -1,8 +1,10 @@
 // AVX-512 GEMV (16 lanes): f16 widened with vcvtph2ps, bf16 with a 16-bit shift.
 
 // GCC 12 flags the _mm512_undefined_* placeholders inside its own AVX-512 intrinsics as maybe
-// uninitialized once they are inlined (_mm512_reduce_add_ps here; GCC bug 105593, fixed in GCC 13).
+// uninitialized once they are inlined (_mm512_reduce_add_ps here; GCC bug 105593, fixed in GCC 13),
+// and, inlined into the batched rows' blocks, as uninitialized.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include "lineage/kernels/x86/gemv.h"

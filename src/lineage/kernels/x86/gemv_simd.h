@@ -98,8 +98,14 @@ void out_in(const float* x, const void* w, int64_t in, int64_t o0, int64_t o1, f
     if (o1 > o0 && in % 16 == 0) {
       const int64_t head = std::min(in, to_line<S, DT>(w, o0 * in));
       if (reinterpret_cast<uintptr_t>(x + head) % 64) {
+        // On the stack where x fits (whichever thread runs a chunk, no first-use allocation), else
+        // in a buffer kept per thread.
+        constexpr int64_t kStackFloats = 8192 + 32;
+        alignas(64) float on_stack[in + 16 <= kStackFloats ? kStackFloats : 16];
         thread_local std::vector<char> buffer;
-        float* moved = static_cast<float*>(aligned_scratch(buffer, size_t(in + 16) * sizeof(float)));
+        float* moved = in + 16 <= kStackFloats
+                           ? on_stack
+                           : static_cast<float*>(aligned_scratch(buffer, size_t(in + 16) * sizeof(float)));
         moved += (16 - head % 16) % 16;
         std::memcpy(moved, x, size_t(in) * sizeof(float));
         x = moved;
