@@ -688,6 +688,9 @@ TEST(Cli, GeneratePromptsRejectsBadFiles) {
     for (const auto& w : want) EXPECT_NE(r.err.find(w), std::string::npos) << "want " << w << " in: " << r.err;
   }
   EXPECT_NE(run("a\n", " --batch 0").first.exit_code, 0);
+  const auto slots = run("a\nb\nc\n", " --slots 2 --max-tokens 2").first;  // the pool's slots, by their name
+  EXPECT_EQ(slots.exit_code, 0) << slots.err;
+  EXPECT_NE(slots.err.find("at most 2 sequences in one, --batch 2"), std::string::npos) << slots.err;
   const auto both = run_lineage("generate --model " + shell_quote(dir.string()) + " --prompt a --prompts x");
   EXPECT_NE(both.exit_code, 0);
   EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;

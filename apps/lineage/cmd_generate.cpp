@@ -162,7 +162,8 @@ void add_generate(CLI::App& app) {
                                "each on stdout (index, text, prompt_tokens, generated_tokens, finish_reason)");
   one->excludes(many);
   many->excludes(one);
-  cmd->add_option("--batch", o.batch, "--prompts: sequences decoding together at most (default 8)")
+  cmd->add_option("--batch,--slots", o.batch,
+                  "--prompts: sequences decoding together at most, the state pool's slots (default 8)")
       ->check(CLI::Range(int64_t(1), int64_t(4096)))
       ->needs(many);
   cmd->add_option("--ctx", o.ctx, "--prompts: positions per sequence allocated up front (default: grow on demand)")
