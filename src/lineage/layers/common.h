@@ -1,6 +1,6 @@
-// What every building block shares: the tensor visitor's vocabulary, the step (which tokens of which
-// sequences one forward runs), the options of a call, named activation buffers, and the trace hook
-// that names intermediates so they can be diffed against the PyTorch reference.
+// What every building block shares: the tensor and matrix visitors, named activation buffers, and the
+// trace hook that names intermediates so they can be diffed against the PyTorch reference (the step
+// and the options of a call are in step.h).
 #pragma once
 
 #include <atomic>
@@ -17,6 +17,7 @@
 
 #include "lineage/core/tensor.h"
 #include "lineage/kernels/matrix.h"
+#include "lineage/layers/step.h"
 
 namespace lineage::layers {
 
@@ -43,53 +44,6 @@ inline void visit_matrix(const TensorVisitor& f, const std::string& name, kernel
   f(name + "_packed", m.data, {out, (in + 1) / 2}, init);
   f(name + "_scale", m.scales, {out, (in + 31) / 32}, init);
 }
-
-// The unit of every forward: N tokens from B sequences. Sequence b owns tokens
-// [seq_begin[b], seq_begin[b + 1]) (fla's cu_seqlens), continues the state in pool slot slots[b] and
-// starts at position starts[b]. A prefill piece and single decode tokens of other sequences may
-// share one step; a slot appears at most once. The vectors keep their capacity across clear(), so
-// building a step each decode round allocates nothing once warm.
-struct Step {
-  std::vector<int32_t> tokens;        // [N]
-  std::vector<int64_t> seq_begin{0};  // [B + 1], seq_begin[0] = 0, seq_begin[B] = N
-  std::vector<int32_t> slots;         // [B]
-  std::vector<int64_t> starts;        // [B]
-
-  void clear() {
-    tokens.clear(), slots.clear(), starts.clear();
-    seq_begin.assign(1, 0);
-  }
-  // Appends sequence `slot` at position `start` with `toks` (at least one).
-  void add(int32_t slot, int64_t start, std::span<const int32_t> toks) {
-    tokens.insert(tokens.end(), toks.begin(), toks.end());
-    seq_begin.push_back(int64_t(tokens.size()));
-    slots.push_back(slot);
-    starts.push_back(start);
-  }
-  int64_t n_tokens() const { return int64_t(tokens.size()); }
-  int64_t n_seqs() const { return int64_t(slots.size()); }
-  int64_t begin(int64_t b) const { return seq_begin[size_t(b)]; }
-  int64_t length(int64_t b) const { return seq_begin[size_t(b) + 1] - seq_begin[size_t(b)]; }
-};
-
-// Which delta-rule kernel a forward uses: Auto picks the recurrent one for sequences shorter than
-// chunk_threshold(K) and the chunked one otherwise. Tests force either to compare them.
-enum class DeltaRulePath : uint8_t { Auto, Recurrent, Chunked };
-
-// Options that change the numerics of a forward. They belong to the model (Model::options) or to
-// one call, never to the process, so two models or two requests can differ in one process.
-struct Options {
-  DeltaRulePath delta_rule_path = DeltaRulePath::Auto;
-  // BF16 weights multiplied with bf16 dot products (x rounded to bf16 once per product) where the
-  // CPU has AVX512_BF16; false: widened to f32, exact f32 products (the CLI's --bf16-exact).
-  bool bf16_dot = true;
-};
-
-// What one forward call hands every layer: the step and the options.
-struct Call {
-  const Step& step;
-  const Options& options;
-};
 
 // One growable f32 activation buffer, 64-byte aligned, so the kernels' vector loads of a row never
 // straddle two cache lines. get(n) keeps the contents when it grows (zeroing the rest, as

@@ -221,11 +221,12 @@ struct Pass {
   const Call& call;
   std::span<DeltaRule::State* const> states;
   DeltaRule::Buffers& buf;
-  int64_t N, H, KVH, HV, K, V;
-  int64_t Cq, Ck, Cv, C;  // channels of q, k, v as projected, and their sum (the short conv's row)
-  int64_t decay_width;    // HV, or HV·K for the per-channel gate
-  bool one_token;         // one sequence, one token: every projection in one GEMV region
-  float *raw, *qkv, *q, *k, *v, *beta, *decay, *low_decay, *gate, *low_gate, *core;
+  int64_t N = 0, H = 0, KVH = 0, HV = 0, K = 0, V = 0;
+  int64_t Cq = 0, Ck = 0, Cv = 0, C = 0;  // channels of q, k, v as projected, and their sum (the short conv's row)
+  int64_t decay_width = 0;                // HV, or HV·K for the per-channel gate
+  bool one_token = false;                 // one sequence, one token: every projection in one GEMV region
+  float *raw = nullptr, *qkv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *beta = nullptr, *decay = nullptr,
+        *low_decay = nullptr, *gate = nullptr, *low_gate = nullptr, *core = nullptr;
 
   kernels::Weight lin(const kernels::Matrix& w) const { return w.view(call.options.bf16_dot); }
   bool per_channel() const { return m.config.decay == DeltaRule::DecayInput::PerChannelLowRank; }
