@@ -1,9 +1,12 @@
 """Checks of the reference itself: safetensors round trips, gpt2.py against an independent token-by-token
 KV-cache decode built from torch.nn.functional, delta_family.py's building blocks against torch.nn.functional
 and its recurrence against the chunked (WY) form of spec 1.6, decode against prefill for every delta-family
-case (BF16 cases with the bf16 dot-product emulation too), and bit-identical golden re-runs.
+case (BF16 cases with the bf16 dot-product emulation too), kimi_linear.py's decode (explicit and absorbed
+MLA) against its prefill, its KDA against delta_family's, its RoPE, MLA and MoE router against independent
+forms, and bit-identical golden re-runs.
 Run: /usr/bin/python3 reference/test_reference.py   (also collectable by pytest)"""
 
+import dataclasses
 import filecmp
 import math
 import os
@@ -21,6 +24,8 @@ sys.path.insert(0, HERE)
 
 import delta_family  # noqa: E402
 import delta_family_goldens  # noqa: E402
+import kimi_linear  # noqa: E402
+import kimi_linear_goldens  # noqa: E402
 from golden_io import relative_rms  # noqa: E402
 from gpt2 import bf16_weight_names, canonical_weights, gpt2_forward  # noqa: E402
 from gpt2_goldens import CASES, checkpoint_tensors, init_params  # noqa: E402
@@ -189,6 +194,249 @@ def test_delta_family_decode_matches_prefill():
             assert err < 1e-12, (f"{case.model_type}/{case.name}{' bf16 inputs' if inputs else ''}: decode vs "
                                  f"prefill relative RMS {err:.3g}")
 
+
+
+def _kimi_case(case):
+    """(cfg, checkpoint tensors, float64 weights, tokens) of a kimi_linear golden case, without writing it."""
+    cfg = kimi_linear.KimiConfig.from_json(case.json_config())
+    params = kimi_linear_goldens.init_params(case, cfg, torch.Generator().manual_seed(case.seed))
+    tensors = kimi_linear_goldens.checkpoint_tensors(case, params)
+    w = kimi_linear.canonical_weights(cfg, tensors, torch.float64)
+    tokens = torch.from_numpy(kimi_linear_goldens.case_tokens(case, cfg)).long()
+    return cfg, tensors, w, tokens
+
+
+def test_kimi_decode_matches_prefill():
+    """One token at a time through the cache (KDA S and conv tails, MLA latents and k_r), with the explicit
+    and the absorbed MLA form (spec 2.4), reproduces the explicit prefill; BF16 cases with bf16 inputs too."""
+    for case in kimi_linear_goldens.CASES:
+        cfg, tensors, w, tokens = _kimi_case(case)
+        prefill = kimi_linear.kimi_forward(cfg, w, tokens)
+        for form in ("explicit", "absorbed"):
+            cache = kimi_linear.initial_cache(cfg, torch.float64)
+            decode = torch.cat([kimi_linear.kimi_forward(cfg, w, tokens[t:t + 1], cache=cache, mla_form=form)
+                                for t in range(case.T)])
+            err = relative_rms(decode, prefill)
+            assert err < 1e-10, f"kimi_linear/{case.name}: {form} decode vs explicit prefill relative RMS {err:.3g}"
+        bf16 = kimi_linear.bf16_weight_names(tensors)
+        if bf16:
+            prefill = kimi_linear.kimi_forward(cfg, w, tokens, bf16_inputs=bf16)
+            cache = kimi_linear.initial_cache(cfg, torch.float64)
+            decode = torch.cat([kimi_linear.kimi_forward(cfg, w, tokens[t:t + 1], cache=cache, bf16_inputs=bf16)
+                                for t in range(case.T)])
+            err = relative_rms(decode, prefill)
+            assert err < 1e-12, f"kimi_linear/{case.name}: bf16 inputs: decode vs prefill relative RMS {err:.3g}"
+
+
+def test_kimi_absorbed_mla_matches_explicit():
+    """The absorbed MLA form equals the explicit one to 1e-10 on every MLA intermediate of every case, and on
+    random wider layers continuing a cache, with and without RoPE."""
+    for case in kimi_linear_goldens.CASES:
+        cfg, _, w, tokens = _kimi_case(case)
+        explicit, absorbed = {}, {}
+        kimi_linear.kimi_forward(cfg, w, tokens, explicit)
+        kimi_linear.kimi_forward(cfg, w, tokens, absorbed, mla_form="absorbed")
+        err = max(relative_rms(absorbed[n], explicit[n]) for n in explicit)
+        assert err < 1e-10, f"kimi_linear/{case.name}: absorbed vs explicit relative RMS {err:.3g}"
+    gen = torch.Generator().manual_seed(5)
+    base = kimi_linear_goldens.CASES[0].json_config()
+    for nope in (True, False):
+        cfg = kimi_linear.KimiConfig.from_json({**base, "num_attention_heads": 3, "num_key_value_heads": 3,
+                                                "kv_lora_rank": 48, "qk_nope_head_dim": 24, "qk_rope_head_dim": 12,
+                                                "v_head_dim": 20, "mla_use_nope": nope})
+        D, n, r = cfg.hidden_size, 3, 48
+        shapes = {"q_proj.weight": [n * 36, D], "kv_a_proj_with_mqa.weight": [r + 12, D],
+                  "kv_a_layernorm.weight": [r], "kv_b_proj.weight": [n * 44, r], "o_proj.weight": [D, n * 20]}
+        w = delta_family.Weights({"a." + k: torch.randn(s, generator=gen, dtype=torch.float64)
+                                  for k, s in shapes.items()})
+        x = torch.randn(23, D, generator=gen, dtype=torch.float64)
+        outs = {}
+        for form in ("explicit", "absorbed"):
+            state = {"latent": torch.zeros(0, r, dtype=torch.float64),
+                     "k_rope": torch.zeros(0, 12, dtype=torch.float64)}
+            parts = [kimi_linear.mla_mixer(cfg, w, "a.", part, state, lambda name, t: t, form)
+                     for part in (x[:9], x[9:])]  # the second part continues the first's latent cache
+            outs[form] = torch.cat(parts)
+        err = relative_rms(outs["absorbed"], outs["explicit"])
+        assert err < 1e-10, f"random MLA (nope={nope}): absorbed vs explicit relative RMS {err:.3g}"
+
+
+def test_kimi_mla_matches_per_head_loop():
+    """MLA (RoPE on) against a plain loop over heads and tokens with F.softmax and the rotation written as
+    complex multiplication."""
+    gen = torch.Generator().manual_seed(6)
+    cfg = kimi_linear.KimiConfig.from_json({**kimi_linear_goldens.CASES[0].json_config(), "mla_use_nope": False,
+                                            "rope_theta": 500.0})
+    D, n, r, dn, dr, dv, T = cfg.hidden_size, 4, 32, 16, 8, 16, 12
+    shapes = {"q_proj.weight": [n * (dn + dr), D], "kv_a_proj_with_mqa.weight": [r + dr, D],
+              "kv_a_layernorm.weight": [r], "kv_b_proj.weight": [n * (dn + dv), r], "o_proj.weight": [D, n * dv]}
+    raw = {k: torch.randn(s, generator=gen, dtype=torch.float64) for k, s in shapes.items()}
+    x = torch.randn(T, D, generator=gen, dtype=torch.float64)
+    state = {"latent": torch.zeros(0, r, dtype=torch.float64), "k_rope": torch.zeros(0, dr, dtype=torch.float64)}
+    got = kimi_linear.mla_mixer(cfg, delta_family.Weights({"a." + k: t for k, t in raw.items()}), "a.", x, state,
+                                lambda name, t: t)
+
+    def rotate(v, pos):  # v [..., dr] interleaved pairs as complex numbers
+        freq = 500.0 ** (-torch.arange(0, dr, 2, dtype=torch.float64) / dr)
+        z = torch.view_as_complex(v.reshape(*v.shape[:-1], dr // 2, 2).contiguous())
+        return torch.view_as_real(z * torch.polar(torch.ones_like(freq), pos * freq)).flatten(-2)
+
+    q = F.linear(x, raw["q_proj.weight"]).view(T, n, dn + dr)
+    ckr = F.linear(x, raw["kv_a_proj_with_mqa.weight"])
+    c = ckr[:, :r] / torch.sqrt(ckr[:, :r].pow(2).mean(-1, keepdim=True) + 1e-6) * raw["kv_a_layernorm.weight"]
+    kv = F.linear(c, raw["kv_b_proj.weight"]).view(T, n, dn + dv)
+    ctx = torch.zeros(T, n, dv, dtype=torch.float64)
+    for h in range(n):
+        for t in range(T):
+            qt = torch.cat([q[t, h, :dn], rotate(q[t, h, dn:], t)])
+            keys = torch.stack([torch.cat([kv[j, h, :dn], rotate(ckr[j, r:], j)]) for j in range(t + 1)])
+            p = F.softmax(keys @ qt / math.sqrt(dn + dr), dim=0)
+            ctx[t, h] = p @ kv[:t + 1, h, dn:]
+    want = F.linear(ctx.reshape(T, n * dv), raw["o_proj.weight"])
+    assert relative_rms(got, want) < 1e-13, relative_rms(got, want)
+
+
+def test_kimi_rope_layouts():
+    """Interleaved RoPE: position 0 is the identity, and HF's rope_interleave form (permute to half-split,
+    then rotate_half) gives the same values in the half-split order, so every q.k is the same."""
+    gen = torch.Generator().manual_seed(7)
+    T, n, d = 9, 3, 8
+    x = torch.randn(T, n, d, generator=gen, dtype=torch.float64)
+    pos = torch.arange(5, 5 + T)
+    ours = kimi_linear.rope_interleaved(x, pos, 10000.0)
+    assert torch.equal(kimi_linear.rope_interleaved(x[:1], torch.zeros(1, dtype=torch.long), 10000.0), x[:1])
+    half = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+    freq = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angle = torch.cat([pos[:, None] * freq, pos[:, None] * freq], dim=-1)[:, None, :]
+    rotated_half = torch.cat([-half[..., d // 2:], half[..., :d // 2]], dim=-1)
+    hf = half * angle.cos() + rotated_half * angle.sin()
+    assert relative_rms(hf, torch.cat([ours[..., 0::2], ours[..., 1::2]], dim=-1)) < 1e-15
+
+
+def test_kimi_kda_matches_delta_family():
+    """Kimi's KDA under its own names equals delta_family's fla KDA with the weights renamed (f_proj.0/1,
+    g_proj.0/1 with a zero bias, A_log [H]), on every intermediate and the output."""
+    cfg, _, w, tokens = _kimi_case(kimi_linear_goldens.CASES[0])
+    fcfg = delta_family.FlaConfig.from_json({"model_type": "kda", "vocab_size": cfg.vocab_size,
+                                             "hidden_size": cfg.hidden_size, "num_hidden_layers": 1,
+                                             "num_heads": cfg.kda_num_heads, "head_dim": cfg.kda_head_dim,
+                                             "conv_size": cfg.conv_size, "norm_eps": cfg.rms_norm_eps})
+    p = "model.layers.1.self_attn."
+    rename = {"f_a_proj.weight": "f_proj.0.weight", "f_b_proj.weight": "f_proj.1.weight",
+              "g_a_proj.weight": "g_proj.0.weight", "g_b_proj.weight": "g_proj.1.weight"}
+    fla = {"x." + rename.get(k[len(p):], k[len(p):]): t for k, t in w.items() if k.startswith(p)}
+    fla["x.A_log"] = fla["x.A_log"].reshape(-1)
+    fla["x.g_proj.1.bias"] = torch.zeros(cfg.kda_dim, dtype=torch.float64)
+    x = torch.randn(40, cfg.hidden_size, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    ours, theirs = {}, {}
+    out = kimi_linear.kda_mixer(cfg, delta_family.Weights(w), p, x, kimi_linear.initial_cache(cfg, torch.float64)[1],
+                                lambda name, t: ours.__setitem__(name, t) or t)
+    ref = delta_family.delta_mixer(fcfg, delta_family.Weights(fla), "x.", x,
+                                   delta_family.initial_cache(fcfg, torch.float64)[0],
+                                   lambda name, t: theirs.__setitem__(name, t) or t)
+    assert list(ours) == list(theirs), (list(ours), list(theirs))
+    for name in ours:
+        assert relative_rms(ours[name], theirs[name]) < 1e-15, name
+    assert relative_rms(out, ref) < 1e-15
+
+
+def _router_cfg(**overrides):
+    d = {**kimi_linear_goldens.CASES[0].json_config(), "num_experts": 8, "num_experts_per_token": 3,
+         "num_expert_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, **overrides}
+    return kimi_linear.KimiConfig.from_json(d)
+
+
+def test_kimi_router_ties_and_masks():
+    """Deterministic ties (larger biased score first, then lower expert / group index), the 0.0 group mask
+    (a masked expert outranks a kept one with s' < 0, masked ties go to the lower index), unbiased weights,
+    and router_bias_in_weights taking s + b (before the mask) at the selected experts."""
+    zero = torch.zeros(1, 8, dtype=torch.float64)
+    bias = torch.zeros(8, dtype=torch.float64)
+    sel = kimi_linear.route(_router_cfg(), zero, bias)
+    assert sel.ids.tolist() == [[0, 1, 2]]
+    assert torch.allclose(sel.weights, torch.full((1, 3), 1 / 3, dtype=torch.float64))
+    bias[5] = bias[2] = 0.1
+    assert kimi_linear.route(_router_cfg(), zero, bias).ids.tolist() == [[2, 5, 0]]
+    # 4 groups of 2: equal group scores keep the lower groups; a tie between groups 1 and 3 keeps both.
+    grouped = _router_cfg(num_expert_group=4, topk_group=2, num_experts_per_token=2)
+    assert kimi_linear.route(grouped, zero, torch.zeros(8, dtype=torch.float64)).ids.tolist() == [[0, 1]]
+    b = torch.zeros(8, dtype=torch.float64)
+    b[[2, 3, 6, 7]] = 0.1
+    assert kimi_linear.route(grouped, zero, b).ids.tolist() == [[2, 3]]
+    # One group kept (experts 4, 5: s' = 0.5, -0.1); everything else masked to 0.0, which outranks -0.1.
+    one = _router_cfg(num_expert_group=4, topk_group=1, num_experts_per_token=3, routed_scaling_factor=2.0)
+    b = torch.full((8,), -0.6, dtype=torch.float64)
+    b[4] = 0.0
+    sel = kimi_linear.route(one, zero, b)
+    assert sel.ids.tolist() == [[4, 0, 1]] and bool(sel.zero_mask_changes[0])
+    assert torch.allclose(sel.weights, torch.full((1, 3), 2.0 / 3, dtype=torch.float64))
+    assert math.isclose(float(sel.expert_margin[0]), 0.1)  # exact 0.0 tie at the cut: margin = nearest kept |s'|
+    sel = kimi_linear.route(dataclasses.replace(one, router_bias_in_weights=True), zero, b)
+    assert sel.ids.tolist() == [[4, 0, 1]]
+    assert torch.allclose(sel.weights, torch.tensor([[0.5, -0.1, -0.1]], dtype=torch.float64) / 0.3 * 2.0)
+    # k = 1: no renormalization, weight = scaling * sigmoid(logit).
+    single = _router_cfg(num_experts_per_token=1, routed_scaling_factor=2.446)
+    logits = torch.tensor([[0.3, 1.2, -0.4, 0.0, 0.5, 0.1, 0.2, 1.1]], dtype=torch.float64)
+    sel = kimi_linear.route(single, logits, torch.zeros(8, dtype=torch.float64))
+    assert sel.ids.tolist() == [[1]] and torch.allclose(sel.weights, 2.446 * torch.sigmoid(logits[:, 1:2]))
+    assert kimi_linear.rank_descending(torch.tensor([0.0, -0.0, 1.0, 0.0])).tolist() == [2, 0, 1, 3]
+
+
+def test_kimi_moe_single_expert_equals_dense_mlp():
+    """E = 1, k = 1, scaling 1, no shared expert, no renormalization: the MoE is the dense SwiGLU scaled by
+    the single weight sigmoid(logit) (Kimi renormalizes only when k > 1); and two identical experts with
+    k = 2 and renormalization (weights summing to 1) give the dense SwiGLU itself."""
+    gen = torch.Generator().manual_seed(9)
+    D, I, T = 64, 32, 11
+    rand = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64) / math.sqrt(s[-1])  # noqa: E731
+    w1, w3, w2, gate = rand(I, D), rand(I, D), rand(D, I), rand(1, D)
+    x = torch.randn(T, D, generator=gen, dtype=torch.float64)
+    dense = F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+    base = {**kimi_linear_goldens.CASES[0].json_config(), "num_shared_experts": 0, "routed_scaling_factor": 1.0,
+            "num_expert_group": 1, "topk_group": 1}
+    cfg = kimi_linear.KimiConfig.from_json({**base, "num_experts": 1, "num_experts_per_token": 1,
+                                            "moe_renormalize": False})
+    w = {"m.gate.weight": gate, "m.gate.e_score_correction_bias": torch.tensor([0.3], dtype=torch.float64),
+         "m.experts.0.w1.weight": w1, "m.experts.0.w3.weight": w3, "m.experts.0.w2.weight": w2}
+    out, sel = kimi_linear.moe_block(cfg, delta_family.Weights(w), "m.", x, lambda name, t: t)
+    assert sel.ids.eq(0).all()
+    assert relative_rms(out, torch.sigmoid(F.linear(x, gate)) * dense) < 1e-15
+    cfg = kimi_linear.KimiConfig.from_json({**base, "num_experts": 2, "num_experts_per_token": 2,
+                                            "moe_renormalize": True})
+    w = {"m.gate.weight": rand(2, D), "m.gate.e_score_correction_bias": torch.zeros(2, dtype=torch.float64)}
+    for e in range(2):
+        w.update({f"m.experts.{e}.w1.weight": w1, f"m.experts.{e}.w3.weight": w3, f"m.experts.{e}.w2.weight": w2})
+    out, _ = kimi_linear.moe_block(cfg, delta_family.Weights(w), "m.", x, lambda name, t: t)
+    assert relative_rms(out, dense) < 1e-15
+
+
+def test_kimi_config():
+    """The layer schedule of the published 48B config, and options the reference does not implement raise."""
+    import json as _json
+    published = os.path.join("/work/shared/data/kimi-linear-48b-a3b", "config.json")
+    if os.path.exists(published):
+        with open(published) as f:
+            cfg = kimi_linear.KimiConfig.from_json(_json.load(f))
+        assert [i for i in range(27) if cfg.layer_kind(i) == "mla"] == [3, 7, 11, 15, 19, 23, 26]
+        assert [cfg.ffn_kind(i) for i in range(3)] == ["dense", "moe", "moe"]
+        assert not cfg.router_bias_in_weights and cfg.mla_use_nope
+    grouped = kimi_linear.KimiConfig.from_json(kimi_linear_goldens.CASES[2].json_config())
+    assert [grouped.ffn_kind(i) for i in range(5)] == ["dense", "dense", "moe", "dense", "moe"]
+    assert [grouped.layer_kind(i) for i in range(5)] == ["kda", "kda", "mla", "kda", "mla"]
+    base = kimi_linear_goldens.CASES[0].json_config()
+    for bad in ({"q_lora_rank": 16}, {"rope_scaling": {"type": "yarn"}}, {"hidden_act": "gelu"},
+                {"linear_attn_config": {**base["linear_attn_config"], "kda_layers": [1, 2, 3, 4]}},
+                {"num_key_value_heads": 2}, {"mla_use_output_gate": True}, {"num_expert_group": 3}):
+        try:
+            kimi_linear.KimiConfig.from_json({**base, **bad})
+        except ValueError:
+            continue
+        raise AssertionError(f"config {bad} was accepted")
+    try:
+        kimi_linear.KimiConfig.from_json({k: v for k, v in base.items() if k != "rms_norm_eps"})
+        raise AssertionError("a config without rms_norm_eps was accepted")
+    except ValueError:
+        pass
 
 def test_goldens_bit_identical():
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:

@@ -26,6 +26,20 @@ model::Model tiny_preset(const std::string& name, uint64_t seed) {
                               {"intermediate_size", 128}, {"bos_token_id", 1}, {"eos_token_id", 2}};
     j.update(tiny);
     if (j.contains("head_dim")) j["head_dim"] = 32;
+    if (j["model_type"] == "kimi_linear")  // KDA, MLA, KDA at width 64: MoE with a shared expert after the dense first layer
+      j.update({{"num_hidden_layers", 3},
+                {"linear_attn_config",
+                 {{"kda_layers", {1, 3}}, {"full_attn_layers", {2}}, {"num_heads", 2}, {"head_dim", 32},
+                  {"short_conv_kernel_size", 4}}},
+                {"num_attention_heads", 2},
+                {"num_key_value_heads", 2},
+                {"kv_lora_rank", 32},
+                {"qk_nope_head_dim", 16},
+                {"qk_rope_head_dim", 8},
+                {"v_head_dim", 16},
+                {"num_experts", 4},
+                {"num_experts_per_token", 2},
+                {"moe_intermediate_size", 32}});
     const model::ArchBuilder* build = model::find_arch(j["model_type"]);
     model::Model m = (*build)({model::ConfigFields(j, "tiny " + name), [](const std::string&) { return false; }});
     model::init_random(m, seed, DType::F32);

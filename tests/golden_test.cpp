@@ -7,6 +7,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "lineage/core/error.h"
 #include "lineage/io/load_model.h"
 #include "lineage/io/npy.h"
 #include "lineage/kernels/linear.h"
@@ -54,10 +55,12 @@ io::LoadedModel load_exact(const fs::path& dir) {
   return lm;
 }
 
-void check_case(const fs::path& dir, layers::DeltaRulePath path = layers::DeltaRulePath::Auto) {
+void check_case(const fs::path& dir, layers::DeltaRulePath path = layers::DeltaRulePath::Auto,
+                layers::MlaPath mla = layers::MlaPath::Auto) {
   SCOPED_TRACE(dir.string());
   io::LoadedModel lm = load_exact(dir);
   lm.model.options.delta_rule_path = path;
+  lm.model.options.mla_path = mla;
   const Tensor toks = io::load_npy(dir / "golden" / "tokens.npy");
   std::vector<int32_t> ids(toks.data<int32_t>(), toks.data<int32_t>() + toks.numel());
   std::map<std::string, std::vector<float>> got;
@@ -187,10 +190,10 @@ TEST(GoldenDeltaFamily, EveryIntermediateMatchesPyTorchOnBothKernelPaths) {
   }
 }
 
-// A recurrent state (S, the conv tail, the normalizer) restored from a snapshot, in place, continues
-// exactly as the original did.
+// A recurrent state (S, the conv tail, the normalizer; Kimi Linear's MLA latents too) restored from a
+// snapshot, in place, continues exactly as the original did.
 TEST(GoldenDeltaFamily, SnapshotRestoreContinuesIdentically) {
-  for (const char* family : kDeltaFamilies)
+  for (const char* family : {"linear_attn", "delta_net", "gated_deltanet", "kda", "kimi_linear"})
     for (const auto& dir : cases(family)) {
       SCOPED_TRACE(dir.string());
       io::LoadedModel lm = io::load_model(dir, false);
@@ -333,6 +336,64 @@ TEST(GoldenGpt2, OwnedWeightsGiveTheMappedLogits) {
       const auto ld = d.decode(id);
       ASSERT_LE(test::rel_rms(ld.data(), from_mapped.data(), int64_t(from_mapped.size())), 1e-5);
     }
+  }
+}
+
+// Kimi Linear (KDA + MLA + MoE): every intermediate (router logits, chosen experts and weights, MLA
+// latents, logits) through both KDA kernels and both MLA forms. The golden prompt is one prefill of
+// 70 tokens, so the absorbed form is forced to run it (every query against the latent cache).
+TEST(GoldenKimiLinear, EveryIntermediateMatchesPyTorchOnEveryPath) {
+  const auto all = cases("kimi_linear");
+  ASSERT_GE(all.size(), 6u) << "expected the reference's Kimi Linear cases under " << test::testdata() / "kimi_linear";
+  for (const auto& dir : all)
+    for (auto path : {layers::DeltaRulePath::Recurrent, layers::DeltaRulePath::Chunked})
+      for (auto mla : {layers::MlaPath::Explicit, layers::MlaPath::Absorbed}) {
+        SCOPED_TRACE(cat(path == layers::DeltaRulePath::Recurrent ? "recurrent" : "chunked", " KDA kernel, ",
+                         mla == layers::MlaPath::Explicit ? "explicit" : "absorbed", " MLA"));
+        check_case(dir, path, mla);
+      }
+}
+
+// The absorbed form (W_UK folded into q, attention over the latent cache, W_UV after) against the
+// explicit one (keys and values expanded per head), token by token: the same model to f32 rounding.
+TEST(GoldenKimiLinear, AbsorbedDecodeEqualsExplicit) {
+  for (const auto& dir : cases("kimi_linear")) {
+    SCOPED_TRACE(dir.string());
+    io::LoadedModel lm = load_exact(dir);
+    const auto ids = golden_tokens(dir);
+    lm.model.options.mla_path = layers::MlaPath::Explicit;
+    const std::vector<float> expl = logits_in_pieces(lm.model, ids, 1);
+    lm.model.options.mla_path = layers::MlaPath::Absorbed;
+    const std::vector<float> absorbed = logits_in_pieces(lm.model, ids, 1);
+    ASSERT_EQ(expl.size(), absorbed.size());
+    EXPECT_LE(test::rel_rms(absorbed.data(), expl.data(), int64_t(expl.size())), 1e-6);
+    EXPECT_NE(absorbed, expl) << "the two forms must both have run (another summation order)";
+  }
+}
+
+TEST(GoldenKimiLinear, SplitInvarianceAndLatentCacheGrowth) {
+  for (const auto& dir : cases("kimi_linear")) {
+    SCOPED_TRACE(dir.string());
+    io::LoadedModel lm = load_exact(dir);
+    const auto ids = golden_tokens(dir);
+    const std::vector<float> ref = logits_in_pieces(lm.model, ids, int64_t(ids.size()));
+    for (int64_t piece : {1, 2, 3, 7, 64}) {
+      const std::vector<float> got = logits_in_pieces(lm.model, ids, piece);
+      ASSERT_EQ(got.size(), ref.size());
+      EXPECT_LE(test::rel_rms(got.data(), ref.data(), int64_t(ref.size())), 1e-5) << "pieces of " << piece;
+    }
+    // State: the KDA layers' fixed S and conv tails, plus r + d_rope floats per token per MLA layer.
+    runtime::Session a(lm.model), b(lm.model);
+    a.prefill(std::span<const int32_t>(ids.data(), 10));
+    b.prefill(ids);
+    const model::StateCost cost = model::state_cost(lm.model);
+    EXPECT_EQ(a.state().bytes(), cost.fixed + 10 * cost.per_token);
+    EXPECT_EQ(b.state().bytes(), cost.fixed + ids.size() * cost.per_token);
+    size_t latent = 0;
+    for (const auto& blk : lm.model.blocks)
+      if (const auto* m = std::get_if<layers::Mla>(&blk.mixer)) latent += size_t(m->config.latent()) * sizeof(float);
+    EXPECT_EQ(cost.per_token, latent);
+    EXPECT_GT(latent, 0u);
   }
 }
 

@@ -15,9 +15,10 @@ struct AttentionHeads {
 
 // One sequence of a batched call: T new queries at positions p0 .. p0+T-1 against its own keys and
 // values 0 .. p0+T-1. Query t, head h at q + t·ldq + h·dk (ldq = H·dk for [T, H, dk]; 3·H·dk reads the
-// queries in place from a fused [T, q | k | v] projection). Key j of head h at k + h·k_stride + j·dk,
-// value j at v + h·v_stride + j·dv (a KV cache's [H, capacity, d] layout). Output t, head h at
-// out + t·ldo + h·dv; out must not alias q, k or v.
+// queries in place from a fused [T, q | k | v] projection). Key j of head h at k + h·k_stride + j·ldk,
+// value j at v + h·v_stride + j·ldv (a KV cache's [H, capacity, d] layout: ldk = dk, ldv = dv, the
+// defaults when 0; MLA's expanded values are read in place from the [j][head][k | v] rows of kv_b's
+// product: ldv = H·(d_nope + dv)). Output t, head h at out + t·ldo + h·dv; out must not alias q, k or v.
 struct AttentionSeq {
   const float* q = nullptr;
   int64_t ldq = 0, T = 0, p0 = 0;
@@ -26,10 +27,11 @@ struct AttentionSeq {
   int64_t k_stride = 0, v_stride = 0;
   float* out = nullptr;
   int64_t ldo = 0;
+  int64_t ldk = 0, ldv = 0;
 };
 
 // out[t, h, :] = Σ_{j ≤ p0+t} softmax_j(scale · q[t,h]·k[h,j]) · v[h,j] for every sequence of
-// `seqs`, each against its own keys only. A sequence with T ≥ 16 (prefill; dk = dv): tiles of 64
+// `seqs`, each against its own keys only. A sequence with T ≥ 16 (prefill): tiles of 64
 // queries per head against steps of keys (64 in the AVX-512 build, 256 in the portable one) as
 // small matrix products. All other queries of the call (the decode tokens of a batch) are one
 // query at a time, every (sequence, token, head) of the call in one parallel region. Every output
@@ -40,5 +42,25 @@ void attention_causal(std::span<const AttentionSeq> seqs, const AttentionHeads& 
 // One sequence, dk = dv = hd, out packed [T, H, hd]; keys and values share head_stride.
 void attention_causal(const float* q, int64_t ldq, int64_t T, int64_t p0, const float* k, const float* v,
                       int64_t head_stride, int64_t H, int64_t hd, float scale, float* out);
+
+// Multi-query attention of one token (MLA's absorbed decode): H query rows q + h·ldq of dk channels
+// against n_keys rows shared by every head, row j at kv + j·ldkv, whose first dk elements are its
+// key and first dv its value (dv <= dk: MLA's cached [ĉ | k_r] rows, the latent ĉ both key part and
+// value). out + h·ldo = Σ_j softmax_j(scale · q_h·k_j) v_j, f32 throughout.
+struct LatentQuery {
+  const float* q = nullptr;
+  int64_t ldq = 0, n_keys = 0;
+  const float* kv = nullptr;
+  int64_t ldkv = 0;
+  float* out = nullptr;
+  int64_t ldo = 0;
+};
+
+// Every query of `qs` (the decode tokens of a step, each against its own sequence's rows) with H
+// heads. The rows are read once per group of heads (heads are split into groups only as far as the
+// threads need work), and each head's result does not depend on the grouping, the other queries
+// or the thread count. dv <= kLatentMaxValue.
+constexpr int64_t kLatentMaxValue = 1024;
+void latent_attention(std::span<const LatentQuery> qs, int64_t H, int64_t dk, int64_t dv, float scale);
 
 }  // namespace lineage::kernels

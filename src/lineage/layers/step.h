@@ -40,10 +40,16 @@ struct Step {
 // chunk_threshold(K) and the chunked one otherwise. Tests force either to compare them.
 enum class DeltaRulePath : uint8_t { Auto, Recurrent, Chunked };
 
+// Which form MLA attends in: Auto takes the explicit (expanded keys and values) form for sequences of
+// at least kMlaExplicitMin tokens of a step and the absorbed (latent-space) form for shorter ones.
+// Tests force either to compare them.
+enum class MlaPath : uint8_t { Auto, Explicit, Absorbed };
+
 // Options that change the numerics of a forward. They belong to the model (Model::options) or to
 // one call, never to the process, so two models or two requests can differ in one process.
 struct Options {
   DeltaRulePath delta_rule_path = DeltaRulePath::Auto;
+  MlaPath mla_path = MlaPath::Auto;
   // BF16 weights multiplied with bf16 dot products (x rounded to bf16 once per product) where the
   // CPU has AVX512_BF16; false: widened to f32, exact f32 products (the CLI's --bf16-exact).
   bool bf16_dot = true;

@@ -84,6 +84,8 @@ void StatePool::add_slot(bool used) {
       if (auto* a = std::get_if<layers::Attention::State>(&s->layers[l])) {
         const auto& cfg = std::get<layers::Attention>(model_->blocks[l].mixer).config;
         a->reserve(cfg.n_heads, cfg.head_dim, options_.ctx);
+      } else if (auto* c = std::get_if<layers::Mla::State>(&s->layers[l])) {
+        c->reserve(std::get<layers::Mla>(model_->blocks[l].mixer).config.latent(), options_.ctx);
       }
   slots_.push_back(std::move(s));
   used_.push_back(used ? 1 : 0);
@@ -254,6 +256,8 @@ void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRow
           using Mixer = std::decay_t<decltype(mixer)>;
           if constexpr (std::is_same_v<Mixer, layers::Attention>)
             forward(mixer, call, a, layer_states(ws.attention_states, step, pool, i), y, ws.attention, tr);
+          else if constexpr (std::is_same_v<Mixer, layers::Mla>)
+            forward(mixer, call, a, layer_states(ws.mla_states, step, pool, i), y, ws.mla, tr);
           else
             forward(mixer, call, a, layer_states(ws.delta_rule_states, step, pool, i), y, ws.delta_rule, tr);
         },
@@ -266,6 +270,7 @@ void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRow
         [&](const auto& ffn) {
           using Ffn = std::decay_t<decltype(ffn)>;
           if constexpr (std::is_same_v<Ffn, layers::Mlp>) forward(ffn, call, a, y, ws.mlp, tr);
+          else if constexpr (std::is_same_v<Ffn, layers::Moe>) forward(ffn, call, a, y, ws.moe, tr);
           else forward(ffn, call, a, y, ws.gated_mlp, tr);
         },
         b.ffn);
@@ -292,6 +297,8 @@ void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRow
 void prepare(Model& m, bool owned) {
   for (Block& b : m.blocks) {
     if (auto* d = std::get_if<layers::DeltaRule>(&b.mixer)) d->prepare();
+    if (auto* a = std::get_if<layers::Mla>(&b.mixer)) a->prepare();
+    if (auto* e = std::get_if<layers::Moe>(&b.ffn)) e->prepare();
     if (!owned) continue;
     const layers::MatrixVisitor to_out_in = [](kernels::Matrix& w) { kernels::store_out_in(w); };
     std::visit([&](auto& mixer) { mixer.for_each_matrix(to_out_in); }, b.mixer);
@@ -318,6 +325,11 @@ ParamCount count_params(Model& m, DType unallocated_dtype) {
     by[dt] += size_t(shape_numel(shape)) * dtype_size(dt);
   });
   c.bytes_by_dtype.assign(by.begin(), by.end());
+  c.activated = c.total;
+  for (const Block& b : m.blocks)
+    if (const auto* e = std::get_if<layers::Moe>(&b.ffn)) c.activated -= e->routed_params() - e->active_routed_params();
+  c.embedding = m.config.vocab_size * m.config.d_model;
+  c.head = m.config.tied_lm_head ? 0 : c.embedding;
   return c;
 }
 

@@ -12,17 +12,19 @@
 #include "lineage/layers/common.h"
 #include "lineage/layers/ffn/gated_mlp.h"
 #include "lineage/layers/ffn/mlp.h"
+#include "lineage/layers/ffn/moe.h"
 #include "lineage/layers/mixers/attention.h"
 #include "lineage/layers/mixers/delta_rule.h"
+#include "lineage/layers/mixers/mla.h"
 #include "lineage/layers/norm.h"
 #include "lineage/model/binding.h"
 
 namespace lineage::model {
 
 // Adding a mixer is a compile error at every std::visit that does not handle it.
-using TokenMixer = std::variant<layers::Attention, layers::DeltaRule>;
-using ChannelMixer = std::variant<layers::Mlp, layers::GatedMlp>;
-using MixerState = std::variant<layers::Attention::State, layers::DeltaRule::State>;
+using TokenMixer = std::variant<layers::Attention, layers::DeltaRule, layers::Mla>;
+using ChannelMixer = std::variant<layers::Mlp, layers::GatedMlp, layers::Moe>;
+using MixerState = std::variant<layers::Attention::State, layers::DeltaRule::State, layers::Mla::State>;
 
 // Pre-norm block: mixer(norm1(·)) then ffn(norm2(·)), each a sublayer of the model's residual
 // stream (ResidualStream below: plain x += f(norm(x)), or Block Attention Residuals with K3).
@@ -101,7 +103,7 @@ struct Model {
 };
 
 // Per-sequence memory of many sequences by slot: every layer's KV rows, recurrent S (+ z) and conv
-// tails (and MLA latents with K3). Slots are acquired and released without touching the others;
+// tails and MLA latents. Slots are acquired and released without touching the others;
 // released slots keep their buffers for the next sequence. Fixed up front (`slots`, `ctx` > 0:
 // every slot allocated with room for ctx positions, running out is an Error) or growing on demand
 // (0). The pool serves one model and must not outlive it.
@@ -147,10 +149,13 @@ struct Workspace {
   layers::Buffer x, normed, out, head_rows;
   layers::Attention::Buffers attention;
   layers::DeltaRule::Buffers delta_rule;
+  layers::Mla::Buffers mla;
   layers::Mlp::Buffers mlp;
   layers::GatedMlp::Buffers gated_mlp;
+  layers::Moe::Buffers moe;
   std::vector<layers::Attention::State*> attention_states;
   std::vector<layers::DeltaRule::State*> delta_rule_states;
+  std::vector<layers::Mla::State*> mla_states;
 };
 
 // The residual wiring of one forward over N rows of width D (ResidualKind). Plain: the stream is x;
@@ -196,9 +201,12 @@ void prepare(Model& m, bool owned);
 void check_tensors_finite(Model& m, const std::string& where);
 
 // Parameters: total (every tensor once) and bytes per dtype. Tensors not allocated yet (a preset's
-// skeleton) count as `unallocated_dtype`.
+// skeleton) count as `unallocated_dtype`. `activated`: the parameters one token runs, the routed
+// experts counted k of E per MoE layer (everything else is active), with the input embedding and
+// the LM head; vendors quote it with or without those (embedding, head: their counts; a tied head
+// is the embedding and counts once).
 struct ParamCount {
-  int64_t total = 0;
+  int64_t total = 0, activated = 0, embedding = 0, head = 0;
   std::vector<std::pair<DType, size_t>> bytes_by_dtype;
 };
 ParamCount count_params(Model& m, DType unallocated_dtype = DType::F32);

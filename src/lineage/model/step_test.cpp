@@ -12,7 +12,8 @@
 namespace lineage::model {
 namespace {
 
-const char* const kPresets[] = {"gpt2-124m", "linear-attention", "mamba2-decay", "deltanet", "gated-deltanet", "kda"};
+const char* const kPresets[] = {"gpt2-124m",      "linear-attention", "mamba2-decay", "deltanet",
+                                "gated-deltanet", "kda",              "kimi-linear"};
 
 // Each sequence of a batched step gives the logits it gives alone: every family, B = 1, 2, 5, 16,
 // unequal prompts, sequences joining (mixed prefill + decode steps) and leaving (slots reused).
@@ -42,6 +43,12 @@ TEST(Step, BatchedEqualsAloneOnBothKernelPaths) {
   for (auto path : {layers::DeltaRulePath::Recurrent, layers::DeltaRulePath::Chunked}) {
     Model m = test::tiny_preset("kda");
     m.options.delta_rule_path = path;
+    test::expect_batched_equals_alone(m, 5, 1e-6);
+  }
+  // Both MLA forms, each for every sequence of a step whatever its length.
+  for (auto form : {layers::MlaPath::Explicit, layers::MlaPath::Absorbed}) {
+    Model m = test::tiny_preset("kimi-linear");
+    m.options.mla_path = form;
     test::expect_batched_equals_alone(m, 5, 1e-6);
   }
 }

@@ -21,5 +21,7 @@ void attention_causal(const float* q, int64_t ldq, int64_t T, int64_t p0, const 
                       int64_t k_head_stride, int64_t H, int64_t hd, float scale, float* out);
 // Same contract as the batched kernels::attention_causal (separate q·k and v head dims).
 void attention_causal(std::span<const AttentionSeq> seqs, const AttentionHeads& heads);
+// Same contract as kernels::latent_attention (double accumulation).
+void latent_attention(std::span<const LatentQuery> qs, int64_t H, int64_t dk, int64_t dv, float scale);
 
 }  // namespace lineage::kernels::ref

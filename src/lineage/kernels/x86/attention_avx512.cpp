@@ -90,7 +90,8 @@ TileFn tile_for(int64_t m, bool full) {
 // output stay in NV zmm registers (hd <= 16·NV; Full: hd = 16·NV).
 
 template <int NV, bool Full>
-void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, int64_t hd, float scale, float* out) {
+void attend_one(const float* q, int64_t n_keys, const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t hd,
+                float scale, float* out) {
   __mmask16 km[NV];
   for (int u = 0; u < NV; ++u) km[u] = lanes(hd - 16 * u);
   __m512 qv[NV], acc[NV];
@@ -103,8 +104,8 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
   float m = -INFINITY, l = 0.0f;
   for (int64_t j0 = 0; j0 < n_keys; j0 += kKeys) {
     const int64_t n = std::min(kKeys, n_keys - j0);
-    const float* kj = k + j0 * hd;
-    const char* vrow = reinterpret_cast<const char*>(v + j0 * hd);
+    const float* kj = k + j0 * ldk;
+    const char* vrow = reinterpret_cast<const char*>(v + j0 * ldv);
     // This tile's V rows are requested while its K rows are read: two streams in flight. Sixteen
     // keys' products are summed across lanes together (one transposing reduction, ~2.5 instructions
     // a key, where a reduction per key took ~10: a stream's instructions per line decide how many
@@ -123,10 +124,10 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
       for (; key + 16 <= n; key += 16) {
         __m512 d[16];
 #pragma GCC unroll 16
-        for (int r = 0; r < 16; ++r, kj += hd, vrow += hd * 4) d[r] = score(kj, vrow);
+        for (int r = 0; r < 16; ++r, kj += ldk, vrow += ldv * 4) d[r] = score(kj, vrow);
         _mm512_store_ps(s + key, avx512::hsum16(d));
       }
-    for (; key < n; ++key, kj += hd, vrow += hd * 4) s[key] = _mm512_reduce_add_ps(score(kj, vrow));
+    for (; key < n; ++key, kj += ldk, vrow += ldv * 4) s[key] = _mm512_reduce_add_ps(score(kj, vrow));
     __m512 mx = _mm512_set1_ps(m);
     for (int64_t j = 0; j < n; j += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, lanes(n - j), s + j));
     const float m_new = _mm512_reduce_max_ps(mx);
@@ -141,8 +142,8 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
     const __m512 vc = _mm512_set1_ps(correction);
 #pragma GCC unroll 8
     for (int u = 0; u < NV; ++u) acc[u] = _mm512_mul_ps(acc[u], vc);
-    const float* vj = v + j0 * hd;
-    for (int64_t j = 0; j < n; ++j, vj += hd) {
+    const float* vj = v + j0 * ldv;
+    for (int64_t j = 0; j < n; ++j, vj += ldv) {
       const __m512 pj = _mm512_set1_ps(p[j]);
 #pragma GCC unroll 8
       for (int u = 0; u < NV; ++u) acc[u] = _mm512_fmadd_ps(pj, load<Full>(vj + 16 * u, km[u]), acc[u]);
@@ -152,7 +153,7 @@ void attend_one(const float* q, int64_t n_keys, const float* k, const float* v, 
   for (int u = 0; u < NV; ++u) _mm512_mask_storeu_ps(out + 16 * u, km[u], _mm512_mul_ps(inv, acc[u]));
 }
 
-using OneFn = void (*)(const float*, int64_t, const float*, const float*, int64_t, float, float*);
+using OneFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, int64_t, int64_t, float, float*);
 
 // The decode step for a head of `registers` zmm (1 .. kMaxOneRegisters).
 OneFn one_for(int64_t registers, bool full) {
@@ -167,22 +168,22 @@ OneFn one_for(int64_t registers, bool full) {
 
 }  // namespace
 
-void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_pos, const float* k, const float* v,
-                        int64_t hd, float scale, float* out, int64_t ldo) {
+void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_pos, const float* k, int64_t ldk,
+                        const float* v, int64_t ldv, int64_t dk, int64_t dv, float scale, float* out, int64_t ldo) {
   // Per-thread working space, grown once: the queries transposed and pre-scaled (Q'[c, i], zero past
   // nq), S' and P' for one step of keys, the running output O[i, c] (+ 16 floats to align).
   thread_local std::vector<float> buf;
-  buf.resize(size_t(kQ * hd + 2 * kKeys * kQ + kQ * hd + 16) + 16);
+  buf.resize(size_t(kQ * dk + 2 * kKeys * kQ + kQ * dv + 16) + 16);
   float* QT = buf.data() + (16 - reinterpret_cast<uintptr_t>(buf.data()) / 4 % 16) % 16;  // 64-byte aligned
-  float* ST = QT + kQ * hd;
+  float* ST = QT + kQ * dk;
   float* PT = ST + kKeys * kQ;
   float* O = PT + kKeys * kQ;
   // 16 queries × 16 columns at a time through a register transpose (element by element, the strided
   // stores took 7 % of the tile's time).
   const __m512 vs = _mm512_set1_ps(scale);
   for (int64_t i0 = 0; i0 < kQ; i0 += 16)
-    for (int64_t c0 = 0; c0 < hd; c0 += 16) {
-      const __mmask16 cols = lanes(hd - c0);
+    for (int64_t c0 = 0; c0 < dk; c0 += 16) {
+      const __mmask16 cols = lanes(dk - c0);
       __m512i r[16];
       for (int64_t i = 0; i < 16; ++i) {
         const float* row = q + (i0 + i) * ldq + c0;
@@ -190,10 +191,10 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
                            : _mm512_setzero_si512();
       }
       avx512::transpose16x16(r);
-      for (int64_t c = 0; c < std::min<int64_t>(16, hd - c0); ++c)
+      for (int64_t c = 0; c < std::min<int64_t>(16, dk - c0); ++c)
         _mm512_store_si512(QT + (c0 + c) * kQ + i0, r[c]);
     }
-  std::fill(O, O + nq * hd, 0.0f);
+  std::fill(O, O + nq * dv, 0.0f);
   __m512 m[4], l[4];  // running maximum and sum of each query's weights, 16 queries a register
   for (int g = 0; g < 4; ++g) m[g] = _mm512_set1_ps(-INFINITY), l[g] = _mm512_setzero_ps();
   const int64_t groups = (nq + 15) / 16;
@@ -202,8 +203,8 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
   for (int64_t j0 = 0; j0 < n_keys; j0 += kKeys) {
     const int64_t nk = std::min(kKeys, n_keys - j0);
     for (int64_t j = 0; j < nk; j += kRows)
-      tile_for(std::min<int64_t>(kRows, nk - j), true)(k + (j0 + j) * hd, hd, 1, hd, QT, kQ, Columns(kQ), ST + j * kQ,
-                                                       kQ, false);
+      tile_for(std::min<int64_t>(kRows, nk - j), true)(k + (j0 + j) * ldk, ldk, 1, dk, QT, kQ, Columns(kQ),
+                                                       ST + j * kQ, kQ, false);
     // Per group of 16 queries: the running maximum over the visible keys, then one pass that shifts
     // the scores by it, exponentiates (0 where not visible) and sums the weights.
     for (int64_t g = 0; g < groups; ++g) {
@@ -231,9 +232,9 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
     for (int64_t i = 0; i < nq; ++i) {
       if (corr[i] == 1.0f) continue;
       const __m512 vc = _mm512_set1_ps(corr[i]);
-      for (int64_t c = 0; c < hd; c += 16) {
-        const __mmask16 km = lanes(hd - c);
-        _mm512_mask_storeu_ps(O + i * hd + c, km, _mm512_mul_ps(vc, _mm512_maskz_loadu_ps(km, O + i * hd + c)));
+      for (int64_t c = 0; c < dv; c += 16) {
+        const __mmask16 km = lanes(dv - c);
+        _mm512_mask_storeu_ps(O + i * dv + c, km, _mm512_mul_ps(vc, _mm512_maskz_loadu_ps(km, O + i * dv + c)));
       }
     }
     // Queries [i, i + rows) see keys below position first_pos + i + rows: on the diagonal the
@@ -241,25 +242,25 @@ void attend_tile_avx512(const float* q, int64_t ldq, int64_t nq, int64_t first_p
     for (int64_t i = 0; i < nq; i += kRows) {
       const int64_t rows = std::min<int64_t>(kRows, nq - i), keys = std::min(nk, first_pos + i + rows - j0);
       if (keys <= 0) continue;
-      for (int64_t c0 = 0; c0 < hd; c0 += 64)
-        tile_for(rows, hd - c0 >= 64)(PT + i, 1, kQ, keys, v + j0 * hd + c0, hd, Columns(hd - c0), O + i * hd + c0, hd,
-                                      true);
+      for (int64_t c0 = 0; c0 < dv; c0 += 64)
+        tile_for(rows, dv - c0 >= 64)(PT + i, 1, kQ, keys, v + j0 * ldv + c0, ldv, Columns(dv - c0), O + i * dv + c0,
+                                      dv, true);
     }
   }
   alignas(64) float total[kQ];
   for (int g = 0; g < 4; ++g) _mm512_store_ps(total + 16 * g, l[g]);
   for (int64_t i = 0; i < nq; ++i) {
     const __m512 inv = _mm512_set1_ps(1.0f / total[i]);
-    for (int64_t c = 0; c < hd; c += 16) {
-      const __mmask16 km = lanes(hd - c);
-      _mm512_mask_storeu_ps(out + i * ldo + c, km, _mm512_mul_ps(inv, _mm512_maskz_loadu_ps(km, O + i * hd + c)));
+    for (int64_t c = 0; c < dv; c += 16) {
+      const __mmask16 km = lanes(dv - c);
+      _mm512_mask_storeu_ps(out + i * ldo + c, km, _mm512_mul_ps(inv, _mm512_maskz_loadu_ps(km, O + i * dv + c)));
     }
   }
 }
 
-void attend_one_avx512(const float* q, int64_t n_keys, const float* k, const float* v, int64_t hd, float scale,
-                       float* out) {
-  one_for((hd + 15) / 16, hd % 16 == 0)(q, n_keys, k, v, hd, scale, out);
+void attend_one_avx512(const float* q, int64_t n_keys, const float* k, int64_t ldk, const float* v, int64_t ldv,
+                       int64_t hd, float scale, float* out) {
+  one_for((hd + 15) / 16, hd % 16 == 0)(q, n_keys, k, ldk, v, ldv, hd, scale, out);
 }
 
 }  // namespace lineage::kernels

@@ -10,9 +10,9 @@ namespace lineage::layers {
 
 void GatedMlp::for_each_tensor(const std::string& p, const TensorVisitor& f) {
   const int64_t D = config.d_model, F = config.hidden;
-  visit_matrix(f, p + ".gate_proj.weight", weights.gate_proj, F, D);
-  visit_matrix(f, p + ".up_proj.weight", weights.up_proj, F, D);
-  visit_matrix(f, p + ".down_proj.weight", weights.down_proj, D, F);
+  visit_matrix(f, p + "." + names.gate + ".weight", weights.gate_proj, F, D);
+  visit_matrix(f, p + "." + names.up + ".weight", weights.up_proj, F, D);
+  visit_matrix(f, p + "." + names.down + ".weight", weights.down_proj, D, F);
 }
 
 std::string GatedMlp::describe() const {
@@ -22,8 +22,12 @@ std::string GatedMlp::describe() const {
 
 void forward(const GatedMlp& m, const Call& call, const float* x, float* y, GatedMlp::Buffers& buf,
              const Trace& trace) {
-  const int64_t F = m.config.hidden, T = call.step.n_tokens();
-  const bool dot = call.options.bf16_dot;
+  forward_rows(m, x, call.step.n_tokens(), y, buf, call.options.bf16_dot);
+  trace("mlp.out", y, {call.step.n_tokens(), m.config.d_model});
+}
+
+void forward_rows(const GatedMlp& m, const float* x, int64_t T, float* y, GatedMlp::Buffers& buf, bool dot) {
+  const int64_t F = m.config.hidden;
   float* g = buf.gate.get(size_t(T) * F);
   float* u = buf.up.get(size_t(T) * F);
   const kernels::LinearOut gate_up[] = {{m.weights.gate_proj.view(dot), nullptr, g},
@@ -39,7 +43,6 @@ void forward(const GatedMlp& m, const Call& call, const float* x, float* y, Gate
   if (T > 1) parallel_for(T, gate, grain_for(20 * F));
   else gate(0, T);  // one token: no std::function to build
   kernels::linear(g, T, m.weights.down_proj, nullptr, y, std::nullopt, dot);
-  trace("mlp.out", y, {T, m.config.d_model});
 }
 
 }  // namespace lineage::layers

@@ -10,6 +10,10 @@ struct GatedMlp {
   struct Config {
     int64_t d_model = 0, hidden = 0;  // D, F
   };
+  // Checkpoint names of the three matrices (Kimi's routed experts: w1, w3, w2).
+  struct Names {
+    std::string gate = "gate_proj", up = "up_proj", down = "down_proj";
+  };
   struct Weights {
     kernels::Matrix gate_proj;  // [F, D]
     kernels::Matrix up_proj;    // [F, D]
@@ -20,6 +24,7 @@ struct GatedMlp {
   };
   Config config;
   Weights weights;
+  Names names;
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
   void for_each_matrix(const MatrixVisitor& f) { f(weights.gate_proj), f(weights.up_proj), f(weights.down_proj); }
   std::string describe() const;
@@ -28,5 +33,7 @@ struct GatedMlp {
 // y[N, D] = down(silu(gate(x)) ⊙ up(x)) over the step's N rows. y must not alias x. Traces mlp.out.
 void forward(const GatedMlp& m, const Call& call, const float* x, float* y, GatedMlp::Buffers& buf,
              const Trace& trace);
+// The same over any T rows (a routed expert's tokens), untraced.
+void forward_rows(const GatedMlp& m, const float* x, int64_t T, float* y, GatedMlp::Buffers& buf, bool bf16_dot);
 
 }  // namespace lineage::layers

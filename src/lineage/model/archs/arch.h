@@ -29,5 +29,6 @@ Model build_linear_attn(const ArchInput& in);
 Model build_delta_net(const ArchInput& in);
 Model build_gated_deltanet(const ArchInput& in);
 Model build_kda(const ArchInput& in);
+Model build_kimi_linear(const ArchInput& in);
 
 }  // namespace lineage::model

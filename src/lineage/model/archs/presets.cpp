@@ -33,6 +33,49 @@ std::string fla_config(const std::string& type, nlohmann::json extra) {
   return j.dump();
 }
 
+// Kimi Linear (model_type kimi_linear) at a given shape; `extra` overrides fields.
+std::string kimi_config(nlohmann::json extra) {
+  nlohmann::json j = {{"model_type", "kimi_linear"},
+                      {"architectures", {"KimiLinearForCausalLM"}},
+                      {"vocab_size", 50257},
+                      {"hidden_size", 768},
+                      {"num_hidden_layers", 12},
+                      {"linear_attn_config",
+                       {{"kda_layers", {1, 2, 3, 5, 6, 7, 9, 10, 11}},
+                        {"full_attn_layers", {4, 8, 12}},
+                        {"num_heads", 12},
+                        {"head_dim", 64},
+                        {"short_conv_kernel_size", 4}}},
+                      {"num_attention_heads", 12},
+                      {"num_key_value_heads", 12},
+                      {"q_lora_rank", nullptr},
+                      {"kv_lora_rank", 256},
+                      {"qk_nope_head_dim", 64},
+                      {"qk_rope_head_dim", 32},
+                      {"v_head_dim", 64},
+                      {"mla_use_nope", true},
+                      {"hidden_act", "silu"},
+                      {"intermediate_size", 2048},
+                      {"first_k_dense_replace", 1},
+                      {"moe_layer_freq", 1},
+                      {"num_experts", 8},
+                      {"num_experts_per_token", 2},
+                      {"moe_intermediate_size", 256},
+                      {"num_shared_experts", 1},
+                      {"moe_router_activation_func", "sigmoid"},
+                      {"moe_renormalize", true},
+                      {"routed_scaling_factor", 2.446},
+                      {"use_grouped_topk", true},
+                      {"num_expert_group", 1},
+                      {"topk_group", 1},
+                      {"rms_norm_eps", 1e-5},
+                      {"tie_word_embeddings", false},
+                      {"bos_token_id", 50256},
+                      {"eos_token_id", 50256}};
+  if (extra.is_object()) j.update(extra);
+  return j.dump();
+}
+
 uint64_t hash_name(const std::string& s) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
@@ -72,6 +115,28 @@ const std::vector<Preset>& presets() {
        fla_config("gated_deltanet", {{"head_dim", 64}, {"expand_v", 1.0}}), true},
       {"kda", "Kimi Delta Attention: delta rule + decay per key channel",
        fla_config("kda", {{"head_dim", 64}, {"expand_v", 1.0}}), true},
+      {"kimi-linear", "Kimi Linear: 3 KDA : 1 MLA (latent cache), MoE 8 x 256 top-2 + shared, dense first layer",
+       kimi_config({}), true},
+      // The shape of llama.cpp's own Kimi-Linear test models (test-llama-archs), for benchmarks.
+      {"kimi-linear-bench", "Kimi Linear bench shape: KDA, KDA, KDA, MLA at width 1024, MoE 2 x 1024 top-1 + shared",
+       kimi_config({{"vocab_size", 1024},
+                    {"hidden_size", 1024},
+                    {"num_hidden_layers", 4},
+                    {"linear_attn_config",
+                     {{"kda_layers", {1, 2, 3}}, {"full_attn_layers", {4}}, {"num_heads", 8}, {"head_dim", 128},
+                      {"short_conv_kernel_size", 4}}},
+                    {"num_attention_heads", 8},
+                    {"num_key_value_heads", 8},
+                    {"kv_lora_rank", 512},
+                    {"qk_nope_head_dim", 128},
+                    {"qk_rope_head_dim", 64},
+                    {"v_head_dim", 128},
+                    {"intermediate_size", 1024},
+                    {"num_experts", 2},
+                    {"num_experts_per_token", 1},
+                    {"moe_intermediate_size", 1024},
+                    {"bos_token_id", 1},
+                    {"eos_token_id", 2}})},
   };
   return p;
 }

@@ -12,6 +12,7 @@ const std::map<std::string, ArchBuilder>& registry() {
       {"delta_net", build_delta_net},
       {"gated_deltanet", build_gated_deltanet},
       {"kda", build_kda},
+      {"kimi_linear", build_kimi_linear},
   };
   return r;
 }

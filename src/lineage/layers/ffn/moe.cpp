@@ -1,0 +1,177 @@
+#include "lineage/layers/ffn/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "lineage/core/error.h"
+#include "lineage/kernels/linear.h"
+
+namespace lineage::layers {
+
+void Moe::for_each_tensor(const std::string& p, const TensorVisitor& f) {
+  const Config& c = config;
+  visit_matrix(f, p + ".gate.weight", weights.gate, c.n_experts, c.d_model);
+  f(p + ".gate.e_score_correction_bias", weights.bias, {c.n_experts}, Init::Zeros);
+  weights.experts.resize(size_t(c.n_experts));
+  for (int64_t e = 0; e < c.n_experts; ++e) {
+    GatedMlp& x = weights.experts[size_t(e)];
+    x.config = {c.d_model, c.hidden};
+    x.names = {"w1", "w3", "w2"};
+    x.for_each_tensor(p + ".experts." + std::to_string(e), f);
+  }
+  if (c.shared_hidden > 0) {
+    weights.shared.config = {c.d_model, c.shared_hidden};
+    weights.shared.for_each_tensor(p + ".shared_experts", f);
+  }
+}
+
+void Moe::for_each_matrix(const MatrixVisitor& f) {
+  f(weights.gate);
+  for (GatedMlp& e : weights.experts) e.for_each_matrix(f);
+  if (config.shared_hidden > 0) weights.shared.for_each_matrix(f);
+}
+
+void Moe::prepare() {
+  Prepared p;
+  p.bias.assign(size_t(config.n_experts), 0.0f);
+  if (weights.bias.defined()) kernels::widen_row(weights.bias, 0, config.n_experts, p.bias.data());
+  p.ready = true;
+  prepared = std::move(p);
+}
+
+std::string Moe::describe() const {
+  const Config& c = config;
+  return cat("MoE, ", c.n_experts, " SwiGLU experts of ", c.hidden, ", ", c.top_k, " per token",
+             c.n_group > 1 ? cat(" (", c.topk_group, " of ", c.n_group, " groups)") : std::string(),
+             c.shared_hidden ? cat(", shared MLP ", c.shared_hidden) : std::string());
+}
+
+double Moe::bytes_per_step(double tokens) const {
+  const Config& c = config;
+  const double E = double(c.n_experts), k = double(c.top_k);
+  const double chosen = E * (1.0 - std::pow(1.0 - k / E, tokens));
+  double bytes = double(weights.gate.bytes()) + double(weights.bias.nbytes());
+  if (c.shared_hidden > 0) {
+    const GatedMlp::Weights& s = weights.shared.weights;
+    bytes += double(s.gate_proj.bytes() + s.up_proj.bytes() + s.down_proj.bytes());
+  }
+  if (!weights.experts.empty()) {
+    const GatedMlp::Weights& e = weights.experts[0].weights;
+    bytes += chosen * double(e.gate_proj.bytes() + e.up_proj.bytes() + e.down_proj.bytes());
+  }
+  return bytes;
+}
+
+void route(const Moe::Config& c, const float* logits, const float* bias, int32_t* ids, float* w,
+           std::vector<int32_t>& scratch) {
+  const int64_t E = c.n_experts, k = c.top_k;
+  // s and s' in f32 as the reference computes them (σ of the f32 logits; the bias added in f32).
+  thread_local std::vector<float> s, biased;
+  s.resize(size_t(E)), biased.resize(size_t(E));
+  for (int64_t e = 0; e < E; ++e) {
+    s[size_t(e)] = 1.0f / (1.0f + std::exp(-logits[e]));
+    biased[size_t(e)] = s[size_t(e)] + bias[e];
+  }
+  scratch.resize(size_t(E));
+  const auto before = [](const std::vector<float>& v) {
+    return [&v](int32_t a, int32_t b) { return v[size_t(a)] > v[size_t(b)] || (v[size_t(a)] == v[size_t(b)] && a < b); };
+  };
+  // What the top-k ranks: s', or with groups s' of the kept groups and 0.0 elsewhere (the
+  // references' mask: a kept expert with a negative s' ranks below a masked one).
+  const std::vector<float>* rank = &biased;
+  if (c.n_group > 1) {
+    const int64_t per = E / c.n_group;
+    thread_local std::vector<float> gscore, masked;
+    thread_local std::vector<int32_t> groups;
+    gscore.resize(size_t(c.n_group)), groups.resize(size_t(c.n_group));
+    for (int64_t g = 0; g < c.n_group; ++g) {  // the sum of the group's two largest biased scores
+      float a = -INFINITY, b = -INFINITY;
+      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+        const float v = biased[size_t(e)];
+        if (v > a) b = a, a = v;
+        else if (v > b) b = v;
+      }
+      gscore[size_t(g)] = per > 1 ? a + b : a;
+      groups[size_t(g)] = int32_t(g);
+    }
+    std::partial_sort(groups.begin(), groups.begin() + c.topk_group, groups.end(), before(gscore));
+    masked.assign(size_t(E), 0.0f);
+    for (int64_t i = 0; i < c.topk_group; ++i)
+      for (int64_t e = groups[size_t(i)] * per; e < (groups[size_t(i)] + 1) * per; ++e)
+        masked[size_t(e)] = biased[size_t(e)];
+    rank = &masked;
+  }
+  for (int64_t e = 0; e < E; ++e) scratch[size_t(e)] = int32_t(e);
+  std::partial_sort(scratch.begin(), scratch.begin() + k, scratch.end(), before(*rank));
+  double sum = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    const int32_t e = scratch[size_t(j)];
+    ids[j] = e;
+    w[j] = c.bias_in_weights ? biased[size_t(e)] : s[size_t(e)];
+    sum += w[j];
+  }
+  if (k > 1 && c.renormalize) {
+    const float denom = float(sum) + 1e-20f;
+    for (int64_t j = 0; j < k; ++j) w[j] /= denom;
+  }
+  for (int64_t j = 0; j < k; ++j) w[j] = float(double(w[j]) * c.scaling);
+}
+
+void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buffers& buf, const Trace& trace) {
+  const Moe::Config& c = m.config;
+  LINEAGE_CHECK(m.prepared.ready, "MoE layer used before prepare()");
+  const int64_t N = call.step.n_tokens(), D = c.d_model, E = c.n_experts, k = c.top_k;
+  const bool dot = call.options.bf16_dot;
+
+  // The router in f32 (exact products whatever the gate's dtype, as the reference casts it).
+  float* logits = buf.logits.get(size_t(N * E));
+  kernels::linear(x, N, m.weights.gate, nullptr, logits, std::nullopt, false);
+  trace("moe.router_logits", logits, {N, E});
+  buf.ids.resize(size_t(N * k));
+  float* w = buf.weights.get(size_t(N * k));
+  for (int64_t t = 0; t < N; ++t)
+    route(c, logits + t * E, m.prepared.bias.data(), buf.ids.data() + t * k, w + t * k, buf.scratch);
+  if (trace.on()) {
+    float* f = buf.ids_f.get(size_t(N * k));
+    for (int64_t i = 0; i < N * k; ++i) f[i] = float(buf.ids[size_t(i)]);
+    trace("moe.expert_ids", f, {N, k});
+    trace("moe.expert_weights", w, {N, k});
+  }
+
+  // Tokens by expert (counting sort: ascending expert, then ascending token).
+  buf.offsets.assign(size_t(E + 1), 0);
+  for (const int32_t e : buf.ids) ++buf.offsets[size_t(e) + 1];
+  for (int64_t e = 0; e < E; ++e) buf.offsets[size_t(e + 1)] += buf.offsets[size_t(e)];
+  buf.order.resize(size_t(N * k));
+  {
+    buf.scratch.assign(buf.offsets.begin(), buf.offsets.end() - 1);
+    for (int64_t i = 0; i < N * k; ++i) buf.order[size_t(buf.scratch[size_t(buf.ids[size_t(i)])]++)] = int32_t(i);
+  }
+  std::memset(y, 0, size_t(N * D) * sizeof(float));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t b = buf.offsets[size_t(e)], n = buf.offsets[size_t(e + 1)] - b;
+    if (!n) continue;
+    float* in = buf.rows_in.get(size_t(n * D));
+    float* out = buf.rows_out.get(size_t(n * D));
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(in + i * D, x + (buf.order[size_t(b + i)] / k) * D, size_t(D) * sizeof(float));
+    forward_rows(m.weights.experts[size_t(e)], in, n, out, buf.mlp, dot);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t slot = buf.order[size_t(b + i)];
+      const float wi = w[slot];
+      float* yt = y + (slot / k) * D;
+      const float* o = out + i * D;
+      for (int64_t d = 0; d < D; ++d) yt[d] += wi * o[d];
+    }
+  }
+  if (c.shared_hidden > 0) {
+    float* sh = buf.shared.get(size_t(N * D));
+    forward_rows(m.weights.shared, x, N, sh, buf.mlp, dot);
+    trace("moe.shared", sh, {N, D});
+    for (int64_t i = 0; i < N * D; ++i) y[i] += sh[i];
+  }
+  trace("moe.out", y, {N, D});
+}
+
+}  // namespace lineage::layers

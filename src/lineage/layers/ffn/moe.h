@@ -1,0 +1,77 @@
+// Mixture-of-Experts (DeepSeek-V3 style, as Kimi Linear and Kimi K3 route): a sigmoid router in f32,
+// a correction bias that selects but does not weigh, grouped top-k, renormalized and scaled weights,
+// SwiGLU experts, and shared experts as one MLP added unweighted:
+//   s = σ(W_gate·x);  s' = s + b;  [groups: keep the topk_group groups by the sum of their top-2 s',
+//   the others' s' set to 0.0];  idx = top-k of s' (ties: lower index first);  w = s[idx]
+//   (router_bias_in_weights: s'[idx], as the released modeling_kimi.py computes it through an aliased
+//   view);  w /= Σw + 1e-20 (k > 1 and renormalize);  w ·= routed_scaling_factor
+//   y = Σ_j w_j·expert_idx_j(x) + shared(x)
+// Spec: shared/spec/attention-mla-moe-attnres.md §3; reference/kimi_linear.py.
+#pragma once
+
+#include <vector>
+
+#include "lineage/layers/common.h"
+#include "lineage/layers/ffn/gated_mlp.h"
+
+namespace lineage::layers {
+
+struct Moe {
+  struct Config {
+    int64_t d_model = 0;
+    int64_t n_experts = 0, top_k = 0;    // E, k
+    int64_t hidden = 0;                  // each routed expert's width I
+    int64_t shared_hidden = 0;           // the shared MLP's width I·n_shared; 0 = none
+    int64_t n_group = 1, topk_group = 1; // group-limited routing (1 group: plain top-k)
+    bool renormalize = true;
+    double scaling = 1.0;                // routed_scaling_factor
+    bool bias_in_weights = false;        // router_bias_in_weights (see above)
+  };
+  struct Weights {
+    kernels::Matrix gate;         // [E, D], run in f32
+    Tensor bias;                  // [E] e_score_correction_bias
+    std::vector<GatedMlp> experts;
+    GatedMlp shared;              // shared_hidden > 0
+  };
+  struct Prepared {
+    std::vector<float> bias;      // [E], widened once
+    bool ready = false;
+  };
+  // A step's activations: router logits [N, E], the chosen experts and weights [N, k], the tokens
+  // grouped by expert, one expert's rows in and out, the routed sum and the shared output [N, D].
+  struct Buffers {
+    Buffer logits, weights, rows_in, rows_out, shared, ids_f;
+    std::vector<int32_t> ids, order, scratch;
+    std::vector<int64_t> offsets;
+    GatedMlp::Buffers mlp;
+  };
+
+  Config config;
+  Weights weights;
+  Prepared prepared;
+
+  void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
+  void for_each_matrix(const MatrixVisitor& f);
+  void prepare();
+  std::string describe() const;
+  // Parameters of the routed experts, all of them and those one token runs (k of E).
+  int64_t routed_params() const { return config.n_experts * 3 * config.d_model * config.hidden; }
+  int64_t active_routed_params() const { return config.top_k * 3 * config.d_model * config.hidden; }
+  // Weight bytes one step of `tokens` tokens reads: router, shared MLP and the distinct experts the
+  // tokens are expected to choose, E·(1 − (1 − k/E)^tokens) (uniform routing).
+  double bytes_per_step(double tokens) const;
+};
+
+// One token's routing: logits [E] (f32) and the widened bias [E] to the chosen experts ids[k], in
+// order of their biased scores (larger first, then lower index), and their weights w[k]. scratch
+// holds E ints.
+void route(const Moe::Config& c, const float* logits, const float* bias, int32_t* ids, float* w,
+           std::vector<int32_t>& scratch);
+
+// y[N, D] = the MoE on x[N, D] (already normalized). The step's tokens are grouped by expert, so
+// each chosen expert's weights are read once per step and the others not at all; each token sums
+// its experts in ascending expert order (the same bits alone or in a batch of up to 8 decode
+// tokens). Traces moe.router_logits, moe.expert_ids, moe.expert_weights, moe.shared, moe.out.
+void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buffers& buf, const Trace& trace);
+
+}  // namespace lineage::layers

@@ -1,0 +1,295 @@
+#include "lineage/layers/mixers/mla.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "lineage/core/error.h"
+#include "lineage/core/parallel.h"
+#include "lineage/kernels/norm.h"
+#include "lineage/kernels/vmath.h"
+
+namespace lineage::layers {
+
+namespace {
+
+// The first s.length rows of s into a new cache of `cap` rows.
+Tensor copy_rows(const Mla::State& s, int64_t width, int64_t cap) {
+  Tensor t = Tensor::empty(DType::F32, {cap, width});
+  if (s.length) std::memcpy(t.raw_mut(), s.kv.raw(), size_t(s.length * width) * sizeof(float));
+  return t;
+}
+
+void grow(Mla::State& s, int64_t width, int64_t needed) {
+  if (needed <= s.capacity) return;
+  s.reserve(width, std::max<int64_t>({needed, 2 * s.capacity, 16}));
+}
+
+// DeepSeek-V3's interleaved rotation of one d_r-wide slot at position p: pairs (x_2i, x_2i+1) turn by
+// p·θ^(−2i/d_r). The angles in double, so long positions keep their precision.
+void rotate(float* x, int64_t d, int64_t p, double theta) {
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const double angle = double(p) * std::pow(theta, -2.0 * double(i) / double(d));
+    const float c = float(std::cos(angle)), s = float(std::sin(angle));
+    const float a = x[2 * i], b = x[2 * i + 1];
+    x[2 * i] = a * c - b * s;
+    x[2 * i + 1] = a * s + b * c;
+  }
+}
+
+// Rows `rows` of the step's [N, ld] activations, columns [c0, c0 + w), packed into dst [rows, w].
+void gather(const float* src, int64_t ld, std::span<const int64_t> rows, int64_t c0, int64_t w, float* dst) {
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(dst + int64_t(i) * w, src + rows[i] * ld + c0, size_t(w) * sizeof(float));
+}
+
+void scatter(const float* src, std::span<const int64_t> rows, int64_t w, float* dst, int64_t ld, int64_t c0) {
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(dst + rows[i] * ld + c0, src + int64_t(i) * w, size_t(w) * sizeof(float));
+}
+
+bool explicit_form(const Options& o, int64_t T) {
+  return o.mla_path == MlaPath::Explicit || (o.mla_path == MlaPath::Auto && T >= kMlaExplicitMin);
+}
+
+}  // namespace
+
+Mla::State Mla::State::clone() const {
+  State c;
+  c.length = length;
+  if (length) {
+    c.capacity = length;
+    c.kv = copy_rows(*this, kv.dim(1), length);
+  }
+  return c;
+}
+
+void Mla::State::assign(const State& from) {
+  if (!from.length) {
+    length = 0;
+    return;
+  }
+  const int64_t w = from.kv.dim(1);
+  if (capacity >= from.length && kv.dim(1) == w) {
+    std::memcpy(kv.raw_mut(), from.kv.raw(), size_t(from.length * w) * sizeof(float));
+  } else {
+    capacity = 2 * from.length;
+    kv = copy_rows(from, w, capacity);
+  }
+  length = from.length;
+}
+
+void Mla::State::reserve(int64_t width, int64_t positions) {
+  if (positions <= capacity) return;
+  kv = copy_rows(*this, width, positions);
+  capacity = positions;
+}
+
+void Mla::for_each_tensor(const std::string& p, const TensorVisitor& f) {
+  const Config& c = config;
+  const int64_t D = c.d_model, n = c.n_heads, r = c.kv_lora_rank;
+  if (c.q_lora_rank > 0) {
+    visit_matrix(f, p + ".q_a_proj.weight", weights.q_a_proj, c.q_lora_rank, D);
+    weights.q_a_norm.for_each_tensor(p + ".q_a_layernorm", f);
+    visit_matrix(f, p + ".q_b_proj.weight", weights.q_b_proj, n * c.d_qk(), c.q_lora_rank);
+  } else {
+    visit_matrix(f, p + ".q_proj.weight", weights.q_proj, n * c.d_qk(), D);
+  }
+  visit_matrix(f, p + ".kv_a_proj_with_mqa.weight", weights.kv_a_proj, r + c.d_rope, D);
+  weights.kv_a_norm.for_each_tensor(p + ".kv_a_layernorm", f);
+  visit_matrix(f, p + ".kv_b_proj.weight", weights.kv_b_proj, n * (c.d_nope + c.d_v), r);
+  if (c.output_gate) visit_matrix(f, p + ".g_proj.weight", weights.g_proj, n * c.d_v, D);
+  visit_matrix(f, p + ".o_proj.weight", weights.o_proj, D, n * c.d_v);
+}
+
+void Mla::for_each_matrix(const MatrixVisitor& f) {
+  Weights& w = weights;
+  for (kernels::Matrix* m : {&w.q_proj, &w.q_a_proj, &w.q_b_proj, &w.kv_a_proj, &w.kv_b_proj, &w.g_proj, &w.o_proj})
+    if (m->data.defined()) f(*m);
+}
+
+void Mla::prepare() {
+  const Config& c = config;
+  const int64_t n = c.n_heads, r = c.kv_lora_rank, dn = c.d_nope, dv = c.d_v, rows = dn + dv;
+  const kernels::Matrix& kvb = weights.kv_b_proj;
+  LINEAGE_CHECK(kvb.layout == kernels::Layout::OutIn && !kvb.packed, "MLA kv_b_proj must be an [out, in] matrix");
+  Prepared p;
+  // W_UK,h = kv_b rows [h·rows, h·rows + dn) as [dn, r]; its transpose [r, dn] into uk_t, element by
+  // element in the stored dtype.
+  const size_t es = dtype_size(kvb.data.dtype());
+  p.uk_t = Tensor::empty(kvb.data.dtype(), {n * r, dn});
+  const auto* src = static_cast<const unsigned char*>(kvb.data.raw());
+  auto* dst = static_cast<unsigned char*>(p.uk_t.raw_mut());
+  for (int64_t h = 0; h < n; ++h)
+    for (int64_t i = 0; i < dn; ++i)
+      for (int64_t j = 0; j < r; ++j)
+        std::memcpy(dst + ((h * r + j) * dn + i) * es, src + ((h * rows + i) * r + j) * es, es);
+  for (int64_t h = 0; h < n; ++h) {
+    kernels::Matrix uk;
+    uk.data = p.uk_t.rows(h * r, (h + 1) * r);
+    uk.out = r, uk.in = dn;
+    p.uk.push_back(std::move(uk));
+    kernels::Matrix uv;
+    uv.data = kvb.data.rows(h * rows + dn, (h + 1) * rows);
+    uv.out = dv, uv.in = r;
+    p.uv.push_back(std::move(uv));
+  }
+  p.ready = true;
+  prepared = std::move(p);
+}
+
+double Mla::flops_per_token(double context) const {
+  const Config& c = config;
+  return 2.0 * double(c.n_heads) * double(2 * c.kv_lora_rank + c.d_rope) * context;
+}
+
+std::string Mla::describe() const {
+  const Config& c = config;
+  return cat("MLA, ", c.n_heads, " heads, latent ", c.kv_lora_rank, " + ", c.d_rope,
+             c.rope ? " RoPE" : " NoPE", c.q_lora_rank ? cat(", q-LoRA ", c.q_lora_rank) : std::string(),
+             c.output_gate ? ", output gate" : "", ", latent cache");
+}
+
+void forward(const Mla& m, const Call& call, const float* x, std::span<Mla::State* const> states, float* y,
+             Mla::Buffers& buf, const Trace& trace) {
+  const Mla::Config& c = m.config;
+  const Step& step = call.step;
+  const bool dot = call.options.bf16_dot;
+  LINEAGE_CHECK(m.prepared.ready, "MLA layer used before prepare()");
+  const int64_t N = step.n_tokens(), D = c.d_model, n = c.n_heads, r = c.kv_lora_rank, dr = c.d_rope,
+                dn = c.d_nope, dv = c.d_v, dqk = c.d_qk(), W = c.latent();
+  const float scale = float(1.0 / std::sqrt(double(dqk)));
+
+  // Projections of every row of the step.
+  float* q = buf.q.get(size_t(N * n * dqk));
+  if (c.q_lora_rank > 0) {
+    float* low = buf.q_low.get(size_t(N * c.q_lora_rank));
+    kernels::linear(x, N, m.weights.q_a_proj, nullptr, low, std::nullopt, dot);
+    forward(m.weights.q_a_norm, low, N, low);
+    kernels::linear(low, N, m.weights.q_b_proj, nullptr, q, std::nullopt, dot);
+  } else {
+    kernels::linear(x, N, m.weights.q_proj, nullptr, q, std::nullopt, dot);
+  }
+  float* kv = buf.kv.get(size_t(N * W));
+  kernels::linear(x, N, m.weights.kv_a_proj, nullptr, kv, std::nullopt, dot);
+  for (int64_t b = 0; b < step.n_seqs(); ++b)
+    for (int64_t i = 0; i < step.length(b); ++i) {
+      const int64_t t = step.begin(b) + i, pos = states[size_t(b)]->length + i;
+      float* row = kv + t * W;
+      kernels::rms_norm(row, 1, r, &m.weights.kv_a_norm.weight, m.weights.kv_a_norm.eps, row);
+      if (!c.rope) continue;
+      rotate(row + r, dr, pos, c.rope_theta);
+      for (int64_t h = 0; h < n; ++h) rotate(q + (t * n + h) * dqk + dn, dr, pos, c.rope_theta);
+    }
+  trace("attn.q", q, {N, n * dqk});
+  if (trace.on()) {
+    std::vector<float> latent(size_t(N * r)), rope(size_t(N * dr));
+    for (int64_t t = 0; t < N; ++t) {
+      std::memcpy(latent.data() + t * r, kv + t * W, size_t(r) * sizeof(float));
+      std::memcpy(rope.data() + t * dr, kv + t * W + r, size_t(dr) * sizeof(float));
+    }
+    trace("attn.latent", latent.data(), {N, r});
+    trace("attn.k_rope", rope.data(), {N, dr});
+  }
+
+  // Every sequence appends its rows to its cache; the explicit ones expand theirs.
+  float* ctx = buf.context.get(size_t(N * n * dv));
+  int64_t expanded_rows = 0;
+  buf.absorbed.clear();
+  for (int64_t b = 0; b < step.n_seqs(); ++b) {
+    Mla::State& s = *states[size_t(b)];
+    const int64_t T = step.length(b), t0 = step.begin(b);
+    grow(s, W, s.length + T);
+    std::memcpy(s.kv.data<float>() + s.length * W, kv + t0 * W, size_t(T * W) * sizeof(float));
+    s.length += T;
+    if (explicit_form(call.options, T)) expanded_rows += s.length;
+    else
+      for (int64_t i = 0; i < T; ++i) buf.absorbed.push_back(t0 + i);
+  }
+
+  // Explicit: k_n | v of every visible position from kv_b, the keys [k_n,h | k_r] per head, then the
+  // tiled attention reading q in place and the values in place from kv_b's product.
+  if (expanded_rows) {
+    float* lat = buf.latents.get(size_t(expanded_rows * r));
+    float* kvb = buf.expanded.get(size_t(expanded_rows * n * (dn + dv)));
+    float* keys = buf.keys.get(size_t(expanded_rows * n * dqk));
+    int64_t row = 0;
+    for (int64_t b = 0; b < step.n_seqs(); ++b) {
+      const Mla::State& s = *states[size_t(b)];
+      if (!explicit_form(call.options, step.length(b))) continue;
+      for (int64_t j = 0; j < s.length; ++j)
+        std::memcpy(lat + (row + j) * r, s.kv.data<float>() + j * W, size_t(r) * sizeof(float));
+      row += s.length;
+    }
+    kernels::linear(lat, expanded_rows, m.weights.kv_b_proj, nullptr, kvb, std::nullopt, dot);
+    buf.seqs.clear();
+    row = 0;
+    for (int64_t b = 0; b < step.n_seqs(); ++b) {
+      const Mla::State& s = *states[size_t(b)];
+      const int64_t T = step.length(b), t0 = step.begin(b);
+      if (!explicit_form(call.options, T)) continue;
+      const int64_t L = s.length;
+      float* kb = keys + row * n * dqk;
+      const float* eb = kvb + row * n * (dn + dv);
+      parallel_for(L, [&](int64_t j0, int64_t j1) {
+        for (int64_t j = j0; j < j1; ++j)
+          for (int64_t h = 0; h < n; ++h) {
+            float* k = kb + (j * n + h) * dqk;
+            std::memcpy(k, eb + (j * n + h) * (dn + dv), size_t(dn) * sizeof(float));
+            std::memcpy(k + dn, s.kv.data<float>() + j * W + r, size_t(dr) * sizeof(float));
+          }
+      }, grain_for(n * dqk));
+      buf.seqs.push_back({q + t0 * n * dqk, n * dqk, T, L - T, kb, eb + dn, dqk, dn + dv, ctx + t0 * n * dv, n * dv,
+                          n * dqk, n * (dn + dv)});
+      row += L;
+    }
+    kernels::attention_causal(buf.seqs, {n, dqk, dv, scale});
+  }
+
+  // Absorbed: q̃_h = W_UK,hᵀ q_n,h for every absorbed token and head, then [q̃_h | q_r,h] against the
+  // cached [ĉ | k_r] rows, then o_h = W_UV,h c̄_h.
+  const int64_t Na = int64_t(buf.absorbed.size());
+  if (Na) {
+    const std::span<const int64_t> rows = buf.absorbed;
+    float* in = buf.head_in.get(size_t(Na * std::max(dn, r)));
+    float* out = buf.head_out.get(size_t(Na * std::max(r, dv)));
+    float* lq = buf.latent_q.get(size_t(Na * n * W));
+    float* lo = buf.latent_out.get(size_t(Na * n * r));
+    for (int64_t h = 0; h < n; ++h) {
+      gather(q, n * dqk, rows, h * dqk, dn, in);
+      kernels::linear(in, Na, m.prepared.uk[size_t(h)], nullptr, out, std::nullopt, dot);
+      for (int64_t i = 0; i < Na; ++i) {
+        float* dst = lq + (i * n + h) * W;
+        std::memcpy(dst, out + i * r, size_t(r) * sizeof(float));
+        std::memcpy(dst + r, q + (rows[size_t(i)] * n + h) * dqk + dn, size_t(dr) * sizeof(float));
+      }
+    }
+    buf.queries.clear();
+    int64_t i = 0;
+    for (int64_t b = 0; b < step.n_seqs(); ++b) {
+      const Mla::State& s = *states[size_t(b)];
+      const int64_t T = step.length(b);
+      if (explicit_form(call.options, T)) continue;
+      for (int64_t t = 0; t < T; ++t, ++i)
+        buf.queries.push_back({lq + i * n * W, W, s.length - T + t + 1, s.kv.data<float>(), W, lo + i * n * r, r});
+    }
+    kernels::latent_attention(buf.queries, n, W, r, scale);
+    for (int64_t h = 0; h < n; ++h) {
+      for (int64_t a = 0; a < Na; ++a) std::memcpy(in + a * r, lo + (a * n + h) * r, size_t(r) * sizeof(float));
+      kernels::linear(in, Na, m.prepared.uv[size_t(h)], nullptr, out, std::nullopt, dot);
+      scatter(out, rows, dv, ctx, n * dv, h * dv);
+    }
+  }
+  trace("attn.context", ctx, {N, n * dv});
+
+  if (c.output_gate) {
+    float* g = buf.gate.get(size_t(N * n * dv));
+    kernels::linear(x, N, m.weights.g_proj, nullptr, g, std::nullopt, dot);
+    kernels::sigmoid(g, g, N * n * dv);
+    for (int64_t i = 0; i < N * n * dv; ++i) ctx[i] *= g[i];
+  }
+  kernels::linear(ctx, N, m.weights.o_proj, nullptr, y, std::nullopt, dot);
+  trace("attn.out", y, {N, D});
+}
+
+}  // namespace lineage::layers
