@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "lineage/io/load_model.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/model/model.h"
@@ -23,17 +24,30 @@ void add_info(CLI::App& app) {
   cmd->add_option("--context", o.context, "also report the state bytes after N tokens")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o.json, "print one JSON object");
   cmd->callback([] {
-    // A preset's numbers follow from its shapes: no need to draw its random weights.
+    // A preset's numbers follow from its shapes: no need to draw its random weights. So do those of
+    // a directory that holds only config.json (a published config, weights not downloaded): counted
+    // at the config's dtype.
     io::LoadedModel lm;
-    if (o.src.preset.empty()) lm = load(o.src, false);
-    else lm.model = model::preset_skeleton(o.src.preset), apply_options(o.src, lm.model);
+    DType unallocated = *dtype_from_user(o.src.weights_dtype);
+    const bool config_only = o.src.preset.empty() && !o.src.dir.empty() && !io::has_weights(o.src.dir);
+    if (config_only) {
+      io::Skeleton s = io::load_skeleton(o.src.dir);
+      lm.model = std::move(s.model);
+      if (s.dtype) unallocated = *s.dtype;
+      apply_options(o.src, lm.model);
+    } else if (o.src.preset.empty()) {
+      lm = load(o.src, false);
+    } else {
+      lm.model = model::preset_skeleton(o.src.preset), apply_options(o.src, lm.model);
+    }
     model::Model& m = lm.model;
-    const model::ParamCount pc = model::count_params(m, *dtype_from_user(o.src.weights_dtype));
+    const model::ParamCount pc = model::count_params(m, unallocated);
     const model::StateCost sc = model::state_cost(m);
     const int64_t context = o.context ? o.context : (m.config.max_positions ? m.config.max_positions : 4096);
     const size_t state_total = sc.fixed + sc.per_token * size_t(context);
     // Where a checkpoint's weights live (a preset's are drawn into owned memory when it runs).
     const char* storage = !o.src.preset.empty() ? "owned (preset, drawn when it runs)"
+                          : config_only         ? "not present (counted from config.json at its dtype)"
                           : weights_mapped(m)   ? "mapped from the files (huge pages advised; --no-mmap copies them)"
                                                 : "owned copy (2 MiB-aligned, huge pages advised; --no-mmap)";
     nlohmann::json layers = nlohmann::json::array();
@@ -63,9 +77,11 @@ void add_info(CLI::App& app) {
                                 {"d_model", m.config.d_model},
                                 {"max_positions", m.config.max_positions},
                                 {"params_total", pc.total},
-                                {"params_active", pc.total},
+                                {"params_active", pc.activated},
+                                {"params_active_without_embedding", pc.activated - pc.embedding},
+                                {"params_active_without_embedding_and_head", pc.activated - pc.embedding - pc.head},
                                 {"weight_bytes_by_dtype", by_dtype},
-                                {"weights_mapped", o.src.preset.empty() && weights_mapped(m)},
+                                {"weights_mapped", o.src.preset.empty() && !config_only && weights_mapped(m)},
                                 {"bf16_dot", bf16 && bf16_dot(m)},
                                 {"kernels", {{"isa", kt.isa}, {"gemm", gemm}, {"bf16_dot_available", kt.bf16_dot}}},
                                 {"state_bytes_per_token", sc.per_token},
@@ -80,7 +96,11 @@ void add_info(CLI::App& app) {
     std::printf("architecture   %s\n", m.config.description.c_str());
     std::printf("vocab / width  %lld / %lld\n", (long long)m.config.vocab_size, (long long)m.config.d_model);
     std::printf("context limit  %s\n", m.config.max_positions ? std::to_string(m.config.max_positions).c_str() : "none");
-    std::printf("parameters     %lld total, %lld active per token\n", (long long)pc.total, (long long)pc.total);
+    std::printf("parameters     %lld total, %lld active per token", (long long)pc.total, (long long)pc.activated);
+    if (pc.activated != pc.total)  // the vendors' other two conventions
+      std::printf(" (%lld without the input embedding, %lld without it and the head)",
+                  (long long)(pc.activated - pc.embedding), (long long)(pc.activated - pc.embedding - pc.head));
+    std::printf("\n");
     for (const auto& [dt, bytes] : pc.bytes_by_dtype)
       std::printf("weights %-6s %s\n", std::string(dtype_name(dt)).c_str(), format_bytes(double(bytes)).c_str());
     std::printf("weights in     %s\n", storage);

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <set>
 
 #include "lineage/core/error.h"
@@ -201,9 +202,11 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
   throw Error(msg);
 }
 
-LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage storage) {
-  const nlohmann::json cfg = read_config(dir);
-  const std::string cfg_path = (dir / "config.json").string();
+namespace {
+
+// The family's skeleton from config.json; has_tensor answers for the checkpoint (or nothing).
+model::Model build_from_config(const nlohmann::json& cfg, const std::string& cfg_path,
+                               const std::function<bool(const std::string&)>& has_tensor) {
   if (!cfg.contains("model_type") || !cfg["model_type"].is_string())
     throw Error(cat(cfg_path, ": field \"model_type\": expected a string naming the architecture (one of ",
                     model::known_model_types(), ")"));
@@ -212,10 +215,36 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
   if (!build)
     throw Error(cat(cfg_path, ": field \"model_type\": \"", type, "\" is not supported; expected one of ",
                     model::known_model_types()));
+  return (*build)(model::ArchInput{model::ConfigFields(cfg, cfg_path), has_tensor});
+}
+
+}  // namespace
+
+bool has_weights(const fs::path& dir) {
+  return fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json");
+}
+
+Skeleton load_skeleton(const fs::path& dir) {
+  const nlohmann::json cfg = read_config(dir);
+  Skeleton s;
+  s.model = build_from_config(cfg, (dir / "config.json").string(), [](const std::string&) { return false; });
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (!cfg.contains(key) || !cfg[key].is_string()) continue;
+    const std::string d = cfg[key];
+    if (d == "bfloat16") s.dtype = DType::BF16;
+    else if (d == "float16") s.dtype = DType::F16;
+    else if (d == "float32") s.dtype = DType::F32;
+    if (s.dtype) break;
+  }
+  return s;
+}
+
+LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage storage) {
+  const nlohmann::json cfg = read_config(dir);
+  const std::string cfg_path = (dir / "config.json").string();
   auto ckpt = std::make_shared<Checkpoint>(Checkpoint::open(dir));
   LoadedModel out;
-  out.model = (*build)(model::ArchInput{model::ConfigFields(cfg, cfg_path),
-                                        [&](const std::string& n) { return ckpt->has(n); }});
+  out.model = build_from_config(cfg, cfg_path, [&](const std::string& n) { return ckpt->has(n); });
   const int64_t held = checkpoint_layers(*ckpt, out.model.names.layer_prefix);
   if (held != out.model.n_layers())
     throw Error(cat(cfg_path, ": field \"", out.model.config.layers_field, "\": expected ", held, " (the checkpoint holds ",
@@ -242,7 +271,8 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
     out.checkpoint = ckpt;
   }
   out.dir = dir;
-  if (with_tokenizer && (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json")))
+  if (with_tokenizer && (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json") ||
+                         fs::exists(dir / "tiktoken.model")))
     out.tokenizer = Tokenizer::load(dir);
   return out;
 }

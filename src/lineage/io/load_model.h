@@ -37,6 +37,17 @@ enum class WeightStorage : uint8_t { Mapped, Owned };
 LoadedModel load_model(const std::filesystem::path& dir, bool with_tokenizer = true,
                        WeightStorage storage = WeightStorage::Mapped);
 
+// The model a directory's config.json describes, without weights (`lineage info` on a directory that
+// holds only config.json): shapes and names, tensors empty. dtype: the config's "dtype" (or
+// "torch_dtype") when it names one, the dtype the published weights are stored in.
+struct Skeleton {
+  model::Model model;
+  std::optional<DType> dtype;
+};
+Skeleton load_skeleton(const std::filesystem::path& dir);
+// Whether the directory holds safetensors weights (model.safetensors or its sharded index).
+bool has_weights(const std::filesystem::path& dir);
+
 // Binds a model skeleton's tensors to a checkpoint (the part of load_model after the config).
 void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& where);
 
