@@ -386,7 +386,7 @@ void run(const Opts& o) {
       // A step of B sequences reads the weights once and each sequence's state: B tokens for
       // weights + B·state bytes. It also does B tokens' FLOPs; whichever ceiling binds first.
       const double context = runtime::mean_decode_context(r.depth, o.gen), B = double(r.batch);
-      r.bytes = runtime::decode_bytes_per_token(m, context);
+      r.bytes = runtime::decode_bytes_per_token(m, context, DType::F32, B);
       r.decode_flops = runtime::prefill_flops_per_token(m, 1, int64_t(context) - 1);
       const double step_bytes = r.bytes.weights + B * r.bytes.state;
       const auto bound = [&](double bandwidth) { return std::min(B * bandwidth / step_bytes, c.ceil.peak / r.decode_flops.total()); };

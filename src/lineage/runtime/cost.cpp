@@ -1,5 +1,8 @@
 #include "lineage/runtime/cost.h"
 
+#include <cmath>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace lineage::runtime {
 
@@ -10,15 +13,37 @@ size_t stored_bytes(const Tensor& t, const Shape& shape, DType unallocated_dtype
   return size_t(shape_numel(shape)) * dtype_size(dt);
 }
 
+// The routed experts' weight tensors, and for each MoE layer the fraction of its experts a step of
+// `tokens` tokens is expected to read: E·(1 − (1 − k/E)^tokens) of E (uniform routing).
+struct Routed {
+  std::unordered_set<const Tensor*> tensors;
+  std::unordered_map<const Tensor*, double> share;
+};
+Routed routed_experts(const model::Model& m, double tokens) {
+  Routed r;
+  for (const auto& block : m.blocks) {
+    const auto* moe = std::get_if<layers::Moe>(&block.ffn);
+    if (!moe) continue;
+    const double E = double(moe->config.n_experts), k = double(moe->config.top_k);
+    const double share = 1.0 - std::pow(1.0 - k / E, tokens);
+    for (const auto& e : moe->weights.experts)
+      for (const kernels::Matrix* w : {&e.weights.gate_proj, &e.weights.up_proj, &e.weights.down_proj})
+        for (const Tensor* t : {&w->data, &w->scales}) r.tensors.insert(t), r.share[t] = share;
+  }
+  return r;
+}
+
 }  // namespace
 
-DecodeBytes decode_bytes_per_token(model::Model& m, double context, DType unallocated_dtype) {
+DecodeBytes decode_bytes_per_token(model::Model& m, double context, DType unallocated_dtype, double tokens_per_step) {
   DecodeBytes b;
+  const Routed routed = routed_experts(m, tokens_per_step);
   m.for_each_tensor([&](const std::string&, Tensor& t, const Shape& shape, layers::Init) {
     const double whole = double(stored_bytes(t, shape, unallocated_dtype));
     const double row = whole / double(shape[0]);
     if (&t == &m.embed) b.weights += m.config.tied_lm_head ? whole + row : row;
     else if (&t == &m.pos_embed) b.weights += row;
+    else if (routed.tensors.count(&t)) b.weights += whole * routed.share.at(&t);
     else b.weights += whole;
   });
   for (const auto& block : m.blocks)
@@ -39,8 +64,9 @@ double mixer_flops_per_token(const model::Model& m, double context) {
 PrefillFlops prefill_flops_per_token(model::Model& m, int64_t tokens, int64_t depth) {
   PrefillFlops p;
   const double n = double(tokens);
+  const Routed routed = routed_experts(m, 1);  // a token runs k of E experts
   m.for_each_tensor([&](const std::string&, Tensor& t, const Shape& shape, layers::Init) {
-    const double params = double(shape_numel(shape));
+    const double params = double(shape_numel(shape)) * (routed.tensors.count(&t) ? routed.share.at(&t) : 1.0);
     const bool is_head = &t == &m.lm_head || (&t == &m.embed && m.config.tied_lm_head);
     if (is_head) p.weights += 2.0 * params / n;
     else if (&t != &m.embed && &t != &m.pos_embed) p.weights += 2.0 * params;

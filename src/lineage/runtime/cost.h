@@ -18,12 +18,18 @@ struct DecodeBytes {
   double weights = 0, state = 0;
   double total() const { return weights + state; }
 };
-// Tensors not allocated yet (a preset's skeleton) count as `unallocated_dtype`. Non-const only
-// because the tensor list is walked through Model::for_each_tensor; nothing is modified.
-DecodeBytes decode_bytes_per_token(model::Model& m, double context, DType unallocated_dtype = DType::F32);
+// A MoE layer's routed experts count only as far as a step reads them: a step of
+// `tokens_per_step` tokens (B sequences decoding together) is expected to choose
+// E·(1 − (1 − k/E)^B) distinct experts of E (uniform routing; k of them at B = 1), so `weights`
+// is then the bytes of the whole step, not of each token. Tensors not allocated yet (a preset's
+// skeleton) count as `unallocated_dtype`. Non-const only because the tensor list is walked through
+// Model::for_each_tensor; nothing is modified.
+DecodeBytes decode_bytes_per_token(model::Model& m, double context, DType unallocated_dtype = DType::F32,
+                                   double tokens_per_step = 1);
 
 // FLOPs per token of one prefill of `tokens` tokens after `depth` tokens of context. weights:
-// 2 per parameter per token for every block and the final norm; the LM head runs for the last
+// 2 per parameter per token for every block and the final norm (a MoE layer's routed experts: the
+// k of E a token runs); the LM head runs for the last
 // token only, so its 2·V·D is spread over the tokens; embedding gathers cost nothing. mixers: the
 // token mixers' own work at the mean attended context depth + (tokens + 1) / 2 (mixer_flops_per_token).
 struct PrefillFlops {

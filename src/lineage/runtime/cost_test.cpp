@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "lineage/model/archs/arch.h"
@@ -85,6 +87,22 @@ TEST(Cost, KdaCountsItsPerChannelDecay) {
   EXPECT_DOUBLE_EQ(mixer_flops_per_token(m, 0), kL * 12 * 64 * 64 * 7);
   const model::Model la = model::preset_skeleton("linear-attention");
   EXPECT_DOUBLE_EQ(mixer_flops_per_token(la, 0), kL * 12 * 64 * 64 * 4);
+}
+
+// A MoE layer's routed experts count as far as a step reads them: k of E at one token; at B tokens
+// E·(1 − (1 − k/E)^B) of them. MLA's state: r + d_rope floats per attended position.
+TEST(Cost, MoeCountsTheChosenExpertsAndMlaItsLatents) {
+  model::Model m = model::preset_skeleton("kimi-linear-bench");  // 3 MoE layers of 2 experts, 1 chosen
+  const double D = 1024, I = 1024, expert = 3 * D * I * 4;
+  const double all = double(model::count_params(m).total) * 4, embed = 1024 * D * 4;
+  const DecodeBytes one = decode_bytes_per_token(m, 0, DType::F32);
+  EXPECT_DOUBLE_EQ(one.weights, all - embed + D * 4 - 3 * expert);  // one expert of two unread, three layers
+  const DecodeBytes four = decode_bytes_per_token(m, 0, DType::F32, 4);
+  EXPECT_NEAR(four.weights, all - embed + D * 4 - 3 * 2 * expert * std::pow(0.5, 4), 1e-3);
+  EXPECT_DOUBLE_EQ(decode_bytes_per_token(m, 100, DType::F32).state - one.state, 100 * (512 + 64) * 4);
+  // Prefill: a token runs one of the two experts.
+  const double active = double(model::count_params(m).activated);
+  EXPECT_NEAR(prefill_flops_per_token(m, 1, 0).weights, 2 * (active - 1024 * D), 1e-3);
 }
 
 }  // namespace
