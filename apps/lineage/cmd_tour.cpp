@@ -89,8 +89,14 @@ void print_row(const Row& r, const model::Model& m) {
     dec += (i ? " / " : "") + (r.reached[i] ? std::string(buf) : std::string("-"));
   }
   const model::StateCost sc = model::state_cost(m);
-  const std::string kind = sc.per_token ? "grows: " + format_bytes(double(sc.per_token)) + "/token"
-                                        : "fixed: " + format_bytes(double(sc.fixed));
+  // What grows: the KV cache (every layer) or, in a hybrid, the layers that keep one (Kimi Linear's
+  // MLA latents); the rest is fixed per sequence.
+  int64_t growing = 0;
+  for (const auto& b : m.blocks) growing += std::visit([](const auto& x) { return x.state_bytes_per_token() > 0; }, b.mixer);
+  std::string kind = sc.per_token ? "grows: " + format_bytes(double(sc.per_token)) + "/token"
+                                  : "fixed: " + format_bytes(double(sc.fixed));
+  if (sc.per_token && sc.fixed)
+    kind += cat(" (", growing, " of ", m.n_layers(), " layers) + ", format_bytes(double(sc.fixed)), " fixed");
   const char* same = runtime::prefill_equals_decode(r.split_rel_rms) ? "yes" : "NO";
   std::printf("%-18s %-44s | %-32s | %-26s | %11.0f | %s (rel rms %.1e)%s%s\n", r.preset.c_str(), kind.c_str(),
               mem.c_str(), dec.c_str(), r.prefill_tok_s, same, r.split_rel_rms, r.note.empty() ? "" : "; ",
