@@ -49,8 +49,9 @@ and so uses 1e-6 (spec 2.3).
 With bf16_inputs (delta_family.bf16_weight_names of the checkpoint) every Linear on a BF16 weight takes
 its input rounded to bf16 (the engine's default bf16 dot products): q/k/v/o, b_proj, both halves of the
 f and g low-rank pairs (the middle activation rounded too), MLA q_proj, kv_a_proj_with_mqa, kv_b_proj
-(its input is the latent c^, explicit form only), o_proj, the router gate, every expert and shared-expert
-projection, the dense MLP and the head. Embedding lookups, convs, A_log, dt_bias, norm weights and
+(its input is the latent c^, explicit form only), o_proj, every expert and shared-expert projection, the
+dense MLP and the head; not the router gate, which runs in float32 whatever its dtype (HF casts both x
+and the weight to float32; so does the engine). Embedding lookups, convs, A_log, dt_bias, norm weights and
 e_score_correction_bias are not linears."""
 
 import math
