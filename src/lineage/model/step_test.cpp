@@ -214,7 +214,7 @@ long minor_faults() {
 // hinting, compaction) while other processes run, so a count of them would fail by chance. Under
 // AddressSanitizer, whose operator new the test binary leaves alone, only the growths are counted.
 TEST(Workspace, NoAllocationPerStepOnceWarm) {
-  for (const char* name : {"gpt2-124m", "kda", "linear-attention"}) {
+  for (const char* name : {"gpt2-124m", "kda", "linear-attention", "kimi-linear"}) {
     SCOPED_TRACE(name);
     const Model m = test::tiny_preset(name);
     constexpr int B = 8, kSteps = 100;
