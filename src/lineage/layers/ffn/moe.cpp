@@ -17,7 +17,7 @@ void Moe::for_each_tensor(const std::string& p, const TensorVisitor& f) {
   for (int64_t e = 0; e < c.n_experts; ++e) {
     GatedMlp& x = weights.experts[size_t(e)];
     x.config = {c.d_model, c.hidden};
-    x.names = {"w1", "w3", "w2"};
+    x.names = expert_names;
     x.for_each_tensor(p + ".experts." + std::to_string(e), f);
   }
   if (c.shared_hidden > 0) {

@@ -49,6 +49,9 @@ struct Moe {
   Config config;
   Weights weights;
   Prepared prepared;
+  // The routed experts' matrix names: DeepSeek's gate_proj / up_proj / down_proj unless the family's
+  // file says otherwise (Kimi: w1 / w3 / w2).
+  GatedMlp::Names expert_names;
 
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
   void for_each_matrix(const MatrixVisitor& f);

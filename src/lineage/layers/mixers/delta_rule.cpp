@@ -133,16 +133,16 @@ void DeltaRule::for_each_tensor(const std::string& p, const TensorVisitor& f) {
     f(p + ".A_log", weights.A_log, {HV}, Init::Custom);
     f(p + ".dt_bias", weights.dt_bias, {HV}, Init::Custom);
   } else if (c.decay == DecayInput::PerChannelLowRank) {
-    proj(c.names.f_a + ".weight", weights.f_a, {V, D});
-    proj(c.names.f_b + ".weight", weights.f_b, {HV * K, V});
+    proj("f_proj.0.weight", weights.f_a, {V, D});
+    proj("f_proj.1.weight", weights.f_b, {HV * K, V});
     f(p + ".A_log", weights.A_log, {HV}, Init::Custom);
     f(p + ".dt_bias", weights.dt_bias, {HV * K}, Init::Custom);
   }
   if (c.out_gate == OutGate::Swish) proj("g_proj.weight", weights.g_proj, {HV * V, D});
   if (c.out_gate == OutGate::SigmoidLowRank) {
-    proj(c.names.g_a + ".weight", weights.g_a, {V, D});
-    proj(c.names.g_b + ".weight", weights.g_b, {HV * V, V});
-    if (g_b_has_bias) f(p + "." + c.names.g_b + ".bias", weights.g_b_bias, {HV * V}, Init::Zeros);
+    proj("g_proj.0.weight", weights.g_a, {V, D});
+    proj("g_proj.1.weight", weights.g_b, {HV * V, V});
+    if (g_b_has_bias) f(p + ".g_proj.1.bias", weights.g_b_bias, {HV * V}, Init::Zeros);
   }
   if (c.out_norm_weight) f(p + "." + c.names.o_norm + ".weight", weights.o_norm, {V}, Init::Ones);
   proj("o_proj.weight", weights.o_proj, {D, HV * V});

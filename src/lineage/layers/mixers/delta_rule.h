@@ -23,9 +23,10 @@ struct DeltaRule {
   // KDA −exp(A_log[h])·softplus(f_b(f_a(x)) + dt_bias) per value head and key channel.
   enum class DecayInput : uint8_t { None, PerHeadProj, PerChannelLowRank };
 
-  // Checkpoint names of the tensors whose names differ between families (fla vs Kimi).
+  // Checkpoint names that differ between fla's layers (linear attention's output norm is "norm");
+  // Kimi's names for the low-rank pairs (f_a_proj, ...) are renames in its binding table.
   struct Names {
-    std::string f_a = "f_proj.0", f_b = "f_proj.1", g_a = "g_proj.0", g_b = "g_proj.1", o_norm = "o_norm";
+    std::string o_norm = "o_norm";
   };
 
   struct Config {

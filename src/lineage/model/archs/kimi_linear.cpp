@@ -49,7 +49,6 @@ DeltaRule kda_layer(const ConfigFields& lac, int64_t D, float eps) {
   x.decay = DeltaRule::DecayInput::PerChannelLowRank;
   x.out_gate = DeltaRule::OutGate::SigmoidLowRank;
   x.norm_eps = eps;  // o_norm: FusedRMSNormGated(head_dim, eps=rms_norm_eps)
-  x.names = {"f_a_proj", "f_b_proj", "g_a_proj", "g_b_proj", "o_norm"};
   d.g_b_has_bias = false;
   return d;
 }
@@ -155,6 +154,10 @@ Model build_kimi_linear(const ArchInput& in) {
   m.names = {"model.embed_tokens.weight", "", "model.layers.", "model.norm", "lm_head.weight"};
   if (m.config.tied_lm_head) m.binding.ignore_suffixes.push_back("lm_head.weight");
   m.binding.squeeze.push_back(".A_log");  // stored [1, 1, H, 1]
+  // KDA's low-rank pairs under Kimi's names (fla's f_proj.0 is Kimi's f_a_proj, ...).
+  for (const auto& [fla, kimi] : {std::pair{"f_proj.0", "f_a_proj"}, {"f_proj.1", "f_b_proj"},
+                                  {"g_proj.0", "g_a_proj"}, {"g_proj.1", "g_b_proj"}})
+    m.binding.renames.push_back({std::string(".") + fla + ".weight", std::string(".") + kimi + ".weight"});
   const layers::Norm rms{layers::Norm::Kind::Rms, D, eps, {}, {}};
   m.final_norm = rms;
 
@@ -167,6 +170,7 @@ Model build_kimi_linear(const ArchInput& in) {
     if (is_moe(i)) {
       layers::Moe e;
       e.config = moe;
+      e.expert_names = {"w1", "w3", "w2"};  // block_sparse_moe.experts.{e}.w1 (gate) / w3 (up) / w2 (down)
       b.ffn = std::move(e);
       ++n_moe;
     } else {
