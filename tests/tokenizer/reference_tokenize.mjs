@@ -1,12 +1,15 @@
-// Reference GPT-2 tokenization for lineage's tokenizer tests (a CTest fixture).
+// Reference tokenization for lineage's tokenizer tests (a CTest fixture).
 // Usage: node reference_tokenize.mjs SRC_DIR OUT_DIR
-//   SRC_DIR: tests/tokenizer (corpus/*.txt and node_modules with js-tiktoken and gpt-3-encoder)
+//   SRC_DIR: tests/tokenizer (corpus/*.txt and node_modules with js-tiktoken, gpt-3-encoder, tiktoken)
 //   OUT_DIR: receives expected.json (text and js-tiktoken gpt2 ids per corpus segment),
-//            gpt2/{vocab.json,merges.txt} and gpt2_json{,_pairs}/tokenizer.json.
+//            gpt2/{vocab.json,merges.txt} and gpt2_json{,_pairs}/tokenizer.json, and, from
+//            kimi_reference.mjs, kimi/{tiktoken.model,tokenizer_config.json} and kimi_expected.json.
 import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync, copyFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
+
+import { writeKimiReference } from "./kimi_reference.mjs";
 
 // Keep in step with make_corpus.mjs.
 const kSegmentDelimiter = "\n=== lineage-tokenizer-segment ===\n";
@@ -23,7 +26,7 @@ const srcDir = resolve(srcArg);
 const outDir = resolve(outArg);
 
 const modules = join(srcDir, "node_modules");
-for (const pkg of ["js-tiktoken", "gpt-3-encoder"]) {
+for (const pkg of ["js-tiktoken", "gpt-3-encoder", "tiktoken"]) {
   if (!existsSync(join(modules, pkg, "package.json"))) {
     fail(`${join(modules, pkg)} is missing.\nHINT: run \`npm ci\` (or \`npm install\`) in ${srcDir} first.`);
   }
@@ -44,6 +47,7 @@ const files = readdirSync(corpusDir).filter((f) => f.endsWith(".txt")).sort();
 if (files.length === 0) fail(`no *.txt files in ${corpusDir}`);
 
 const segments = [];
+const corpus = [];  // {file, index, text} for the Kimi reference
 let corpusBytes = 0;
 for (const file of files) {
   const raw = readFileSync(join(corpusDir, file));
@@ -55,6 +59,7 @@ for (const file of files) {
     fail(`${join(corpusDir, file)} is not valid UTF-8; the reference can only tokenize valid UTF-8`);
   }
   text.split(kSegmentDelimiter).forEach((segment, index) => {
+    corpus.push({ file, index, text: segment });
     const entry = { file, index, text: segment, ids: enc.encode(segment, "all") };
     // With special tokens disallowed-but-not-rejected, <|endoftext|> is ordinary text.
     if (segment.includes(kEndOfText)) entry.ids_ordinary = enc.encode(segment, [], []);
@@ -110,3 +115,5 @@ writeFileSync(
 
 const tokens = segments.reduce((n, s) => n + s.ids.length, 0);
 console.log(`reference_tokenize: ${segments.length} segments from ${files.length} files, ${corpusBytes} bytes, ${tokens} tokens -> ${outDir}`);
+const kimi = writeKimiReference({ require, modules, corpus, outDir });
+console.log(`reference_tokenize: kimi (tiktoken, o200k_base ranks): ${kimi.segments} segments, ${kimi.tokens} tokens -> ${join(outDir, "kimi")}`);

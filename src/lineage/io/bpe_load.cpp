@@ -194,18 +194,6 @@ void setup_byte_level(BpeModel& m, const std::string& file, const std::string& f
   }
 }
 
-void set_added_tokens(BpeModel& m, std::vector<AddedToken> tokens) {
-  for (const AddedToken& t : tokens) {
-    ensure_id(m, t.id);
-    m.has_token[t.id] = 1;
-    m.token_bytes[t.id] = t.content;
-    m.added_first_byte[uint8_t(t.content[0])] = true;
-  }
-  std::stable_sort(tokens.begin(), tokens.end(),
-                   [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
-  m.added_tokens = std::move(tokens);
-}
-
 std::optional<int32_t> find_token(const BpeModel& m, std::string_view content) {
   for (const AddedToken& t : m.added_tokens) {
     if (t.content == content) return t.id;
@@ -441,6 +429,18 @@ void parse_post_processor(BpeModel& m, const json& root, const std::string& file
 }
 
 }  // namespace
+
+void set_added_tokens(BpeModel& m, std::vector<AddedToken> tokens) {
+  for (const AddedToken& t : tokens) {
+    ensure_id(m, t.id);
+    m.has_token[t.id] = 1;
+    m.token_bytes[t.id] = t.content;
+    m.added_first_byte[uint8_t(t.content[0])] = true;
+  }
+  std::stable_sort(tokens.begin(), tokens.end(),
+                   [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+  m.added_tokens = std::move(tokens);
+}
 
 std::shared_ptr<BpeModel> load_vocab_merges(const fs::path& vocab_json, const fs::path& merges_txt) {
   auto m = std::make_shared<BpeModel>();

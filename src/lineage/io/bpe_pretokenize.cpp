@@ -12,13 +12,6 @@ namespace {
 
 enum class CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };
 
-constexpr uint32_t kInvalid = 0xFFFFFFFF;  // a byte that does not start a valid UTF-8 sequence
-
-struct CodePoint {
-  uint32_t cp;
-  int length;  // bytes
-};
-
 bool in_ranges(const unicode::CodePointRange* ranges, size_t count, uint32_t cp) {
   const unicode::CodePointRange* end = ranges + count;
   const auto* it = std::upper_bound(ranges, end, cp, [](uint32_t v, const unicode::CodePointRange& r) { return v < r.lo; });
@@ -26,7 +19,7 @@ bool in_ranges(const unicode::CodePointRange* ranges, size_t count, uint32_t cp)
 }
 
 CharClass classify_slow(uint32_t cp) {
-  if (cp == kInvalid) return CharClass::kOther;
+  if (cp == kInvalidCodePoint) return CharClass::kOther;
   if (in_ranges(unicode::kLetterRanges, unicode::kLetterRangesCount, cp)) return CharClass::kLetter;
   if (in_ranges(unicode::kNumberRanges, unicode::kNumberRangesCount, cp)) return CharClass::kNumber;
   if (in_ranges(unicode::kSpaceRanges, unicode::kSpaceRangesCount, cp)) return CharClass::kSpace;
@@ -45,20 +38,10 @@ const std::array<CharClass, 128>& ascii_classes() {
 
 CharClass classify(uint32_t cp) { return cp < 128 ? ascii_classes()[cp] : classify_slow(cp); }
 
-CodePoint decode_at(std::string_view text, size_t i) {
-  const auto b0 = uint8_t(text[i]);
-  if (b0 < 0x80) return {b0, 1};
-  const int length = utf8_sequence_length(text, i);
-  if (length == 0) return {kInvalid, 1};
-  uint32_t cp = b0 & (0x7F >> length);
-  for (int k = 1; k < length; ++k) cp = (cp << 6) | (uint8_t(text[i + k]) & 0x3F);
-  return {cp, length};
-}
-
 // End of the run of code points of class `cls` starting at `i`.
 size_t scan_run(std::string_view text, size_t i, CharClass cls) {
   while (i < text.size()) {
-    const CodePoint c = decode_at(text, i);
+    const CodePoint c = decode_utf8(text, i);
     if (classify(c.cp) != cls) break;
     i += c.length;
   }
@@ -105,8 +88,18 @@ int utf8_sequence_length(std::string_view text, size_t i) {
   return length;
 }
 
+CodePoint decode_utf8(std::string_view text, size_t i) {
+  const auto b0 = uint8_t(text[i]);
+  if (b0 < 0x80) return {b0, 1};
+  const int length = utf8_sequence_length(text, i);
+  if (length == 0) return {kInvalidCodePoint, 1};
+  uint32_t cp = b0 & (0x7F >> length);
+  for (int k = 1; k < length; ++k) cp = (cp << 6) | (uint8_t(text[i + k]) & 0x3F);
+  return {cp, length};
+}
+
 bool is_unicode_space(std::string_view text, size_t i, int* length) {
-  const CodePoint c = decode_at(text, i);
+  const CodePoint c = decode_utf8(text, i);
   *length = c.length;
   return classify(c.cp) == CharClass::kSpace;
 }
@@ -122,12 +115,12 @@ void split_gpt2(std::string_view text, std::vector<std::string_view>& words) {
         continue;
       }
     }
-    const CodePoint c = decode_at(text, i);
+    const CodePoint c = decode_utf8(text, i);
     CharClass cls = classify(c.cp);
     size_t run_start = i + c.length;
     // " ?\p{L}+", " ?\p{N}+", " ?[^\s\p{L}\p{N}]+": a single ' ' joins the run that follows it.
     if (c.cp == ' ' && i + 1 < n) {
-      const CodePoint next = decode_at(text, i + 1);
+      const CodePoint next = decode_utf8(text, i + 1);
       const CharClass next_cls = classify(next.cp);
       if (next_cls != CharClass::kSpace) {
         cls = next_cls;
@@ -145,7 +138,7 @@ void split_gpt2(std::string_view text, std::vector<std::string_view>& words) {
     size_t end = i;
     size_t last = i;
     while (end < n) {
-      const CodePoint w = decode_at(text, end);
+      const CodePoint w = decode_utf8(text, end);
       if (classify(w.cp) != CharClass::kSpace) break;
       last = end;
       end += w.length;

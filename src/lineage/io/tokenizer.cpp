@@ -56,6 +56,8 @@ class SegmentEncoder {
       } else {
         words_.push_back(text);
       }
+    } else if (m_.mode == SymbolMode::kTiktoken) {
+      split_kimi(text, words_);
     } else if (m_.metaspace) {
       metaspace(text, at_text_start);
     } else {
@@ -92,8 +94,12 @@ class SegmentEncoder {
     }
     symbols_.clear();
     if (!(m_.ignore_merges && whole_word(word))) {
-      initial_symbols(word);
-      bpe_merge(m_.merges, symbols_);
+      if (m_.mode == SymbolMode::kTiktoken) {
+        tiktoken_merge(m_.symbol_ids, word, symbols_);
+      } else {
+        initial_symbols(word);
+        bpe_merge(m_.merges, symbols_);
+      }
     }
     out_.insert(out_.end(), symbols_.begin(), symbols_.end());
     if (cacheable) {
@@ -218,9 +224,13 @@ Tokenizer Tokenizer::load(const fs::path& model_dir) {
     model = load_tokenizer_json(model_dir / "tokenizer.json");
   } else if (fs::exists(model_dir / "vocab.json") && fs::exists(model_dir / "merges.txt")) {
     model = load_vocab_merges(model_dir / "vocab.json", model_dir / "merges.txt");
+  } else if (fs::exists(model_dir / "tiktoken.model")) {
+    // Kimi's layout: tokenizer_config.json names the special tokens, so it is part of the tokenizer.
+    const fs::path config = model_dir / "tokenizer_config.json";
+    return Tokenizer(load_tiktoken(model_dir / "tiktoken.model", fs::exists(config) ? config : fs::path()));
   } else {
-    throw Error(cat(model_dir.string(), ": no tokenizer found; expected tokenizer.json, or vocab.json and merges.txt, ",
-                    "in this directory"));
+    throw Error(cat(model_dir.string(), ": no tokenizer found; expected tokenizer.json, vocab.json and merges.txt, ",
+                    "or tiktoken.model (with tokenizer_config.json) in this directory"));
   }
   if (fs::exists(model_dir / "tokenizer_config.json")) apply_tokenizer_config(*model, model_dir / "tokenizer_config.json");
   return Tokenizer(std::move(model));
@@ -293,6 +303,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
 int32_t Tokenizer::vocab_size() const { return model_->vocab_size(); }
 std::optional<int32_t> Tokenizer::eos_id() const { return model_->eos_id; }
 std::optional<int32_t> Tokenizer::bos_id() const { return model_->bos_id; }
+std::optional<int32_t> Tokenizer::pad_id() const { return model_->pad_id; }
 bool Tokenizer::adds_bos() const { return model_->adds_bos; }
 
 StreamDecoder::StreamDecoder(const Tokenizer& tokenizer)

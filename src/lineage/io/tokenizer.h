@@ -1,6 +1,7 @@
 // Byte-pair-encoding tokenizers: GPT-2 byte-level BPE (vocab.json + merges.txt or tokenizer.json),
-// matching js-tiktoken's "gpt2" encoding, and SentencePiece-style BPE from tokenizer.json (Metaspace,
-// byte fallback) as used by Llama / Mistral. Reference: openai/gpt-2 encoder.py, huggingface/tokenizers.
+// matching js-tiktoken's "gpt2" encoding; SentencePiece-style BPE from tokenizer.json (Metaspace,
+// byte fallback) as used by Llama / Mistral; and Kimi's tiktoken.model with its special tokens,
+// matching tiktoken. Reference: openai/gpt-2 encoder.py, huggingface/tokenizers, openai/tiktoken.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +20,9 @@ struct BpeCache;
 
 class Tokenizer {
  public:
-  // Loads from a Hugging Face model directory: tokenizer.json if present, else vocab.json + merges.txt.
-  // tokenizer_config.json, when present, names the eos / bos tokens.
+  // Loads from a Hugging Face model directory: tokenizer.json if present, else vocab.json + merges.txt,
+  // else tiktoken.model (Kimi: its tokenizer_config.json names the 256 special tokens after the ranks).
+  // tokenizer_config.json, when present, names the eos / bos (and, for tiktoken.model, pad) tokens.
   static Tokenizer load(const std::filesystem::path& model_dir);
   // GPT-2 layout: byte-level BPE with GPT-2's pre-tokenizer; <|endoftext|> (if in the vocab) is special.
   static Tokenizer from_vocab_merges(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt);
@@ -28,6 +30,7 @@ class Tokenizer {
 
   // allow_special: when true, special added tokens such as <|endoftext|> in the text map to their id;
   // when false they are tokenized as ordinary text. Non-special added tokens always map to their id.
+  // (All 256 special tokens of a tiktoken.model tokenizer are special, as tiktoken has them.)
   // Never adds BOS/EOS: callers prepend bos_id() where the model expects it (see adds_bos()).
   std::vector<int32_t> encode(std::string_view text, bool allow_special = true) const;
   // Raw bytes of the tokens joined (may be invalid UTF-8 mid-way), after the decoder's rules for the
@@ -38,6 +41,7 @@ class Tokenizer {
   int32_t vocab_size() const;                        // max id + 1 over vocab and added tokens
   std::optional<int32_t> eos_id() const;             // <|endoftext|> for GPT-2 (or the tokenizer's eos)
   std::optional<int32_t> bos_id() const;
+  std::optional<int32_t> pad_id() const;             // tiktoken.model tokenizers: tokenizer_config's pad_token
   // The post-processor (or tokenizer_config.json's add_bos_token) starts every sequence with bos_id().
   bool adds_bos() const;
 
