@@ -20,24 +20,6 @@ const char kDefaultText[] =
     "Hello world! DON'T it's 12345 \xE4\xB8\xAD\xE6\x96\x87\xE3\x81\x8B\xE3\x81\xAA [BOS]<|im_end|>[EOS] "
     " \n\n\t caf\xC3\xA9 \xF0\x9F\x98\x80 \xFF\xC3(";
 
-bool valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t cp = n == 1 ? c : c & (0x7F >> n);
-    for (int k = 1; k < n; ++k) {
-      const unsigned char d = static_cast<unsigned char>(s[i + k]);
-      if ((d >> 6) != 2) return false;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += size_t(n);
-  }
-  return true;
-}
-
 void check_loaded(const io::Tokenizer& tok, std::string_view text) {
   const int32_t vocab = tok.vocab_size();
   if (vocab < 256 + 256) fuzz::violated(cat("vocab_size ", vocab, " below 256 bytes + 256 special tokens"));
@@ -53,14 +35,12 @@ void check_loaded(const io::Tokenizer& tok, std::string_view text) {
     std::string streamed;
     for (int32_t id : ids) streamed += stream.push(id);
     streamed += stream.flush();
-    if (!valid_utf8(streamed)) fuzz::violated("StreamDecoder returned invalid UTF-8");
-    if (valid_utf8(std::string(text)) && streamed != text) fuzz::violated("StreamDecoder changed valid UTF-8 text");
+    if (!fuzz::valid_utf8(streamed)) fuzz::violated("StreamDecoder returned invalid UTF-8");
+    if (fuzz::valid_utf8(text) && streamed != text) fuzz::violated("StreamDecoder changed valid UTF-8 text");
   }
   // Ids from outside (`lineage detokenize --tokens`): out of range, anything; an Error at most.
-  std::vector<int32_t> any;
-  for (unsigned char c : text.substr(0, 64)) any.push_back(int32_t(c) * 7919 % (vocab + 3) - 1);
   try {
-    (void)tok.decode(any);
+    (void)tok.decode(fuzz::ids_from_bytes(text, vocab));
   } catch (const Error& e) {
     fuzz::rejected(e);
   }
@@ -84,13 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (with_config) fuzz::write_file(dir / "tokenizer_config.json", next < sections.size() ? sections[next++] : "");
   std::string_view text = next < sections.size() ? sections[next] : std::string_view(kDefaultText);
   if (text.size() > 4096) text = text.substr(0, 4096);  // the loader is the target, not BPE speed
-  std::optional<io::Tokenizer> tok;
-  try {
-    tok = io::Tokenizer::load(dir);
-  } catch (const Error& e) {
-    fuzz::rejected(e);
-    return 0;
-  }
-  check_loaded(*tok, text);
+  const std::optional<io::Tokenizer> tok = fuzz::load_or_reject([&] { return io::Tokenizer::load(dir); });
+  if (tok) check_loaded(*tok, text);
   return 0;
 }

@@ -20,24 +20,6 @@ const char kDefaultText[] =
     "Hello world! It's 2024, 3.14 and  tabs\there.\n<|endoftext|></s><s> caf\xC3\xA9 \xE2\x96\x81x "
     "\xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x98\x80 \xFF\xC3(";
 
-bool valid_utf8(const std::string& s) {
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t cp = n == 1 ? c : c & (0x7F >> n);
-    for (int k = 1; k < n; ++k) {
-      const unsigned char d = static_cast<unsigned char>(s[i + k]);
-      if ((d >> 6) != 2) return false;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += size_t(n);
-  }
-  return true;
-}
-
 void put(const fs::path& path, const std::vector<std::string_view>& sections, size_t& next) {
   fuzz::write_file(path, next < sections.size() ? sections[next] : std::string_view());
   ++next;
@@ -63,13 +45,11 @@ void check_loaded(const io::Tokenizer& tok, std::string_view text, bool exact_ro
     std::string streamed;
     for (int32_t id : ids) streamed += stream.push(id);
     streamed += stream.flush();
-    if (!valid_utf8(streamed)) fuzz::violated("StreamDecoder returned invalid UTF-8");
+    if (!fuzz::valid_utf8(streamed)) fuzz::violated("StreamDecoder returned invalid UTF-8");
   }
   // Ids from outside (`lineage detokenize --tokens`): out of range, holes, anything; an Error at most.
-  std::vector<int32_t> any;
-  for (unsigned char c : text.substr(0, 64)) any.push_back(int32_t(c) * 7919 % (vocab + 3) - 1);
   try {
-    (void)tok.decode(any);
+    (void)tok.decode(fuzz::ids_from_bytes(text, vocab));
   } catch (const Error& e) {
     fuzz::rejected(e);
   }
@@ -99,13 +79,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (with_config) put(dir / "tokenizer_config.json", sections, next);
   std::string_view text = next < sections.size() ? sections[next] : std::string_view(kDefaultText);
   if (text.size() > 4096) text = text.substr(0, 4096);  // the loaders are the target, not BPE speed
-  std::optional<io::Tokenizer> tok;
-  try {
-    tok = io::Tokenizer::load(dir);
-  } catch (const Error& e) {
-    fuzz::rejected(e);
-    return 0;
-  }
-  check_loaded(*tok, text, vocab_merges);
+  const std::optional<io::Tokenizer> tok = fuzz::load_or_reject([&] { return io::Tokenizer::load(dir); });
+  if (tok) check_loaded(*tok, text, vocab_merges);
   return 0;
 }

@@ -4,20 +4,16 @@
 // tests/tokenizer/kimi_reference.mjs; then hand-checked splits and merges, and malformed files.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "lineage/core/error.h"
 #include "lineage/io/bpe_model.h"
 #include "lineage/io/tokenizer.h"
+#include "lineage/io/tokenizer_test_support.h"
 #include "lineage/io/unicode_tables.h"
 
 namespace lineage::io {
@@ -26,105 +22,32 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct KimiSegment {
-  std::string file;
-  int index = 0;
-  std::string text;
-  std::vector<int32_t> ids;                          // allow_special = true
-  std::optional<std::vector<int32_t>> ids_ordinary;  // allow_special = false, where it differs
-};
+using namespace test;
 
-struct KimiReference {
-  std::string error;  // non-empty when the reference data could not be read
+struct KimiReference : test::Reference {
   fs::path model_dir;
   std::string reference;
   int32_t n_ranks = 0;
-  std::vector<KimiSegment> segments;
 };
 
 // Loads $LINEAGE_TESTDATA/tokenizer/kimi_expected.json once. Missing data is a failure, not a skip.
 const KimiReference& kimi_reference() {
   static const KimiReference ref = [] {
-    KimiReference r;
-    const char* root = std::getenv("LINEAGE_TESTDATA");
-    if (root == nullptr || *root == '\0') {
-      r.error = "LINEAGE_TESTDATA is not set. HINT: run the CTest fixture reference_tokenizer, or "
-                "`node tests/tokenizer/reference_tokenize.mjs tests/tokenizer $DIR/tokenizer` and set LINEAGE_TESTDATA=$DIR";
-      return r;
-    }
-    const fs::path dir = fs::path(root) / "tokenizer";
-    r.model_dir = dir / "kimi";
-    std::ifstream in(dir / "kimi_expected.json");
-    if (!in) {
-      r.error = cat((dir / "kimi_expected.json").string(), " is missing. HINT: run tests/tokenizer/reference_tokenize.mjs");
-      return r;
-    }
-    try {
-      const json j = json::parse(in);
-      r.reference = j.at("reference").get<std::string>();
-      r.n_ranks = j.at("n_ranks").get<int32_t>();
-      for (const json& s : j.at("segments")) {
-        KimiSegment seg{s.at("file").get<std::string>(), s.at("index").get<int>(), s.at("text").get<std::string>(),
-                        s.at("ids").get<std::vector<int32_t>>(), std::nullopt};
-        if (s.contains("ids_ordinary")) seg.ids_ordinary = s.at("ids_ordinary").get<std::vector<int32_t>>();
-        r.segments.push_back(std::move(seg));
-      }
-    } catch (const std::exception& e) {
-      r.error = cat((dir / "kimi_expected.json").string(), ": ", e.what());
-    }
-    if (r.error.empty() && r.segments.size() < 100) r.error = cat("only ", r.segments.size(), " segments in the reference");
+    KimiReference r = test::load_reference<KimiReference>("kimi_expected.json", [](const json& j, KimiReference& k) {
+      k.reference = j.at("reference").get<std::string>();
+      k.n_ranks = j.at("n_ranks").get<int32_t>();
+    });
+    if (!r.dir.empty()) r.model_dir = r.dir / "kimi";
     return r;
   }();
   return ref;
 }
 
-#define REQUIRE_KIMI_REFERENCE(ref)                          \
-  const KimiReference& ref = kimi_reference();               \
-  ASSERT_TRUE(ref.error.empty()) << ref.error
+#define REQUIRE_KIMI_REFERENCE(ref) LINEAGE_REQUIRE_REFERENCE(ref, kimi_reference())
 
 const Tokenizer& kimi() {
   static const Tokenizer tok = Tokenizer::load(kimi_reference().model_dir);
   return tok;
-}
-
-std::string ids_around(const std::vector<int32_t>& ids, size_t at) {
-  std::ostringstream os;
-  const size_t lo = at > 5 ? at - 5 : 0;
-  for (size_t i = lo; i < std::min(ids.size(), at + 6); ++i) os << (i == at ? "[" : "") << ids[i] << (i == at ? "] " : " ");
-  return os.str();
-}
-
-// Escapes control characters and bytes that are not UTF-8 so a failure message shows the exact text.
-std::string visible(std::string_view text) {
-  std::string out;
-  for (size_t i = 0; i < text.size();) {
-    const auto b = uint8_t(text[i]);
-    const int length = utf8_sequence_length(text, i);
-    if (b == '\n') {
-      out += "\\n";
-    } else if (length == 0 || b < 0x20 || b == 0x7F) {
-      out += cat("\\x", "0123456789abcdef"[b >> 4], "0123456789abcdef"[b & 15]);
-    } else {
-      out.append(text.substr(i, size_t(length)));
-    }
-    i += size_t(std::max(length, 1));
-  }
-  return out;
-}
-
-// Empty when equal; otherwise where `got` departs from `want`, with the text around it.
-std::string compare_ids(const Tokenizer& tok, const KimiSegment& seg, const std::vector<int32_t>& want,
-                        const std::vector<int32_t>& got) {
-  if (want == got) return {};
-  size_t at = 0;
-  while (at < want.size() && at < got.size() && want[at] == got[at]) ++at;
-  const std::string prefix = tok.decode(std::vector<int32_t>(want.begin(), want.begin() + std::ptrdiff_t(at)));
-  const size_t from = prefix.size() > 20 ? prefix.size() - 20 : 0;
-  const std::string_view text(seg.text);
-  return cat(seg.file, " segment ", seg.index, ": first difference at token ", at, " of ", want.size(), " (got ",
-             got.size(), " tokens), byte ", prefix.size(), "\n  text there: \"", visible(text.substr(from, prefix.size() - from)),
-             " >>> ", visible(text.substr(std::min(prefix.size(), text.size()), 40)), "\"\n  expected ids: ",
-             ids_around(want, at), "\n  got ids:      ", ids_around(got, at));
 }
 
 TEST(TokenizerKimi, ParityWithTiktoken) {
@@ -132,7 +55,7 @@ TEST(TokenizerKimi, ParityWithTiktoken) {
   const Tokenizer& tok = kimi();
   size_t failed = 0, ordinary = 0, bytes = 0;
   std::string first_failures;
-  for (const KimiSegment& seg : ref.segments) {
+  for (const Segment& seg : ref.segments) {
     bytes += seg.text.size();
     std::string diff = compare_ids(tok, seg, seg.ids, tok.encode(seg.text, true));
     const std::vector<int32_t>& want_ordinary = seg.ids_ordinary ? *seg.ids_ordinary : seg.ids;
@@ -188,78 +111,22 @@ TEST(TokenizerKimi, SpecialTokensOnlyWhenAllowed) {
 
 TEST(TokenizerKimi, DecodeInvertsEncode) {
   REQUIRE_KIMI_REFERENCE(ref);
-  const Tokenizer& tok = kimi();
-  size_t failed = 0;
-  for (const KimiSegment& seg : ref.segments) {
-    for (bool allow_special : {true, false}) {
-      if (tok.decode(tok.encode(seg.text, allow_special)) != seg.text && ++failed <= 3) {
-        ADD_FAILURE() << seg.file << " segment " << seg.index << " (allow_special " << allow_special
-                      << ") does not survive encode + decode";
-      }
-    }
-  }
-  EXPECT_EQ(failed, 0u);
   // Every byte is a token, so bytes that are not UTF-8 come back too.
-  const std::string bytes("\xFF\xFE a\xE2\x82 \x80\xC0\xAF\xED\xA0\x80 z\xF0\x9F\x98 \xE4\xB8");
-  EXPECT_EQ(tok.decode(tok.encode(bytes)), bytes);
-}
-
-bool is_valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const int n = utf8_sequence_length(s, i);
-    if (n == 0) return false;
-    i += size_t(n);
-  }
-  return true;
+  test::expect_decode_inverts_encode(kimi(), ref.segments, "\xFF\xFE a\xE2\x82 \x80\xC0\xAF\xED\xA0\x80 z\xF0\x9F\x98 \xE4\xB8");
 }
 
 TEST(TokenizerKimi, StreamDecodeEmitsWholeCharacters) {
   REQUIRE_KIMI_REFERENCE(ref);
-  const Tokenizer& tok = kimi();
-  size_t held_back = 0, failed = 0;
-  for (const KimiSegment& seg : ref.segments) {
-    StreamDecoder stream(tok);
-    std::string joined;
-    bool valid = true;
-    for (int32_t id : seg.ids) {
-      const std::string piece = stream.push(id);
-      valid = valid && is_valid_utf8(piece);
-      held_back += piece.size() < tok.token_bytes(id).size();
-      joined += piece;
-    }
-    const std::string rest = stream.flush();
-    valid = valid && is_valid_utf8(rest);
-    joined += rest;
-    if ((!valid || joined != seg.text) && ++failed <= 3) {
-      ADD_FAILURE() << seg.file << " segment " << seg.index << ": streamed text "
-                    << (valid ? "differs from the original" : "holds invalid UTF-8");
-    }
-  }
-  EXPECT_EQ(failed, 0u);
-  EXPECT_GT(held_back, 100u) << "the corpus should split characters across tokens";
+  test::expect_stream_decode_emits_whole_characters(kimi(), ref.segments);
 }
 
 TEST(TokenizerKimi, EncodeSpeed) {
   REQUIRE_KIMI_REFERENCE(ref);
-  std::string corpus;
-  for (const KimiSegment& seg : ref.segments) corpus += seg.text;
   const auto t0 = std::chrono::steady_clock::now();
   const Tokenizer tok = Tokenizer::load(ref.model_dir);  // a fresh cache
   const auto t1 = std::chrono::steady_clock::now();
-  const size_t cold = tok.encode(corpus).size();
-  const auto t2 = std::chrono::steady_clock::now();
-  const size_t warm = tok.encode(corpus).size();
-  const auto t3 = std::chrono::steady_clock::now();
-  const double mb = double(corpus.size()) / 1e6;
-  const double cold_mbs = mb / std::chrono::duration<double>(t2 - t1).count();
-  const double warm_mbs = mb / std::chrono::duration<double>(t3 - t2).count();
-  std::cout << "[ tokenizer ] tiktoken.model: load " << std::chrono::duration<double, std::milli>(t1 - t0).count()
-            << " ms; encode " << corpus.size() << " bytes -> " << cold << " tokens: " << cold_mbs
-            << " MB/s with an empty cache, " << warm_mbs << " MB/s warm\n";
-  EXPECT_EQ(cold, warm);
-#ifdef NDEBUG
-  EXPECT_GT(cold_mbs, 1.0) << "encode is far slower than expected";
-#endif
+  test::expect_encode_speed(tok, ref.segments,
+                            cat("tiktoken.model: load ", std::chrono::duration<double, std::milli>(t1 - t0).count(), " ms; "));
 }
 
 // ---- Kimi's pattern and tiktoken's merge, by hand ------------------------------------------------
@@ -316,23 +183,6 @@ std::string tiny_tiktoken_model(std::initializer_list<std::string> extra = {}) {
   return text;
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / cat("lineage_tiktoken_test_", ::getpid(), "_", counter()++);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  static int& counter() {
-    static int n = 0;
-    return n;
-  }
-  fs::path write(const std::string& name, std::string_view text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-    return path / name;
-  }
-};
-
 TEST(TokenizerKimi, MergesLowestRankLeftmostFirst) {
   TempDir dir;
   // "bc" ranks below "ab", so "abcd" merges b+c first, then a+bc; "aa" ties go leftmost.
@@ -363,19 +213,6 @@ TEST(TokenizerKimi, TokenizerJsonComesFirst) {
 }
 
 // ---- Malformed files -----------------------------------------------------------------------------
-
-// Runs `load`, expecting an Error whose message holds every one of `needles`.
-template <class F>
-void expect_error(F load, std::initializer_list<std::string> needles) {
-  try {
-    load();
-    ADD_FAILURE() << "no Error thrown; expected one mentioning " << *needles.begin();
-  } catch (const Error& e) {
-    for (const std::string& needle : needles) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what() << "\nlacks: " << needle;
-    }
-  }
-}
 
 TEST(TokenizerKimiErrors, TiktokenModel) {
   const std::string good = tiny_tiktoken_model({"ab"});

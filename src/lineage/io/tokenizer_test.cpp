@@ -4,20 +4,16 @@
 
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
-#include <cstdlib>
-#include <fstream>
+#include <cstdio>
 #include <iostream>
-#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "lineage/core/error.h"
 #include "lineage/io/bpe_model.h"
+#include "lineage/io/tokenizer_test_support.h"
 #include "lineage/io/unicode_tables.h"
 
 namespace lineage::io {
@@ -26,101 +22,23 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Segment {
-  std::string file;
-  int index = 0;
-  std::string text;
-  std::vector<int32_t> ids;                          // allow_special = true
-  std::optional<std::vector<int32_t>> ids_ordinary;  // allow_special = false, where it differs
-};
+using namespace test;
 
-struct Reference {
-  std::string error;  // non-empty when the reference data could not be read
-  fs::path dir;
-  std::vector<Segment> segments;
+struct Gpt2Reference : test::Reference {
   size_t corpus_bytes = 0;
   std::string unicode;  // the Unicode version of the node that ran the reference
 };
 
 // Loads $LINEAGE_TESTDATA/tokenizer/expected.json once. Missing data is a failure, not a skip.
-const Reference& reference() {
-  static const Reference ref = [] {
-    Reference r;
-    const char* root = std::getenv("LINEAGE_TESTDATA");
-    if (root == nullptr || *root == '\0') {
-      r.error = "LINEAGE_TESTDATA is not set. HINT: run the CTest fixture reference_tokenizer, or "
-                "`node tests/tokenizer/reference_tokenize.mjs tests/tokenizer $DIR/tokenizer` and set LINEAGE_TESTDATA=$DIR";
-      return r;
-    }
-    r.dir = fs::path(root) / "tokenizer";
-    std::ifstream in(r.dir / "expected.json");
-    if (!in) {
-      r.error = cat((r.dir / "expected.json").string(), " is missing. HINT: run tests/tokenizer/reference_tokenize.mjs");
-      return r;
-    }
-    try {
-      const json j = json::parse(in);
-      r.corpus_bytes = j.at("corpus_bytes").get<size_t>();
-      r.unicode = j.at("unicode").get<std::string>();
-      for (const json& s : j.at("segments")) {
-        Segment seg{s.at("file").get<std::string>(), s.at("index").get<int>(), s.at("text").get<std::string>(),
-                    s.at("ids").get<std::vector<int32_t>>(), std::nullopt};
-        if (s.contains("ids_ordinary")) seg.ids_ordinary = s.at("ids_ordinary").get<std::vector<int32_t>>();
-        r.segments.push_back(std::move(seg));
-      }
-    } catch (const std::exception& e) {
-      r.error = cat((r.dir / "expected.json").string(), ": ", e.what());
-    }
-    if (r.error.empty() && r.segments.size() < 100) r.error = cat("only ", r.segments.size(), " segments in the reference");
-    return r;
-  }();
+const Gpt2Reference& reference() {
+  static const Gpt2Reference ref = test::load_reference<Gpt2Reference>("expected.json", [](const json& j, Gpt2Reference& r) {
+    r.corpus_bytes = j.at("corpus_bytes").get<size_t>();
+    r.unicode = j.at("unicode").get<std::string>();
+  });
   return ref;
 }
 
-#define REQUIRE_REFERENCE(ref)                               \
-  const Reference& ref = reference();                        \
-  ASSERT_TRUE(ref.error.empty()) << ref.error
-
-std::string ids_around(const std::vector<int32_t>& ids, size_t at) {
-  std::ostringstream os;
-  const size_t lo = at > 5 ? at - 5 : 0;
-  for (size_t i = lo; i < std::min(ids.size(), at + 6); ++i) os << (i == at ? "[" : "") << ids[i] << (i == at ? "] " : " ");
-  return os.str();
-}
-
-// Escapes control characters and bytes that are not UTF-8 so a failure message shows the exact text.
-std::string visible(std::string_view text) {
-  std::string out;
-  for (size_t i = 0; i < text.size();) {
-    const auto b = uint8_t(text[i]);
-    const int length = utf8_sequence_length(text, i);
-    if (b == '\n') {
-      out += "\\n";
-    } else if (length == 0 || b < 0x20 || b == 0x7F) {
-      out += cat("\\x", "0123456789abcdef"[b >> 4], "0123456789abcdef"[b & 15]);
-    } else {
-      out.append(text.substr(i, size_t(length)));
-    }
-    i += size_t(std::max(length, 1));
-  }
-  return out;
-}
-
-// Empty when equal; otherwise where and how `got` departs from `want`, with the text around it.
-std::string compare_ids(const Tokenizer& tok, const Segment& seg, const std::vector<int32_t>& want,
-                        const std::vector<int32_t>& got) {
-  if (want == got) return {};
-  size_t at = 0;
-  while (at < want.size() && at < got.size() && want[at] == got[at]) ++at;
-  const std::vector<int32_t> before(want.begin(), want.begin() + std::ptrdiff_t(at));
-  const std::string prefix = tok.decode(before);
-  const size_t from = prefix.size() > 20 ? prefix.size() - 20 : 0;
-  const std::string_view text(seg.text);
-  return cat(seg.file, " segment ", seg.index, ": first difference at token ", at, " of ", want.size(), " (got ",
-             got.size(), " tokens), byte ", prefix.size(), "\n  text there: \"", visible(text.substr(from, prefix.size() - from)),
-             " >>> ", visible(text.substr(prefix.size(), 40)), "\"\n  expected ids: ", ids_around(want, at),
-             "\n  got ids:      ", ids_around(got, at));
-}
+#define REQUIRE_REFERENCE(ref) LINEAGE_REQUIRE_REFERENCE(ref, reference())
 
 void expect_parity(const Tokenizer& tok, const std::string& label) {
   REQUIRE_REFERENCE(ref);
@@ -234,56 +152,13 @@ TEST(TokenizerGpt2, SpecialTokensOnlyWhenAllowed) {
 
 TEST(TokenizerGpt2, DecodeInvertsEncode) {
   REQUIRE_REFERENCE(ref);
-  const Tokenizer& tok = gpt2();
-  size_t failed = 0;
-  for (const Segment& seg : ref.segments) {
-    for (bool allow_special : {true, false}) {
-      const std::string back = tok.decode(tok.encode(seg.text, allow_special));
-      if (back != seg.text && ++failed <= 3) {
-        ADD_FAILURE() << seg.file << " segment " << seg.index << " (allow_special " << allow_special
-                      << ") does not survive encode + decode";
-      }
-    }
-  }
-  EXPECT_EQ(failed, 0u);
   // Byte-level BPE also carries bytes that are not UTF-8.
-  const std::string bytes("\xFF\xFE a\xE2\x82 \x80\xC0\xAF\xED\xA0\x80 z\xF0\x9F\x98");
-  EXPECT_EQ(tok.decode(tok.encode(bytes)), bytes);
-}
-
-bool is_valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const int n = utf8_sequence_length(s, i);
-    if (n == 0) return false;
-    i += size_t(n);
-  }
-  return true;
+  test::expect_decode_inverts_encode(gpt2(), ref.segments, "\xFF\xFE a\xE2\x82 \x80\xC0\xAF\xED\xA0\x80 z\xF0\x9F\x98");
 }
 
 TEST(TokenizerGpt2, StreamDecodeEmitsWholeCharacters) {
   REQUIRE_REFERENCE(ref);
-  const Tokenizer& tok = gpt2();
-  size_t held_back = 0, failed = 0;
-  for (const Segment& seg : ref.segments) {
-    StreamDecoder stream(tok);
-    std::string joined;
-    bool valid = true;
-    for (int32_t id : seg.ids) {
-      const std::string piece = stream.push(id);
-      valid = valid && is_valid_utf8(piece);
-      held_back += piece.size() < tok.token_bytes(id).size();
-      joined += piece;
-    }
-    const std::string rest = stream.flush();
-    valid = valid && is_valid_utf8(rest);
-    joined += rest;
-    if ((!valid || joined != seg.text) && ++failed <= 3) {
-      ADD_FAILURE() << seg.file << " segment " << seg.index << ": streamed text "
-                    << (valid ? "differs from the original" : "holds invalid UTF-8");
-    }
-  }
-  EXPECT_EQ(failed, 0u);
-  EXPECT_GT(held_back, 100u) << "the corpus should split characters across tokens";
+  test::expect_stream_decode_emits_whole_characters(gpt2(), ref.segments);
 }
 
 TEST(TokenizerGpt2, StreamDecodeReplacesInvalidBytes) {
@@ -343,23 +218,7 @@ TEST(TokenizerGpt2, ConcurrentEncodeMatches) {
 
 TEST(TokenizerGpt2, EncodeSpeed) {
   REQUIRE_REFERENCE(ref);
-  std::string corpus;
-  for (const Segment& seg : ref.segments) corpus += seg.text;
-  const Tokenizer tok = gpt2_vocab_merges();
-  const auto t0 = std::chrono::steady_clock::now();
-  const size_t cold = tok.encode(corpus).size();
-  const auto t1 = std::chrono::steady_clock::now();
-  const size_t warm = tok.encode(corpus).size();
-  const auto t2 = std::chrono::steady_clock::now();
-  const double mb = double(corpus.size()) / 1e6;
-  const double cold_mbs = mb / std::chrono::duration<double>(t1 - t0).count();
-  const double warm_mbs = mb / std::chrono::duration<double>(t2 - t1).count();
-  std::cout << "[ tokenizer ] encode " << corpus.size() << " bytes -> " << cold << " tokens: " << cold_mbs
-            << " MB/s with an empty cache, " << warm_mbs << " MB/s warm\n";
-  EXPECT_EQ(cold, warm);
-#ifdef NDEBUG
-  EXPECT_GT(cold_mbs, 1.0) << "encode is far slower than expected";
-#endif
+  test::expect_encode_speed(gpt2_vocab_merges(), ref.segments, "");  // a fresh cache
 }
 
 TEST(TokenizerGpt2, PreTokenizerSplitsLikeTheRegex) {
@@ -381,23 +240,6 @@ TEST(TokenizerGpt2, PreTokenizerSplitsLikeTheRegex) {
 
 // ---- Malformed input -------------------------------------------------------------------------
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / cat("lineage_tokenizer_test_", ::getpid(), "_", counter()++);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  static int& counter() {
-    static int n = 0;
-    return n;
-  }
-  fs::path write(const std::string& name, std::string_view text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-    return path / name;
-  }
-};
-
 // A byte-level vocabulary of the 256 one-byte symbols plus `extra`.
 json byte_vocab(std::initializer_list<std::string> extra = {}) {
   json vocab = json::object();
@@ -409,19 +251,6 @@ json byte_vocab(std::initializer_list<std::string> extra = {}) {
   int id = 256;
   for (const std::string& s : extra) vocab[s] = id++;
   return vocab;
-}
-
-// Runs `load`, expecting an Error whose message holds every one of `needles`.
-template <class F>
-void expect_error(F load, std::initializer_list<std::string> needles) {
-  try {
-    load();
-    ADD_FAILURE() << "no Error thrown; expected one mentioning " << *needles.begin();
-  } catch (const Error& e) {
-    for (const std::string& needle : needles) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what() << "\nlacks: " << needle;
-    }
-  }
 }
 
 TEST(TokenizerErrors, VocabMergesFiles) {
