@@ -6,12 +6,14 @@
 // L2 / L3 between kernels in a forward pass, so the memory ceiling they are printed against is a
 // reference point, not a bound (a share above 1 means the data came from cache).
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 
 #include "bench_support.h"
 #include "lineage/kernels/activation.h"
 #include "lineage/kernels/norm.h"
+#include "lineage/kernels/vmath.h"
 
 namespace lineage::bench {
 namespace {
@@ -60,7 +62,39 @@ void bm_activation(benchmark::State& state, kernels::Activation act, int64_t T) 
   });
 }
 
+// SiTU-GLU over the gate and up rows of a gated MLP (Kimi K3's experts; spec §5): fused, one pass
+// that reads g and u once and writes g (kernels::situ_glu), against the same arithmetic as separate
+// elementwise passes, each over the whole rows (tanh of g/β, σ(g), tanh of u/β_lin, then the two
+// products), as a framework that composes it from tensor ops runs it.
+void bm_situ(benchmark::State& state, bool fused, int64_t T) {
+  const auto g0 = random_floats(T * kHidden, 25, 3.0f), u = random_floats(T * kHidden, 26, 3.0f);
+  std::vector<float> g(g0.size()), a(g0.size()), s(g0.size()), c(g0.size());
+  const int64_t n = int64_t(g.size());
+  Work work;
+  work.bytes = 3.0 * double(n) * sizeof(float);  // the copy back of g is the same for both forms
+  work.tokens = double(T);
+  run(state, work, [&] {
+    std::copy(g0.begin(), g0.end(), g.begin());
+    if (fused) {
+      kernels::situ_glu(g.data(), u.data(), n, 4.0f, 25.0f);
+    } else {
+      for (int64_t i = 0; i < n; ++i) a[size_t(i)] = 4.0f * std::tanh(g[size_t(i)] / 4.0f);
+      kernels::sigmoid(g.data(), s.data(), n);
+      for (int64_t i = 0; i < n; ++i) c[size_t(i)] = 25.0f * std::tanh(u[size_t(i)] / 25.0f);
+      for (int64_t i = 0; i < n; ++i) a[size_t(i)] *= s[size_t(i)];
+      for (int64_t i = 0; i < n; ++i) g[size_t(i)] = a[size_t(i)] * c[size_t(i)];
+    }
+    benchmark::DoNotOptimize(g.data());
+    benchmark::ClobberMemory();
+  });
+}
+
 const bool registered = [] {
+  for (int64_t T : {int64_t(1), int64_t(512)})
+    for (bool fused : {true, false}) {
+      const std::string name = std::string("situ_glu/") + (fused ? "fused" : "unfused") + "/T" + std::to_string(T) + "x3072";
+      benchmark::RegisterBenchmark(name.c_str(), bm_situ, fused, T)->UseRealTime()->Unit(benchmark::kMicrosecond);
+    }
   for (int64_t T : {int64_t(1), int64_t(512)})
     for (bool rms : {false, true}) {
       const std::string name = std::string(rms ? "rms_norm" : "layer_norm") + "/T" + std::to_string(T);

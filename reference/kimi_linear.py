@@ -115,6 +115,9 @@ class KimiConfig:
     kda_head_dim: int
     conv_size: int
     kv_a_norm_eps: float = MLA_NORM_EPS  # not a config.json field: fixed by the released code (spec 2.3)
+    hidden_act: str = "silu"              # or K3's "situ" (spec 5), with its two betas
+    situ_beta: float = 4.0
+    situ_linear_beta: Optional[float] = 25.0  # None: the up branch is not capped
 
     @classmethod
     def from_json(cls, d: dict) -> "KimiConfig":
@@ -131,8 +134,8 @@ class KimiConfig:
             raise ValueError(f"config.json (kimi_linear): missing fields {missing}")
         if d["q_lora_rank"] is not None:
             bad("q_lora_rank", d["q_lora_rank"], "null (Kimi-Linear MLA has a single q_proj)")
-        if d["hidden_act"] != "silu":
-            bad("hidden_act", d["hidden_act"], "'silu'")
+        if d["hidden_act"] not in ("silu", "situ"):
+            bad("hidden_act", d["hidden_act"], "'silu' or 'situ'")
         if d["moe_router_activation_func"] != "sigmoid":
             bad("moe_router_activation_func", d["moe_router_activation_func"], "'sigmoid'")
         if d["rope_scaling"] is not None:
@@ -161,7 +164,10 @@ class KimiConfig:
             v_head_dim=d["v_head_dim"], mla_use_nope=bool(d["mla_use_nope"]), rope_theta=float(d["rope_theta"]),
             kda_layers=tuple(lac["kda_layers"]), full_attn_layers=tuple(lac["full_attn_layers"]),
             kda_num_heads=lac["num_heads"], kda_head_dim=lac["head_dim"],
-            conv_size=lac["short_conv_kernel_size"])
+            conv_size=lac["short_conv_kernel_size"], hidden_act=d["hidden_act"],
+            situ_beta=float(d.get("activation_situ_beta", 4.0)),
+            situ_linear_beta=(None if "activation_situ_linear_beta" in d and d["activation_situ_linear_beta"] is None
+                              else float(d.get("activation_situ_linear_beta", 25.0))))
         cfg.validate()
         return cfg
 
@@ -458,9 +464,16 @@ def route(cfg: KimiConfig, logits: torch.Tensor, bias: torch.Tensor) -> Routing:
     return Routing(ids, weights, expert_margin, group_margin, zero_mask_changes, denominator)
 
 
-def swiglu(w: Weights, x: torch.Tensor, gate: str, up: str, down: str) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)), weight names given in full."""
-    return w.linear(silu(w.linear(x, gate)) * w.linear(x, up), down)
+def glu(cfg: KimiConfig, w: Weights, x: torch.Tensor, gate: str, up: str, down: str) -> torch.Tensor:
+    """down(act(gate(x), up(x))), weight names given in full: SwiGLU silu(g) * u, or K3's SiTU-GLU
+    beta tanh(g / beta) sigmoid(g) * beta_lin tanh(u / beta_lin) (spec 5: the sigmoid of the uncapped g;
+    beta_lin None leaves u uncapped)."""
+    g, u = w.linear(x, gate), w.linear(x, up)
+    if cfg.hidden_act == "situ":
+        b, bl = cfg.situ_beta, cfg.situ_linear_beta
+        capped_up = u if bl is None else bl * torch.tanh(u / bl)
+        return w.linear(b * torch.tanh(g / b) * torch.sigmoid(g) * capped_up, down)
+    return w.linear(silu(g) * u, down)
 
 
 def moe_block(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor, rec) -> tuple:
@@ -475,15 +488,15 @@ def moe_block(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor, rec) -> tupl
     expert_out = {}
     for e in sorted(set(sel.ids.flatten().tolist())):
         ep = f"{p}experts.{e}."
-        expert_out[e] = swiglu(w, x, ep + "w1.weight", ep + "w3.weight", ep + "w2.weight")
+        expert_out[e] = glu(cfg, w, x, ep + "w1.weight", ep + "w3.weight", ep + "w2.weight")
     stacked = torch.stack([expert_out.get(e, torch.zeros_like(x)) for e in range(cfg.num_experts)])  # [E, T, D]
     out = torch.zeros_like(x)
     for j in range(cfg.num_experts_per_token):
         out = out + sel.weights[:, j, None] * stacked[sel.ids[:, j], rows]
     if cfg.num_shared_experts:
         sp = p + "shared_experts."
-        out = out + rec("moe.shared", swiglu(w, x, sp + "gate_proj.weight", sp + "up_proj.weight",
-                                             sp + "down_proj.weight"))
+        out = out + rec("moe.shared", glu(cfg, w, x, sp + "gate_proj.weight", sp + "up_proj.weight",
+                                          sp + "down_proj.weight"))
     return rec("moe.out", out), sel
 
 
@@ -522,7 +535,7 @@ def kimi_forward(cfg: KimiConfig, w: dict, tokens: torch.Tensor, record: Optiona
         m = lrec("post_attention_layernorm", rms_norm(x, w[p + "post_attention_layernorm.weight"], eps))
         if cfg.ffn_kind(i) == "dense":
             mp = p + "mlp."
-            f = lrec("mlp.out", swiglu(w, m, mp + "gate_proj.weight", mp + "up_proj.weight", mp + "down_proj.weight"))
+            f = lrec("mlp.out", glu(cfg, w, m, mp + "gate_proj.weight", mp + "up_proj.weight", mp + "down_proj.weight"))
         else:
             f, sel = moe_block(cfg, w, p + "block_sparse_moe.", m, lrec)
             if routing is not None:

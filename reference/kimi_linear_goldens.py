@@ -115,7 +115,8 @@ class KimiCase:
     checks: tuple = ()                 # extra assertions, see _extra_checks
 
     def json_config(self) -> dict:
-        unknown = set(self.config) - set(BASE_CONFIG) - {"router_bias_in_weights"}
+        unknown = set(self.config) - set(BASE_CONFIG) - {"router_bias_in_weights", "activation_situ_beta",
+                                                         "activation_situ_linear_beta"}
         unknown |= {f"linear_attn_config.{k}" for k in set(self.linear_config) - set(BASE_CONFIG["linear_attn_config"])}
         if unknown:
             raise ValueError(f"kimi_linear/{self.name}: not config fields: {sorted(unknown)}")
@@ -144,6 +145,12 @@ CASES = [
     KimiCase("rope", 3013, config={"mla_use_nope": False, "rope_theta": 10000.0}, checks=("rope_matters",)),
     # No shared experts, one expert a token (no renormalization at k = 1).
     KimiCase("no_shared", 3007, config={"num_shared_experts": 0, "num_experts_per_token": 1}),
+    # K3's SiTU-GLU in every MLP (dense, experts, shared) with betas small enough to cap the
+    # activations this model makes; and with the up branch uncapped.
+    KimiCase("situ", 3013, config={"hidden_act": "situ", "activation_situ_beta": 0.5,
+                                   "activation_situ_linear_beta": 0.25}),
+    KimiCase("situ_uncapped_up", 3013, config={"hidden_act": "situ", "activation_situ_beta": 0.5,
+                                               "activation_situ_linear_beta": None}),
 ]
 
 # Linear weights [out, in] ~ N(0, gain / sqrt(in)), keyed by the name after "self_attn." /

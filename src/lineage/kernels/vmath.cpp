@@ -30,6 +30,11 @@ void softplus(const float* x, float* y, int64_t n) {
   else vmath_loops::softplus(x, y, n);
 }
 
+void situ_glu(float* g, const float* u, int64_t n, float beta, float beta_lin) {
+  if (use_avx512()) situ_glu_avx512(g, u, n, beta, beta_lin);
+  else vmath_loops::situ_glu(g, u, n, beta, beta_lin);
+}
+
 void layer_norm_row(const float* x, int64_t D, const float* w, const float* b, float eps, float* y) {
   if (use_avx512()) layer_norm_row_avx512(x, D, w, b, eps, y);
   else vmath_loops::layer_norm_row(x, D, w, b, eps, y);

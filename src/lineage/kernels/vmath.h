@@ -17,6 +17,10 @@ void sigmoid(const float* x, float* y, int64_t n);
 // log1p that keeps full precision for tiny arguments. y may alias x.
 void softplus(const float* x, float* y, int64_t n);
 
+// Kimi K3's SiTU-GLU in place of the gate: g ← β·tanh(g/β)·σ(g) · β_lin·tanh(u/β_lin), f32, one pass
+// over g and u (the sigmoid takes the uncapped g; beta_lin = 0 leaves u uncapped). |result| ≤ β·β_lin.
+void situ_glu(float* g, const float* u, int64_t n, float beta, float beta_lin);
+
 // One row of LayerNorm: y = (x − mean) / sqrt(var + eps) · w + b, biased variance, the sums in
 // double. One row of RMSNorm: y = x / sqrt(mean(x²) + eps) · w. x, y, w, b: [D]; y may alias x.
 void layer_norm_row(const float* x, int64_t D, const float* w, const float* b, float eps, float* y);

@@ -71,5 +71,31 @@ TEST(Vmath, ExpSigmoidSoftplusMatchDoubleLibm) {
   }
 }
 
+// SiTU-GLU against double libm: β·tanh(g/β)·σ(g) · β_lin·tanh(u/β_lin), over gates and ups from tiny
+// (where tanh's polynomial branch keeps the relative precision) to far past the caps, with the
+// linear cap off (β_lin = 0: u passes through), in every build.
+TEST(Vmath, SituGluMatchesDoubleLibm) {
+  using SituFn = std::function<void(float*, const float*, int64_t, float, float)>;
+  std::vector<std::pair<std::string, SituFn>> fns = {{"portable", vmath_loops::situ_glu}, {"dispatched", situ_glu}};
+  if (!std::strcmp(isa_name(), "avx512")) fns.push_back({"avx512", situ_glu_avx512});
+  std::vector<float> g, u;
+  for (float a : sweep(-300.0f, 300.0f, 601, {0.0f, 1e-20f, -1e-7f, 1e-3f, 2.49f, 2.5f, 2.51f, -2.5f}))
+    for (float b : sweep(-200.0f, 200.0f, 41, {0.0f, 3e-6f, -1e-2f, 15.6f, 15.7f})) g.push_back(a), u.push_back(b);
+  for (const auto& [name, fn] : fns)
+    for (float beta_lin : {25.0f, 0.0f, 1.5f}) {
+      const float beta = beta_lin == 1.5f ? 0.75f : 4.0f;  // small betas that bite
+      std::vector<float> y = g;
+      fn(y.data(), u.data(), int64_t(y.size()), beta, beta_lin);
+      for (size_t i = 0; i < g.size(); ++i) {
+        const double x = g[i], v = u[i];
+        const double up = beta_lin > 0 ? beta_lin * std::tanh(v / beta_lin) : v;
+        const double want = beta * std::tanh(x / beta) / (1.0 + std::exp(-x)) * up;
+        ASSERT_LE(std::fabs(y[i] - want), 1e-6 * std::fabs(want) + 1e-34)  // σ underflows below −87
+            << name << " beta_lin " << beta_lin << " at g = " << g[i] << ", u = " << u[i] << ": got " << y[i]
+            << ", want " << want;
+      }
+    }
+}
+
 }  // namespace
 }  // namespace lineage::kernels

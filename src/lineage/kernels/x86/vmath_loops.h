@@ -96,6 +96,50 @@ inline void softplus(const float* x, float* y, int64_t n) {
   });
 }
 
+// tanh(x) with t = exp(−2|x|): Cephes tanhf's odd polynomial below |x| = 0.625 (where (1 − t)/(1 + t)
+// would lose the relative precision of small x), (1 − t)/(1 + t) with x's sign above.
+inline float tanh_from(float x, float t) {
+  const float z = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = p * z * x + x;
+  const float big = (1.0f - t) / (1.0f + t);
+  return std::abs(x) < 0.625f ? small : (x < 0.0f ? -big : big);
+}
+
+// Kimi K3's SiTU-GLU, in one pass over the gate and up rows: g ← β·tanh(g/β)·σ(g) · β_lin·tanh(u/β_lin)
+// (the sigmoid of the uncapped g; beta_lin = 0: u uncapped). Three exponentials of non-positive
+// arguments per element, no temporaries beyond a block on the stack.
+inline void situ_glu(float* g, const float* u, int64_t n, float beta, float beta_lin) {
+  constexpr int64_t kBlock = 256;
+  float a[kBlock], ea[kBlock], b[kBlock], eb[kBlock], c[kBlock], ec[kBlock];
+  const float ib = 2.0f / beta, il = beta_lin > 0.0f ? 2.0f / beta_lin : 0.0f;
+  for (int64_t o = 0; o < n; o += kBlock) {
+    const int64_t m = std::min(kBlock, n - o);
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) {
+      a[i] = -std::abs(g[o + i]);
+      b[i] = a[i] * ib;
+      c[i] = -std::abs(u[o + i]) * il;
+    }
+    exp_nonpositive(a, ea, m);
+    exp_nonpositive(b, eb, m);
+    exp_nonpositive(c, ec, m);
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) {
+      const float x = g[o + i], y = u[o + i];
+      const float r = 1.0f / (1.0f + ea[i]);
+      const float sig = x >= 0.0f ? r : ea[i] * r;
+      const float capped = beta * tanh_from(x / beta, eb[i]);
+      const float up = beta_lin > 0.0f ? beta_lin * tanh_from(y / beta_lin, ec[i]) : y;
+      g[o + i] = capped * sig * up;
+    }
+  }
+}
+
 // One row of LayerNorm, y = (x − mean) / sqrt(var + eps) · w + b (biased variance, as PyTorch): the
 // sums in double, over several partial sums (omp simd), not one serial chain. y may alias x.
 inline void layer_norm_row(const float* x, int64_t D, const float* w, const float* b, float eps, float* y) {

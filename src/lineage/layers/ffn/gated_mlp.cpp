@@ -5,6 +5,7 @@
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/activation.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/vmath.h"
 
 namespace lineage::layers {
 
@@ -16,7 +17,7 @@ void GatedMlp::for_each_tensor(const std::string& p, const TensorVisitor& f) {
 }
 
 std::string GatedMlp::describe() const {
-  return "SwiGLU MLP " + std::to_string(config.d_model) + " -> " + std::to_string(config.hidden) + " -> " +
+  return std::string(config.act == Act::Situ ? "SiTU" : "SwiGLU") + " MLP " + std::to_string(config.d_model) + " -> " + std::to_string(config.hidden) + " -> " +
          std::to_string(config.d_model);
 }
 
@@ -33,10 +34,15 @@ void forward_rows(const GatedMlp& m, const float* x, int64_t T, float* y, GatedM
   const kernels::LinearOut gate_up[] = {{m.weights.gate_proj.view(dot), nullptr, g},
                                         {m.weights.up_proj.view(dot), nullptr, u}};
   kernels::linear_group(x, T, gate_up);
-  // g ← SiLU(g) ⊙ u, one pass over the rows split across the threads (prefill).
+  // g ← SiLU(g) ⊙ u (or SiTU(g, u)), one pass over the rows split across the threads (prefill).
+  const GatedMlp::Config& c = m.config;
   const auto gate = [&](int64_t t0, int64_t t1) {
     float* gt = g + t0 * F;
     const float* ut = u + t0 * F;
+    if (c.act == GatedMlp::Act::Situ) {
+      kernels::situ_glu(gt, ut, (t1 - t0) * F, c.situ_beta, c.situ_linear_beta);
+      return;
+    }
     kernels::activate_serial(kernels::Activation::Silu, gt, (t1 - t0) * F);
     for (int64_t i = 0; i < (t1 - t0) * F; ++i) gt[i] *= ut[i];
   };

@@ -1,5 +1,5 @@
 // Gated MLP (GLU): down(act(gate(x)) ⊙ up(x)), nn.Linear weights [out, in], no biases.
-// fla GatedMLP and Llama-style MLPs use SiLU ("swish").
+// fla GatedMLP and Llama-style MLPs use SiLU ("swish"); Kimi K3 SiTU (spec §5).
 #pragma once
 
 #include "lineage/layers/common.h"
@@ -7,8 +7,13 @@
 namespace lineage::layers {
 
 struct GatedMlp {
+  // The gate's activation: SwiGLU's SiLU(g)·u, or Kimi K3's SiTU-GLU β·tanh(g/β)·σ(g) · β_lin·tanh(u/β_lin)
+  // (situ_linear_beta 0: u uncapped), fused into the one pass over g and u.
+  enum class Act : uint8_t { Silu, Situ };
   struct Config {
     int64_t d_model = 0, hidden = 0;  // D, F
+    Act act = Act::Silu;
+    float situ_beta = 4.0f, situ_linear_beta = 25.0f;
   };
   // Checkpoint names of the three matrices (Kimi's routed experts: w1, w3, w2).
   struct Names {

@@ -16,12 +16,12 @@ void Moe::for_each_tensor(const std::string& p, const TensorVisitor& f) {
   weights.experts.resize(size_t(c.n_experts));
   for (int64_t e = 0; e < c.n_experts; ++e) {
     GatedMlp& x = weights.experts[size_t(e)];
-    x.config = {c.d_model, c.hidden};
+    x.config = {c.d_model, c.hidden, c.act, c.situ_beta, c.situ_linear_beta};
     x.names = expert_names;
     x.for_each_tensor(p + ".experts." + std::to_string(e), f);
   }
   if (c.shared_hidden > 0) {
-    weights.shared.config = {c.d_model, c.shared_hidden};
+    weights.shared.config = {c.d_model, c.shared_hidden, c.act, c.situ_beta, c.situ_linear_beta};
     weights.shared.for_each_tensor(p + ".shared_experts", f);
   }
 }
@@ -42,7 +42,7 @@ void Moe::prepare() {
 
 std::string Moe::describe() const {
   const Config& c = config;
-  return cat("MoE, ", c.n_experts, " SwiGLU experts of ", c.hidden, ", ", c.top_k, " per token",
+  return cat("MoE, ", c.n_experts, c.act == GatedMlp::Act::Situ ? " SiTU" : " SwiGLU", " experts of ", c.hidden, ", ", c.top_k, " per token",
              c.n_group > 1 ? cat(" (", c.topk_group, " of ", c.n_group, " groups)") : std::string(),
              c.shared_hidden ? cat(", shared MLP ", c.shared_hidden) : std::string());
 }

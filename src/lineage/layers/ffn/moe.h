@@ -26,6 +26,9 @@ struct Moe {
     bool renormalize = true;
     double scaling = 1.0;                // routed_scaling_factor
     bool bias_in_weights = false;        // router_bias_in_weights (see above)
+    // The experts' and the shared MLP's activation (GatedMlp::Config).
+    GatedMlp::Act act = GatedMlp::Act::Silu;
+    float situ_beta = 4.0f, situ_linear_beta = 25.0f;
   };
   struct Weights {
     kernels::Matrix gate;         // [E, D], run in f32

@@ -90,7 +90,15 @@ Model build_kimi_linear(const ArchInput& in) {
   const int64_t V = c.integer("vocab_size", limits::kVocab), D = c.integer("hidden_size", limits::kWidth);
   const int64_t L = c.integer("num_hidden_layers", limits::kLayers);
   const float eps = float(c.positive("rms_norm_eps", 1e-5, 1.0));
-  if (c.string("hidden_act", "silu") != "silu") c.fail("hidden_act", "\"silu\" (Kimi's MLPs and experts are SwiGLU)");
+  // SwiGLU (Kimi Linear) or K3's SiTU-GLU with its two config scalars (a null linear beta: up uncapped).
+  const std::string act = c.string("hidden_act", "silu");
+  if (act != "silu" && act != "situ") c.fail("hidden_act", "\"silu\" or \"situ\" (Kimi's MLPs and experts are gated)");
+  const layers::GatedMlp::Act mlp_act = act == "situ" ? layers::GatedMlp::Act::Situ : layers::GatedMlp::Act::Silu;
+  const float situ_beta = float(c.positive("activation_situ_beta", 4.0, 1e6));
+  const float situ_linear_beta = act == "situ" && c.json().contains("activation_situ_linear_beta") &&
+                                         c.json()["activation_situ_linear_beta"].is_null()
+                                     ? 0.0f
+                                     : float(c.positive("activation_situ_linear_beta", 25.0, 1e6));
   if (c.has("attnres_block_size") || c.has("attn_res"))
     c.fail(c.has("attn_res") ? "attn_res" : "attnres_block_size", "null (attention residuals come with Kimi K3)");
   if (c.has("num_nextn_predict_layers") && count(c, "num_nextn_predict_layers", 0, 16) != 0)
@@ -129,6 +137,7 @@ Model build_kimi_linear(const ArchInput& in) {
     moe.renormalize = c.boolean("moe_renormalize", true);
     moe.scaling = c.positive("routed_scaling_factor", 1.0, 1e6);
     moe.bias_in_weights = c.boolean("router_bias_in_weights", false);
+    moe.act = mlp_act, moe.situ_beta = situ_beta, moe.situ_linear_beta = situ_linear_beta;
     if (c.boolean("use_grouped_topk", true)) {
       moe.n_group = c.integer("num_expert_group", 1, E);
       moe.topk_group = c.integer("topk_group", 1, moe.n_group);
@@ -175,7 +184,7 @@ Model build_kimi_linear(const ArchInput& in) {
       ++n_moe;
     } else {
       layers::GatedMlp mlp;
-      mlp.config = {D, dense_width};
+      mlp.config = {D, dense_width, mlp_act, situ_beta, situ_linear_beta};
       b.ffn = std::move(mlp);
     }
     b.names = {"input_layernorm", "self_attn", "post_attention_layernorm", is_moe(i) ? "block_sparse_moe" : "mlp"};
