@@ -98,7 +98,7 @@ void print_row(const Row& r, const model::Model& m) {
   if (sc.per_token && sc.fixed)
     kind += cat(" (", growing, " of ", m.n_layers(), " layers) + ", format_bytes(double(sc.fixed)), " fixed");
   const char* same = runtime::prefill_equals_decode(r.split_rel_rms) ? "yes" : "NO";
-  std::printf("%-18s %-44s | %-32s | %-26s | %11.0f | %s (rel rms %.1e)%s%s\n", r.preset.c_str(), kind.c_str(),
+  std::printf("%-18s %-58s | %-32s | %-26s | %11.0f | %s (rel rms %.1e)%s%s\n", r.preset.c_str(), kind.c_str(),
               mem.c_str(), dec.c_str(), r.prefill_tok_s, same, r.split_rel_rms, r.note.empty() ? "" : "; ",
               r.note.c_str());
 }
@@ -135,7 +135,7 @@ void add_tour(CLI::App& app) {
     if (names.empty())
       for (const auto& p : model::presets())
         if (p.in_tour) names.push_back(p.name);
-    std::printf("%-18s %-44s | %-32s | %-26s | %11s | %s\n", "preset", "memory", "state bytes @ 1k / 4k / 16k",
+    std::printf("%-18s %-58s | %-32s | %-26s | %11s | %s\n", "preset", "memory", "state bytes @ 1k / 4k / 16k",
                 "decode ms/tok @ 1k/4k/16k", "prefill t/s", "chunked = decode");
     if (!o.model_dir.empty()) {
       ModelSource src = o.src;
