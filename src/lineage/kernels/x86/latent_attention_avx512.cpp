@@ -96,15 +96,7 @@ void latent_heads_avx512(const float* q, int64_t ldq, int64_t G, int64_t n_keys,
           for (int j = 0; j < 4 && jj + j < n; ++j) s[h0 + h][jj + j] = tile[h * 4 + j];
       }
     for (int64_t h = 0; h < Gp; ++h) {  // the online softmax, as the portable loop does it
-      float mx = m[h];
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[h][j]);
-      for (int64_t j = 0; j < n; ++j) s[h][j] -= mx;
-      vmath_loops::exp_nonpositive(s[h], p[h], n);
-      const float correction = std::exp(m[h] - mx);  // exp(-inf) = 0 on the first step
-      float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j) sum += p[h][j];
-      l[h] = l[h] * correction + sum;
-      m[h] = mx;
+      const float correction = latent_loops::softmax_step(s[h], p[h], n, m[h], l[h]);
       const __m512 vc = _mm512_set1_ps(correction);
       for (int64_t c = 0; c < dv; c += 16) {
         const __mmask16 k = lanes(dv - c);

@@ -16,6 +16,22 @@ constexpr int64_t kKeys = 64;       // keys per step of the online softmax
 constexpr int64_t kMaxGroup = 8;    // heads that share one pass over the rows
 constexpr int64_t kMaxValue = 1024; // = kLatentMaxValue: the accumulators live on the stack
 
+// One step of one head's online softmax over n scores s (shifted in place): p = exp(s − m_new), the
+// running maximum m and sum l updated; returns the factor the running output is rescaled by
+// (exp(−inf) = 0 on the first step). Shared by the portable loop and the AVX-512 tiles.
+inline float softmax_step(float* s, float* p, int64_t n, float& m, float& l) {
+  float mx = m;
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
+  for (int64_t j = 0; j < n; ++j) s[j] -= mx;
+  vmath_loops::exp_nonpositive(s, p, n);
+  const float correction = std::exp(m - mx);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) sum += p[j];
+  l = l * correction + sum;
+  m = mx;
+  return correction;
+}
+
 // Heads [0, G) of one query (q + h·ldq) against n_keys shared rows (kv + j·ldkv; key = the first dk
 // elements, value = the first dv), G <= kMaxGroup: each row is read once for the G heads while it
 // is in L1. Per head the operations and their order do not depend on G.
@@ -41,15 +57,7 @@ inline void heads(const float* q, int64_t ldq, int64_t G, int64_t n_keys, const 
       }
     }
     for (int64_t h = 0; h < G; ++h) {
-      float mx = m[h];
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[h][j]);
-      for (int64_t j = 0; j < n; ++j) s[h][j] -= mx;
-      vmath_loops::exp_nonpositive(s[h], p[h], n);
-      const float correction = std::exp(m[h] - mx);  // exp(-inf) = 0 on the first step
-      float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j) sum += p[h][j];
-      l[h] = l[h] * correction + sum;
-      m[h] = mx;
+      const float correction = softmax_step(s[h], p[h], n, m[h], l[h]);
       float* a = acc[h];
 #pragma omp simd
       for (int64_t c = 0; c < dv; ++c) a[c] *= correction;

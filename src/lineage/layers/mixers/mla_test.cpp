@@ -140,12 +140,17 @@ double rel_rms(const std::vector<float>& a, const std::vector<double>& b) {
   return std::sqrt(num / den);
 }
 
+std::vector<float> inputs(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) v = float(rng.normal());
+  return x;
+}
+
 TEST(Mla, BothFormsMatchTheNaiveAttentionWithEverySwitch) {
   const Shape5 s{48, 3, 24, 32, 16, 8, 12};
   const int64_t T = 37;
-  Rng rng(1);
-  std::vector<float> x(size_t(T * s.D));
-  for (float& v : x) v = float(rng.normal());
+  const std::vector<float> x = inputs(T * s.D, 1);
   for (int64_t rq : {int64_t(0), s.rq})
     for (bool rope : {false, true})
       for (bool gate : {false, true}) {
@@ -170,9 +175,7 @@ TEST(Mla, BothFormsMatchTheNaiveAttentionWithEverySwitch) {
 TEST(Mla, TheUnrotatedSharedSlotIsScored) {
   const Shape5 s{32, 2, 0, 16, 8, 8, 8};
   const int64_t T = 9;
-  Rng rng(2);
-  std::vector<float> x(size_t(T * s.D));
-  for (float& v : x) v = float(rng.normal());
+  const std::vector<float> x = inputs(T * s.D, 2);
   Mla m = make(s, false, false, 3);
   const std::vector<float> with = run(m, x, T, T, MlaPath::Explicit);
   // Zero the k_r rows of kv_a: the slot then scores nothing.
