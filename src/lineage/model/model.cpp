@@ -60,9 +60,10 @@ size_t SequenceState::bytes() const {
   return n;
 }
 
-SequenceState Model::new_state() const {
+SequenceState Model::new_state(int64_t positions) const {
   SequenceState s;
-  for (const auto& b : blocks) s.layers.push_back(std::visit([](const auto& m) { return MixerState(m.new_state()); }, b.mixer));
+  for (const auto& b : blocks)
+    s.layers.push_back(std::visit([&](const auto& m) { return MixerState(m.new_state(positions)); }, b.mixer));
   return s;
 }
 
@@ -78,15 +79,8 @@ StatePool::StatePool(const Model& m, PoolOptions options) : model_(&m), options_
 }
 
 void StatePool::add_slot(bool used) {
-  auto s = std::make_unique<SequenceState>(model_->new_state());
-  if (options_.ctx > 0)  // room for ctx positions now: the KV caches never grow
-    for (size_t l = 0; l < s->layers.size(); ++l)
-      if (auto* a = std::get_if<layers::Attention::State>(&s->layers[l])) {
-        const auto& cfg = std::get<layers::Attention>(model_->blocks[l].mixer).config;
-        a->reserve(cfg.n_heads, cfg.head_dim, options_.ctx);
-      } else if (auto* c = std::get_if<layers::Mla::State>(&s->layers[l])) {
-        c->reserve(std::get<layers::Mla>(model_->blocks[l].mixer).config.latent(), options_.ctx);
-      }
+  // With a fixed ctx, room for ctx positions now: the KV caches and latents never grow.
+  auto s = std::make_unique<SequenceState>(model_->new_state(options_.ctx));
   slots_.push_back(std::move(s));
   used_.push_back(used ? 1 : 0);
 }

@@ -98,7 +98,9 @@ struct Model {
   // Every parameter once, under its full checkpoint name (the tied head is not listed twice).
   void for_each_tensor(const layers::TensorVisitor& f);
   const Tensor& output_weight() const { return config.tied_lm_head ? embed : lm_head; }
-  SequenceState new_state() const;
+  // Every layer's empty state; `positions` > 0: the growing ones (KV caches, MLA latents) with room
+  // for that many positions allocated now.
+  SequenceState new_state(int64_t positions = 0) const;
   int64_t n_layers() const { return int64_t(blocks.size()); }
 };
 

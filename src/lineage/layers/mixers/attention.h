@@ -47,7 +47,12 @@ struct Attention {
 
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
   void for_each_matrix(const MatrixVisitor& f) { f(weights.c_attn), f(weights.c_proj); }
-  State new_state() const { return State{}; }
+  // An empty cache; `positions` > 0 allocates room for that many now (a pool of fixed context).
+  State new_state(int64_t positions = 0) const {
+    State s;
+    if (positions > 0) s.reserve(config.n_heads, config.head_dim, positions);
+    return s;
+  }
   size_t state_bytes_per_token() const { return 2 * size_t(config.d_model) * sizeof(float); }
   size_t state_bytes_fixed() const { return 0; }
   // The mixer's own FLOPs for one token that attends `context` positions, beyond its weights' 2 per

@@ -148,7 +148,7 @@ void DeltaRule::for_each_tensor(const std::string& p, const TensorVisitor& f) {
   proj("o_proj.weight", weights.o_proj, {D, HV * V});
 }
 
-DeltaRule::State DeltaRule::new_state() const {
+DeltaRule::State DeltaRule::new_state(int64_t) const {
   const Config& c = config;
   State s;
   s.S = Tensor::zeros(DType::F32, {c.n_v_heads, c.head_k, c.head_v});

@@ -106,7 +106,7 @@ struct DeltaRule {
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
   void for_each_matrix(const MatrixVisitor& f);
   void prepare();
-  State new_state() const;
+  State new_state(int64_t positions = 0) const;  // fixed size: `positions` changes nothing
   size_t state_bytes_per_token() const { return 0; }
   size_t state_bytes_fixed() const;
   // The mixer's own FLOPs for one token beyond its weights' 2 per parameter (the same at any

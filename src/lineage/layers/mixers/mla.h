@@ -84,7 +84,12 @@ struct Mla {
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
   void for_each_matrix(const MatrixVisitor& f);
   void prepare();
-  State new_state() const { return State{}; }
+  // An empty latent cache; `positions` > 0 allocates room for that many now (a pool of fixed context).
+  State new_state(int64_t positions = 0) const {
+    State s;
+    if (positions > 0) s.reserve(config.latent(), positions);
+    return s;
+  }
   size_t state_bytes_per_token() const { return size_t(config.latent()) * sizeof(float); }
   size_t state_bytes_fixed() const { return 0; }
   // The mixer's own FLOPs for one token that attends `context` positions, counted in the absorbed
