@@ -130,8 +130,8 @@ class FlaConfig:
                 bad("qk_activation", self.qk_activation, "silu, relu, elu or identity")
             if self.qk_norm not in ("l2", "sum"):
                 bad("qk_norm", self.qk_norm, "l2 or sum")
-        if self.model_type == "kda" and self.lower_bound is not None:
-            bad("lower_bound", self.lower_bound, "null (the lower-bound KDA gate is not implemented)")
+        if self.model_type == "kda" and self.lower_bound is not None and not self.lower_bound < 0:
+            bad("lower_bound", self.lower_bound, "null or negative")
         if self.v_heads % self.num_heads:
             bad("num_v_heads", self.num_v_heads, f"a multiple of num_heads {self.num_heads}")
         if self.key_dim % self.num_heads:
@@ -428,13 +428,18 @@ def _qkv_delta(cfg: FlaConfig, w: Weights, p: str, x: torch.Tensor, state: dict)
 
 def _log_decay(cfg: FlaConfig, w: Weights, p: str, x: torch.Tensor):
     """a_t <= 0: None (DeltaNet); GDN [T, HV] = -exp(A_log) softplus(a_proj(x) + dt_bias);
-    KDA [T, HV, K] = -exp(A_log[h]) softplus(f_proj(x)[h, d] + dt_bias[h*K + d])."""
+    KDA [T, HV, K] = -exp(A_log[h]) softplus(f_proj(x)[h, d] + dt_bias[h*K + d]), or with lower_bound
+    (fla's lower-bound gate, spec 1.4) lower_bound * sigmoid(exp(A_log[h]) (f_proj(x)[h, d] + dt_bias[h*K + d])),
+    in (lower_bound, 0)."""
     HV, K = cfg.v_heads, cfg.head_k_dim
     if cfg.decay_kind == "head":
         return -torch.exp(w[p + "A_log"]) * softplus(w.linear(x, p + "a_proj.weight") + w[p + "dt_bias"])
     if cfg.decay_kind == "channel":
         f = w.linear(w.linear(x, p + "f_proj.0.weight"), p + "f_proj.1.weight").reshape(-1, HV, K)
-        return -torch.exp(w[p + "A_log"])[:, None] * softplus(f + w[p + "dt_bias"].reshape(HV, K))
+        A, biased = torch.exp(w[p + "A_log"])[:, None], f + w[p + "dt_bias"].reshape(HV, K)
+        if cfg.lower_bound is not None:
+            return cfg.lower_bound * torch.sigmoid(A * biased)
+        return -A * softplus(biased)
     return None
 
 

@@ -106,6 +106,9 @@ CASES = [
           expand_v=1.5, use_short_conv=False, intermediate_size=64),
     _case("kda", "f32_noconv", 2306, vocab_size=250, hidden_size=32, num_heads=2, head_dim=16,
           use_short_conv=False, intermediate_size=64),
+    # fla's lower-bound gate (Kimi K3's): a = lower_bound * sigmoid(exp(A_log) (f + dt_bias)), in (-5, 0);
+    # the heads with large exp(A_log) and channels with dt_bias near 2 decay by nearly e^-5 a step.
+    _case("kda", "lower_bound", 2307, hidden_size=48, num_heads=4, head_dim=12, lower_bound=-5.0),
 ]
 
 

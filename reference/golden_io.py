@@ -31,17 +31,19 @@ BF16_DOT_RANGE = (1e-4, 5e-2)
 BF16_DOT_FILE = "logits_bf16_dot"
 
 
-def write_bf16_dot_logits(golden_dir: str, label: str, forward, tokens: torch.Tensor, exact: torch.Tensor) -> float:
+def write_bf16_dot_logits(golden_dir: str, label: str, forward, tokens: torch.Tensor, exact: torch.Tensor,
+                          dot_range: tuple = BF16_DOT_RANGE) -> float:
     """Writes golden_dir/logits_bf16_dot.npy: forward(tokens), the logits [T, vocab] with the engine's
     bf16 dot products emulated. Raises unless they are causal (forward of the first T/2 tokens gives the
-    same first rows) and lie BF16_DOT_RANGE from the exact logits. Returns that distance (relative RMS)."""
+    same first rows) and lie dot_range (BF16_DOT_RANGE unless a family needs its own) from the exact
+    logits. Returns that distance (relative RMS)."""
     logits, prefix_logits = forward(tokens), forward(tokens[:tokens.shape[0] // 2])
     causal_err = relative_rms(prefix_logits, logits[:prefix_logits.shape[0]])
     if causal_err > 1e-12:
         raise AssertionError(f"{label}: bf16-dot logits of the first {prefix_logits.shape[0]} tokens change "
                              f"with later tokens (relative RMS {causal_err:.3g})")
     err = relative_rms(logits, exact)
-    lo, hi = BF16_DOT_RANGE
+    lo, hi = dot_range
     if not lo < err < hi:
         raise AssertionError(f"{label}: bf16-dot logits lie {err:.3g} relative RMS from the exact ones, "
                              f"expected {lo:g}..{hi:g}")
@@ -50,12 +52,12 @@ def write_bf16_dot_logits(golden_dir: str, label: str, forward, tokens: torch.Te
 
 
 def bf16_dot_golden(golden_dir: str, label: str, weights_dtype: str, forward, tokens: torch.Tensor,
-                    exact: torch.Tensor) -> str:
+                    exact: torch.Tensor, dot_range: tuple = BF16_DOT_RANGE) -> str:
     """For a BF16 case, write_bf16_dot_logits with forward(tokens, bf16_inputs) and the note for the case's
     summary line; nothing and "" for other weight dtypes."""
     if weights_dtype != "BF16":
         return ""
-    err = write_bf16_dot_logits(golden_dir, label, forward, tokens, exact)
+    err = write_bf16_dot_logits(golden_dir, label, forward, tokens, exact, dot_range)
     return f", bf16-dot logits {err:.1e} from exact"
 
 

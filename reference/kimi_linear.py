@@ -15,6 +15,7 @@ and so uses 1e-6 (spec 2.3).
     f_a_proj/f_b_proj, b_proj, g_a_proj/g_b_proj without bias, o_norm, o_proj): fla's KDA with K = V =
     head_dim, no GVA, beta = sigmoid(b_proj x) (never x2), log decay -exp(A_log[h]) softplus(f + dt_bias),
     the naive token-by-token recurrence of delta_family.py, output RMSNorm(o) * sigmoid(g_b(g_a(x))).
+    (kda_mixer takes the decay and the output gate as functions: Kimi K3 swaps both.)
     The building blocks (short conv, l2 norm, softplus, recurrence, RMSNorm) are delta_family.py's.
   - MLA (spec 2.3): q = q_proj x (q_lora_rank must be null), [c ; k_r] = kv_a_proj_with_mqa x,
     c^ = kv_a_layernorm(c) (the cached latent), [k_n,h ; v_h] = kv_b_proj c^ (head-major), K_h =
@@ -37,7 +38,8 @@ and so uses 1e-6 (spec 2.3).
 * Router (route): logits = W_gate x in the compute dtype; s = sigmoid(logits); s' = s + e_score_correction
   _bias (selection only); with num_expert_group > 1 the group score is the sum of the top-2 s' of its
   experts, the topk_group best groups are kept (ties: lower group index first) and s' of every other
-  group's experts is set to 0.0 (HF DS-V3 / Kimi-Linear's mask, not -inf); the k experts are the top-k
+  group's experts is set to 0.0 (HF DS-V3 / Kimi-Linear's mask, not -inf; KimiConfig.group_mask, -inf
+  for Kimi K3); the k experts are the top-k
   of that masked s' with deterministic ties (larger first, then lower expert index), listed in that
   order; weights w = s[idx] (unbiased); if k > 1 and moe_renormalize, w /= (sum w + 1e-20); then
   w *= routed_scaling_factor. LINEAGE OPTION router_bias_in_weights (config.json, default false): the
@@ -118,6 +120,7 @@ class KimiConfig:
     hidden_act: str = "silu"              # or K3's "situ" (spec 5), with its two betas
     situ_beta: float = 4.0
     situ_linear_beta: Optional[float] = 25.0  # None: the up branch is not capped
+    group_mask: float = 0.0               # s' of experts in dropped groups (K3: -inf); not a config.json field
 
     @classmethod
     def from_json(cls, d: dict) -> "KimiConfig":
@@ -294,8 +297,22 @@ def initial_cache(cfg: KimiConfig, dtype: torch.dtype) -> list:
 # ---------------------------------------------------------------------------------------------------
 # KDA (spec 5B): delta_family.py's building blocks under Kimi's tensor names
 
-def kda_mixer(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor, state: dict, rec) -> torch.Tensor:
-    """KimiDeltaAttention, x [T, D] (after input_layernorm) -> [T, D] (before the residual add)."""
+def softplus_log_decay(cfg: KimiConfig, w: Weights, p: str, f: torch.Tensor) -> torch.Tensor:
+    """Kimi-Linear's gate on f [T, H, K] (= f_b_proj(f_a_proj x)): a = -exp(A_log[h]) softplus(f + dt_bias)."""
+    H, K = cfg.kda_num_heads, cfg.kda_head_dim
+    return -torch.exp(w[p + "A_log"].reshape(H))[:, None] * softplus(f + w[p + "dt_bias"].reshape(H, K))
+
+
+def low_rank_output_gate(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor) -> torch.Tensor:
+    """Kimi-Linear's KDA output gate logits g_b_proj(g_a_proj x), [T, H*K]."""
+    return w.linear(w.linear(x, p + "g_a_proj.weight"), p + "g_b_proj.weight")
+
+
+def kda_mixer(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor, state: dict, rec,
+              log_decay_fn=softplus_log_decay, output_gate_fn=low_rank_output_gate) -> torch.Tensor:
+    """KimiDeltaAttention, x [T, D] (after input_layernorm) -> [T, D] (before the residual add).
+    log_decay_fn(cfg, w, p, f) gives a_t [T, H, K] from f [T, H, K]; output_gate_fn(cfg, w, p, x) the
+    gate logits [T, H*K] (Kimi K3 replaces both)."""
     T, H, K = x.shape[0], cfg.kda_num_heads, cfg.kda_head_dim
     qkv = {}
     for c in "qkv":
@@ -309,12 +326,11 @@ def kda_mixer(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor, state: dict,
     v = qkv["v"].reshape(T, H, K)
     beta = rec("attn.beta", torch.sigmoid(w.linear(x, p + "b_proj.weight")))
     f = w.linear(w.linear(x, p + "f_a_proj.weight"), p + "f_b_proj.weight").reshape(T, H, K)
-    log_decay = -torch.exp(w[p + "A_log"].reshape(H))[:, None] * softplus(f + w[p + "dt_bias"].reshape(H, K))
-    rec("attn.log_decay", log_decay.reshape(T, H * K))
+    log_decay = rec("attn.log_decay", log_decay_fn(cfg, w, p, f).reshape(T, H * K)).reshape(T, H, K)
     o, state["S"] = gated_delta_recurrent(q, k, v, beta, log_decay, state["S"])
     rec("attn.core", o.reshape(T, H * K))
     rec("attn.state", state["S"])
-    gate = w.linear(w.linear(x, p + "g_a_proj.weight"), p + "g_b_proj.weight").reshape(T, H, K)
+    gate = output_gate_fn(cfg, w, p, x).reshape(T, H, K)
     y = rms_norm(o, w[p + "o_norm.weight"], cfg.rms_norm_eps) * torch.sigmoid(gate)
     return w.linear(y.reshape(T, H * K), p + "o_proj.weight")
 
@@ -375,11 +391,14 @@ def _mla_absorbed(cfg: KimiConfig, w: Weights, p: str, q: torch.Tensor, latent: 
 
 
 def mla_mixer(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor, state: dict, rec,
-              form: str = "explicit") -> torch.Tensor:
+              form: str = "explicit", query_fn=None, output_gate_fn=None) -> torch.Tensor:
     """KimiMLAAttention, x [T, D] (after input_layernorm) -> [T, D]; state holds the latents and k_r of the
-    tokens before x and gains x's."""
+    tokens before x and gains x's. query_fn(cfg, w, p, x) gives q [T, n*(d_n+d_r)] (default q_proj x);
+    output_gate_fn(cfg, w, p, x), if given, the gate logits [T, n*d_v]: the context is multiplied by their
+    sigmoid before o_proj (Kimi K3's q-LoRA and gated MLA)."""
     T, n, dn, r = x.shape[0], cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
-    q = w.linear(x, p + "q_proj.weight").reshape(T, n, cfg.mla_q_head_dim)
+    q = (w.linear(x, p + "q_proj.weight") if query_fn is None else query_fn(cfg, w, p, x))
+    q = q.reshape(T, n, cfg.mla_q_head_dim)
     ckr = w.linear(x, p + "kv_a_proj_with_mqa.weight")
     latent = rms_norm(ckr[:, :r], w[p + "kv_a_layernorm.weight"], cfg.kv_a_norm_eps)
     k_rope = ckr[:, r:]
@@ -395,6 +414,8 @@ def mla_mixer(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor, state: dict,
     state["k_rope"] = torch.cat([state["k_rope"], k_rope])
     attend = {"explicit": _mla_explicit, "absorbed": _mla_absorbed}[form]
     context = rec("attn.context", attend(cfg, w, p, q, state["latent"], state["k_rope"], start))
+    if output_gate_fn is not None:
+        context = context * torch.sigmoid(output_gate_fn(cfg, w, p, x))
     return w.linear(context, p + "o_proj.weight")
 
 
@@ -413,8 +434,9 @@ class Routing:
     robust the selection is: expert_margin [T] (gap between the k-th and (k+1)-th masked biased score; when
     both are group-masked exact 0.0 ties, the smallest |s'| of the kept experts instead; inf if k = E),
     group_margin [T] (gap between the topk_group-th and next group score; inf without grouping),
-    zero_mask_changes [T] bool (the 0.0 group mask selects other experts than a -inf mask would) and
-    denominator [T] (sum of the k gathered weights before renormalization)."""
+    zero_mask_changes [T] bool (the 0.0 and the -inf group masks select different experts: the mask in
+    use, cfg.group_mask, matters) and denominator [T] (sum of the k gathered weights before
+    renormalization)."""
     ids: torch.Tensor
     weights: torch.Tensor
     expert_margin: torch.Tensor
@@ -443,7 +465,7 @@ def route(cfg: KimiConfig, logits: torch.Tensor, bias: torch.Tensor) -> Routing:
     else:
         kept = torch.ones(T, E, dtype=torch.bool)
         group_margin = inf
-    masked = torch.where(kept, biased, torch.zeros_like(biased))
+    masked = torch.where(kept, biased, torch.full_like(biased, cfg.group_mask))
     order = rank_descending(masked)
     ids = order[:, :k]
     if k < E:
@@ -454,8 +476,9 @@ def route(cfg: KimiConfig, logits: torch.Tensor, bias: torch.Tensor) -> Routing:
         expert_margin = torch.where(both_masked, nearest_zero, gap)
     else:
         expert_margin = inf
-    ids_inf = rank_descending(torch.where(kept, biased, torch.full_like(biased, -math.inf)))[:, :k]
-    zero_mask_changes = (ids.sort(dim=1).values != ids_inf.sort(dim=1).values).any(dim=1)
+    other_mask = -math.inf if cfg.group_mask == 0.0 else 0.0
+    ids_other = rank_descending(torch.where(kept, biased, torch.full_like(biased, other_mask)))[:, :k]
+    zero_mask_changes = (ids.sort(dim=1).values != ids_other.sort(dim=1).values).any(dim=1)
     weights = (biased if cfg.router_bias_in_weights else s).gather(1, ids)
     denominator = weights.sum(dim=-1)
     if k > 1 and cfg.moe_renormalize:
@@ -476,13 +499,18 @@ def glu(cfg: KimiConfig, w: Weights, x: torch.Tensor, gate: str, up: str, down: 
     return w.linear(silu(g) * u, down)
 
 
-def moe_block(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor, rec) -> tuple:
-    """KimiSparseMoeBlock, x [T, D] (after post_attention_layernorm) -> (output [T, D], Routing).
-    Output = sum_j w_j expert_{idx_j}(x) (j in selection order) + shared(x)."""
+def router(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor, rec) -> Routing:
+    """The MoE block's router on x [T, D]: records moe.router_logits, moe.expert_ids, moe.expert_weights."""
     logits = rec("moe.router_logits", w.linear(x, p + "gate.weight"))
     sel = route(cfg, logits, w[p + "gate.e_score_correction_bias"])
     rec("moe.expert_ids", sel.ids.to(x.dtype))
     rec("moe.expert_weights", sel.weights)
+    return sel
+
+
+def routed_experts(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor, sel: Routing) -> torch.Tensor:
+    """sum_j w_j expert_{idx_j}(x) (j in selection order) on x [T, C]; the experts p + "experts.{e}." map
+    C to C (Kimi-Linear: the hidden width; K3: the latent)."""
     T = x.shape[0]
     rows = torch.arange(T)
     expert_out = {}
@@ -493,10 +521,22 @@ def moe_block(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor, rec) -> tupl
     out = torch.zeros_like(x)
     for j in range(cfg.num_experts_per_token):
         out = out + sel.weights[:, j, None] * stacked[sel.ids[:, j], rows]
+    return out
+
+
+def shared_experts(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor) -> torch.Tensor:
+    """The shared experts, one GLU of width moe_intermediate_size * num_shared_experts, unweighted."""
+    sp = p + "shared_experts."
+    return glu(cfg, w, x, sp + "gate_proj.weight", sp + "up_proj.weight", sp + "down_proj.weight")
+
+
+def moe_block(cfg: KimiConfig, w: Weights, p: str, x: torch.Tensor, rec) -> tuple:
+    """KimiSparseMoeBlock, x [T, D] (after post_attention_layernorm) -> (output [T, D], Routing).
+    Output = sum_j w_j expert_{idx_j}(x) (j in selection order) + shared(x)."""
+    sel = router(cfg, w, p, x, rec)
+    out = routed_experts(cfg, w, p, x, sel)
     if cfg.num_shared_experts:
-        sp = p + "shared_experts."
-        out = out + rec("moe.shared", glu(cfg, w, x, sp + "gate_proj.weight", sp + "up_proj.weight",
-                                          sp + "down_proj.weight"))
+        out = out + rec("moe.shared", shared_experts(cfg, w, p, x))
     return rec("moe.out", out), sel
 
 
@@ -546,6 +586,18 @@ def kimi_forward(cfg: KimiConfig, w: dict, tokens: torch.Tensor, record: Optiona
     return rec("logits", w.linear(y, head))
 
 
+def mixer_shapes(cfg: KimiConfig, i: int, T: int) -> list:
+    """What layer i's mixer records (KDA or MLA), in order, with shapes."""
+    n = f"h{i}."
+    if cfg.layer_kind(i) == "kda":
+        H, K, P = cfg.kda_num_heads, cfg.kda_head_dim, cfg.kda_dim
+        return [(n + "attn.q", [T, P]), (n + "attn.k", [T, P]), (n + "attn.v", [T, P]), (n + "attn.beta", [T, H]),
+                (n + "attn.log_decay", [T, P]), (n + "attn.core", [T, P]), (n + "attn.state", [H, K, K])]
+    nh = cfg.num_attention_heads
+    return [(n + "attn.q", [T, nh * cfg.mla_q_head_dim]), (n + "attn.latent", [T, cfg.kv_lora_rank]),
+            (n + "attn.k_rope", [T, cfg.qk_rope_head_dim]), (n + "attn.context", [T, nh * cfg.v_head_dim])]
+
+
 def intermediate_shapes(cfg: KimiConfig, T: int) -> list:
     """The names kimi_forward records, in forward order, with their shapes: the golden-data contract."""
     D = cfg.hidden_size
@@ -553,15 +605,7 @@ def intermediate_shapes(cfg: KimiConfig, T: int) -> list:
     for i in range(cfg.num_hidden_layers):
         n = f"h{i}."
         out.append((n + "input_layernorm", [T, D]))
-        if cfg.layer_kind(i) == "kda":
-            H, K, P = cfg.kda_num_heads, cfg.kda_head_dim, cfg.kda_dim
-            out += [(n + "attn.q", [T, P]), (n + "attn.k", [T, P]), (n + "attn.v", [T, P]),
-                    (n + "attn.beta", [T, H]), (n + "attn.log_decay", [T, P]), (n + "attn.core", [T, P]),
-                    (n + "attn.state", [H, K, K])]
-        else:
-            nh = cfg.num_attention_heads
-            out += [(n + "attn.q", [T, nh * cfg.mla_q_head_dim]), (n + "attn.latent", [T, cfg.kv_lora_rank]),
-                    (n + "attn.k_rope", [T, cfg.qk_rope_head_dim]), (n + "attn.context", [T, nh * cfg.v_head_dim])]
+        out += mixer_shapes(cfg, i, T)
         out += [(n + "attn.out", [T, D]), (n + "resid_mid", [T, D]), (n + "post_attention_layernorm", [T, D])]
         if cfg.ffn_kind(i) == "dense":
             out.append((n + "mlp.out", [T, D]))

@@ -13,6 +13,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -184,6 +185,35 @@ def _matrix_key(name: str) -> str:
     return tail
 
 
+def init_value(name: str, shape: list, kind: str, noise: torch.Tensor, uniform: torch.Tensor, cfg: KimiConfig,
+               bias: tuple, gains: dict = _MATRIX_GAIN, kv_a_gains: tuple = _KV_A_GAINS) -> torch.Tensor:
+    """One float32 parameter of init_params's rules from its draws noise ~ N(0, 1) and uniform ~ U(0, 1)
+    (both of the tensor's shape); bias = (mean, std) of e_score_correction_bias; gains and kv_a_gains as
+    _MATRIX_GAIN and _KV_A_GAINS (another model passes its own)."""
+    if kind == "embed":
+        return noise
+    if kind == "norm_weight":
+        return 1.0 + 0.1 * noise
+    if kind == "matrix" and name.endswith("kv_a_proj_with_mqa.weight"):
+        row_gains = torch.full([shape[0], 1], kv_a_gains[0])
+        row_gains[cfg.kv_lora_rank:] = kv_a_gains[1]
+        return row_gains / math.sqrt(shape[-1]) * noise
+    if kind == "matrix":
+        return (gains[_matrix_key(name)] / math.sqrt(shape[-1])) * noise
+    if kind == "conv":
+        return noise / math.sqrt(shape[-1])
+    if kind == "A_log":
+        lo, hi = _A_RANGE
+        return torch.log(lo + (hi - lo) * uniform)
+    if kind == "dt_bias":
+        lo, hi = math.log(_DT_RANGE[0]), math.log(_DT_RANGE[1])
+        dt = torch.exp(lo + (hi - lo) * uniform.double())
+        return (dt + torch.log(-torch.expm1(-dt))).float()
+    if kind == "router_bias":
+        return bias[0] + bias[1] * noise
+    raise AssertionError(f"init_params: no rule for {name} ({kind})")
+
+
 def init_params(case: KimiCase, cfg: KimiConfig, gen: torch.Generator) -> dict:
     """float32 parameters by checkpoint name: embeddings N(0, 1), Linear weights as _MATRIX_GAIN says,
     conv taps N(0, 1/W), norm weights 1 + N(0, 0.1), A_log = log U(1, 16), dt_bias = softplus^-1 of a
@@ -192,29 +222,7 @@ def init_params(case: KimiCase, cfg: KimiConfig, gen: torch.Generator) -> dict:
     for name, shape, kind in tensor_specs(cfg):
         noise = torch.randn(shape, generator=gen, dtype=torch.float32)
         uniform = torch.rand(shape, generator=gen, dtype=torch.float32)
-        if kind == "embed":
-            out[name] = noise
-        elif kind == "norm_weight":
-            out[name] = 1.0 + 0.1 * noise
-        elif kind == "matrix" and name.endswith("kv_a_proj_with_mqa.weight"):
-            gains = torch.full([shape[0], 1], _KV_A_GAINS[0])
-            gains[cfg.kv_lora_rank:] = _KV_A_GAINS[1]
-            out[name] = gains / math.sqrt(shape[-1]) * noise
-        elif kind == "matrix":
-            out[name] = (_MATRIX_GAIN[_matrix_key(name)] / math.sqrt(shape[-1])) * noise
-        elif kind == "conv":
-            out[name] = noise / math.sqrt(shape[-1])
-        elif kind == "A_log":
-            lo, hi = _A_RANGE
-            out[name] = torch.log(lo + (hi - lo) * uniform)
-        elif kind == "dt_bias":
-            lo, hi = math.log(_DT_RANGE[0]), math.log(_DT_RANGE[1])
-            dt = torch.exp(lo + (hi - lo) * uniform.double())
-            out[name] = (dt + torch.log(-torch.expm1(-dt))).float()
-        elif kind == "router_bias":
-            out[name] = case.bias_mean + case.bias_std * noise
-        else:
-            raise AssertionError(f"init_params: no rule for {name} ({kind})")
+        out[name] = init_value(name, shape, kind, noise, uniform, cfg, (case.bias_mean, case.bias_std))
     return out
 
 
@@ -265,8 +273,23 @@ def check_routing(label: str, cfg: KimiConfig, routing: list) -> dict:
     return {"expert_margin": expert_margin, "group_margin": group_margin, "zero_mask_changes": changes}
 
 
+@dataclass(frozen=True)
+class ModelFunctions:
+    """What self_check runs: kimi_linear.py's functions, or another model's with the same signatures
+    (kimi_k3.py)."""
+    family: str
+    forward: Callable
+    canonical_weights: Callable
+    intermediate_shapes: Callable
+    initial_cache: Callable
+    f32_tol: float = F32_SELF_CHECK_TOL  # the float32 run's largest relative RMS on any intermediate
+
+
+KIMI_LINEAR = ModelFunctions(MODEL_TYPE, kimi_forward, canonical_weights, intermediate_shapes, initial_cache)
+
+
 def _extra_checks(case: KimiCase, cfg: KimiConfig, w64: dict, tokens: torch.Tensor, rec64: dict,
-                  routing_stats: dict) -> str:
+                  routing_stats: dict, errors: dict) -> str:
     label = f"kimi_linear/{case.name}"
     notes = []
     for check in case.checks:
@@ -286,12 +309,15 @@ def _extra_checks(case: KimiCase, cfg: KimiConfig, w64: dict, tokens: torch.Tens
     return "".join(", " + n for n in notes)
 
 
-def self_check(case: KimiCase, cfg: KimiConfig, tensors: dict, tokens: torch.Tensor, rec64: dict,
-               routing64: list) -> tuple:
+def self_check(case, cfg: KimiConfig, tensors: dict, tokens: torch.Tensor, rec64: dict, routing64: list,
+               model: ModelFunctions = KIMI_LINEAR, extra_checks: Callable = _extra_checks) -> tuple:
     """Raises unless the contract, the float32 agreement (same experts), the routing margins, causality, the
-    split feed and the absorbed MLA form all hold. Returns ({name: {"f32_torch_rel_rms": err}}, notes)."""
-    label = f"kimi_linear/{case.name}"
-    expected = intermediate_shapes(cfg, case.T)
+    split feed and the absorbed MLA form all hold, and then extra_checks(case, cfg, w64, tokens, rec64,
+    routing_stats, f32_errors) (a note string, raising on failure). Returns ({name: {"f32_torch_rel_rms":
+    err}}, notes). model: the forward and its helpers (kimi_linear.py's by default)."""
+    label = f"{model.family}/{case.name}"
+    kimi_forward, canonical_weights, initial_cache = model.forward, model.canonical_weights, model.initial_cache
+    expected = model.intermediate_shapes(cfg, case.T)
     got = [(name, list(t.shape)) for name, t in rec64.items()]
     if got != expected:
         raise AssertionError(f"{label}: recorded intermediates {got} differ from {expected}")
@@ -304,9 +330,9 @@ def self_check(case: KimiCase, cfg: KimiConfig, tensors: dict, tokens: torch.Ten
             raise AssertionError(f"{label}: float32 selects other experts than float64 at '{name}'")
     errors = {name: relative_rms(rec32[name], rec64[name]) for name in rec64}
     worst = max(errors, key=errors.get)
-    if errors[worst] > F32_SELF_CHECK_TOL:
+    if errors[worst] > model.f32_tol:
         raise AssertionError(f"{label}: float32 vs float64 relative RMS {errors[worst]:.3g} at '{worst}' "
-                             f"exceeds {F32_SELF_CHECK_TOL}")
+                             f"exceeds {model.f32_tol}")
 
     w64 = canonical_weights(cfg, tensors, torch.float64)
     half = case.T // 2
@@ -356,7 +382,7 @@ def self_check(case: KimiCase, cfg: KimiConfig, tensors: dict, tokens: torch.Ten
     notes = (f"f32 self-check {errors[worst]:.1e} ({worst}), split {split_err:.0e}, absorbed {absorbed_err:.0e}, "
              f"wrong kv_a eps {eps_ratio:.1f}x tol, "
              f"margins expert {routing_stats['expert_margin']:.1e} group {routing_stats['group_margin']:.1e}")
-    notes += _extra_checks(case, cfg, w64, tokens, rec64, routing_stats)
+    notes += extra_checks(case, cfg, w64, tokens, rec64, routing_stats, errors)
     return {name: {"f32_torch_rel_rms": float(f"{e:.3e}")} for name, e in errors.items()}, notes
 
 

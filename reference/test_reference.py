@@ -3,7 +3,10 @@ KV-cache decode built from torch.nn.functional, delta_family.py's building block
 and its recurrence against the chunked (WY) form of spec 1.6, decode against prefill for every delta-family
 case (BF16 cases with the bf16 dot-product emulation too), kimi_linear.py's decode (explicit and absorbed
 MLA) against its prefill, its KDA against delta_family's, its RoPE, MLA and MoE router against independent
-forms, and bit-identical golden re-runs.
+forms; kimi_k3.py's decode against its prefill, its Block AttnRes against the paper's block formulation
+with folded pseudo-queries, its MXFP4 decode against E2M1's bit fields, its lower-bound KDA against
+delta_family's, its -inf group mask, its latent MoE against a per-token loop, the published configs and
+K3's parameter count; and bit-identical golden re-runs.
 Run: /usr/bin/python3 reference/test_reference.py   (also collectable by pytest)"""
 
 import dataclasses
@@ -24,6 +27,8 @@ sys.path.insert(0, HERE)
 
 import delta_family  # noqa: E402
 import delta_family_goldens  # noqa: E402
+import kimi_k3  # noqa: E402
+import kimi_k3_goldens  # noqa: E402
 import kimi_linear  # noqa: E402
 import kimi_linear_goldens  # noqa: E402
 from golden_io import relative_rms  # noqa: E402
@@ -437,6 +442,235 @@ def test_kimi_config():
         raise AssertionError("a config without rms_norm_eps was accepted")
     except ValueError:
         pass
+
+def _k3_case(case):
+    """(cfg, checkpoint tensors, float64 weights, tokens) of a kimi_k3 golden case, without writing it."""
+    cfg = kimi_k3.K3Config.from_json(case.json_config())
+    tensors = kimi_k3_goldens.init_checkpoint(case, cfg, torch.Generator().manual_seed(case.seed))
+    w = kimi_k3.canonical_weights(cfg, tensors, torch.float64)
+    tokens = torch.from_numpy(kimi_linear_goldens.case_tokens(case, cfg)).long()
+    return cfg, tensors, w, tokens
+
+
+def test_k3_decode_matches_prefill():
+    """Token-by-token decode through the cache (explicit and absorbed MLA; bf16 inputs for the BF16 case)
+    reproduces the explicit prefill: AttnRes is token-local, the KDA and MLA caches carry the rest."""
+    for case in kimi_k3_goldens.CASES:
+        cfg, tensors, w, tokens = _k3_case(case)
+        bf16 = kimi_k3.bf16_linear_inputs(cfg, tensors)
+        runs = [("explicit", frozenset()), ("absorbed", frozenset())] + ([("explicit", bf16)] if bf16 else [])
+        for form, inputs in runs:
+            prefill = kimi_k3.k3_forward(cfg, w, tokens, bf16_inputs=inputs)
+            cache = kimi_linear.initial_cache(cfg, torch.float64)
+            decode = torch.cat([kimi_k3.k3_forward(cfg, w, tokens[t:t + 1], cache=cache, mla_form=form,
+                                                   bf16_inputs=inputs) for t in range(case.T)])
+            err = relative_rms(decode, prefill)
+            assert err < 1e-10, f"kimi_k3/{case.name} {form}{' bf16' if inputs else ''}: decode vs prefill {err:.3g}"
+
+
+def test_k3_attn_res_matches_block_formulation():
+    """The recorded mixes against the paper's block variant written from scratch: sources = [embedding,
+    completed block sums S_n (the outputs of layers nB..nB+B-1), the current block's partial sum], the
+    first layer of a block without the (empty) partial; keys RMS-normalized with the folded pseudo-query
+    norm.weight * proj.weight[0] (the engine's fold); softmax over sources; raw sources summed."""
+    for case in kimi_k3_goldens.CASES:
+        cfg, _, w, tokens = _k3_case(case)
+        rec = {}
+        kimi_k3.k3_forward(cfg, w, tokens, rec)
+        B, L, eps = cfg.attn_res_block_size, cfg.num_hidden_layers, cfg.rms_norm_eps
+
+        def mix(sources, prefix):
+            fold = w[prefix + "_norm.weight"] * w[prefix + "_proj.weight"][0]
+            s = torch.stack(sources, dim=1)                                           # [T, S, D]
+            z = (s * fold).sum(-1) / torch.sqrt(s.pow(2).mean(-1) + eps)
+            p = F.softmax(z, dim=1)
+            return torch.einsum("ts,tsd->td", p, s), p
+
+        def norm(x, name):
+            return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w[name]
+
+        outputs = [rec[f"h{i}.attn.out"] + rec[f"h{i}.mlp.out" if cfg.ffn_kind(i) == "dense" else f"h{i}.moe.out"]
+                   for i in range(L)]
+
+        def block_sources(i):  # [emb, S_0 .. S_{b-1}] and the outputs of layers bB..i-1 (b = i // B)
+            b = i // B
+            return [rec["embed"]] + [sum(outputs[n * B:(n + 1) * B]) for n in range(b)], outputs[b * B:i]
+
+        for i in range(L):
+            p = f"model.layers.{i}."
+            done, partial = block_sources(i)
+            if i == 0:
+                x = rec["embed"]
+                assert f"h{i}.attn_res.weights" not in rec
+            else:
+                x, weights = mix(done + ([sum(partial)] if partial else []), p + "self_attention_res")
+                assert relative_rms(rec[f"h{i}.attn_res.weights"], weights) < 1e-13, (case.name, i)
+            assert relative_rms(rec[f"h{i}.input_layernorm"], norm(x, p + "input_layernorm.weight")) < 1e-13
+            current = sum(partial) + rec[f"h{i}.attn.out"] if partial else rec[f"h{i}.attn.out"]
+            assert relative_rms(rec[f"h{i}.resid_mid"], current) < 1e-13, (case.name, i)
+            x, weights = mix(done + [current], p + "mlp_res")
+            assert relative_rms(rec[f"h{i}.mlp_res.weights"], weights) < 1e-13, (case.name, i)
+            assert relative_rms(rec[f"h{i}.post_attention_layernorm"],
+                                norm(x, p + "post_attention_layernorm.weight")) < 1e-13
+            assert relative_rms(rec[f"h{i}.out"], current + outputs[i] - rec[f"h{i}.attn.out"]) < 1e-13
+        done, partial = block_sources(L)
+        if not partial:  # L a multiple of B: the last block is complete, and is the "partial" of the loop
+            done, partial = done[:-1], outputs[(L // B - 1) * B:]
+        y, weights = mix(done + [sum(partial)], "model.output_attn_res")
+        assert relative_rms(rec["output_res.weights"], weights) < 1e-13, case.name
+        assert relative_rms(rec["norm"], norm(y, "model.norm.weight")) < 1e-13, case.name
+
+
+def test_k3_mxfp4_decode():
+    """MXFP4: the code table is E2M1 read from its bit fields (sign, 2 exponent bits with bias 1, 1 mantissa
+    bit; exponent 0 subnormal), the low nibble is the even column, scale byte g covers columns 32g..32g+31,
+    and a NaN scale (255) raises."""
+    def e2m1(c):
+        sign, exp, man = (-1.0) ** (c >> 3), (c >> 1) & 3, c & 1
+        return sign * (0.5 * man if exp == 0 else 2.0 ** (exp - 1) * (1 + 0.5 * man))
+    assert kimi_k3.mxfp4_values().tolist() == [e2m1(c) for c in range(16)]
+    gen = torch.Generator().manual_seed(10)
+    codes = torch.randint(0, 16, (3, 64), generator=gen)
+    scale = torch.randint(100, 140, (3, 2), generator=gen)
+    packed, scale_u8 = kimi_k3.pack_mxfp4(codes, scale)
+    assert packed.dtype == torch.uint8 and list(packed.shape) == [3, 32] and scale_u8.dtype == torch.uint8
+    assert int(packed[1, 5]) == int(codes[1, 10]) | (int(codes[1, 11]) << 4)
+    got = kimi_k3.dequantize_mxfp4(packed, scale_u8)
+    want = torch.tensor([[e2m1(int(codes[r, c])) * 2.0 ** (int(scale[r, c // 32]) - 127) for c in range(64)]
+                         for r in range(3)], dtype=torch.float64)
+    assert torch.equal(got, want)
+    try:
+        kimi_k3.dequantize_mxfp4(packed, torch.full((3, 2), 255, dtype=torch.uint8))
+        raise AssertionError("a NaN scale was accepted")
+    except ValueError:
+        pass
+    with tempfile.TemporaryDirectory() as d:  # U8 survives the safetensors round trip
+        write_safetensors(os.path.join(d, "x.safetensors"), {"p": packed, "s": scale_u8})
+        back = read_safetensors(os.path.join(d, "x.safetensors"))
+        assert read_header(os.path.join(d, "x.safetensors"))["p"]["dtype"] == "U8"
+        assert torch.equal(back["p"], packed) and torch.equal(back["s"], scale_u8)
+
+
+def test_k3_kda_matches_delta_family_lower_bound():
+    """K3's KDA with the lower-bound gate and the low-rank output gate (text_only, lb -3) equals
+    delta_family's fla KDA with lower_bound -3 and the weights renamed (A_log cut to [H] by the loader)."""
+    case = next(c for c in kimi_k3_goldens.CASES if c.name == "text_only")
+    cfg, _, w, _ = _k3_case(case)
+    assert cfg.gate_lower_bound == -3.0 and not cfg.use_full_rank_gate
+    fcfg = delta_family.FlaConfig.from_json({"model_type": "kda", "vocab_size": cfg.vocab_size,
+                                             "hidden_size": cfg.hidden_size, "num_hidden_layers": 1,
+                                             "num_heads": cfg.kda_num_heads, "head_dim": cfg.kda_head_dim,
+                                             "conv_size": cfg.conv_size, "norm_eps": cfg.rms_norm_eps,
+                                             "lower_bound": cfg.gate_lower_bound})
+    p = "model.layers.1.self_attn."
+    rename = {"f_a_proj.weight": "f_proj.0.weight", "f_b_proj.weight": "f_proj.1.weight",
+              "g_a_proj.weight": "g_proj.0.weight", "g_b_proj.weight": "g_proj.1.weight"}
+    fla = {"x." + rename.get(k[len(p):], k[len(p):]): t for k, t in w.items() if k.startswith(p)}
+    fla["x.g_proj.1.bias"] = torch.zeros(cfg.kda_dim, dtype=torch.float64)
+    x = torch.randn(40, cfg.hidden_size, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    ours, theirs = {}, {}
+    out = kimi_linear.kda_mixer(cfg, delta_family.Weights(w), p, x, kimi_linear.initial_cache(cfg, torch.float64)[1],
+                                lambda name, t: ours.__setitem__(name, t) or t, kimi_k3.k3_log_decay,
+                                kimi_k3.k3_kda_output_gate)
+    ref = delta_family.delta_mixer(fcfg, delta_family.Weights(fla), "x.", x,
+                                   delta_family.initial_cache(fcfg, torch.float64)[0],
+                                   lambda name, t: theirs.__setitem__(name, t) or t)
+    assert list(ours) == list(theirs)
+    for name in ours:
+        assert relative_rms(ours[name], theirs[name]) < 1e-15, name
+    assert relative_rms(out, ref) < 1e-15
+    assert float(ours["attn.log_decay"].min()) > -3.0
+
+
+def test_k3_router_inf_mask():
+    """K3 masks dropped groups with -inf: a kept expert with s' < 0 beats every masked one (Kimi Linear's
+    0.0 mask would take a masked expert instead), and k may not exceed the kept groups' experts."""
+    base = kimi_k3_goldens.CASES[0].json_config()
+    text = {**base["text_config"], "num_experts": 8, "num_expert_group": 4, "topk_group": 1,
+            "num_experts_per_token": 2, "routed_scaling_factor": 2.0}
+    cfg = kimi_k3.K3Config.from_json({**base, "text_config": text})
+    b = torch.full((8,), -0.6, dtype=torch.float64)
+    b[4] = 0.0
+    sel = kimi_k3.router(cfg, delta_family.Weights({"gate.weight": torch.zeros(8, 4, dtype=torch.float64),
+                                                    "gate.e_score_correction_bias": b}), "",
+                         torch.zeros(1, 4, dtype=torch.float64), lambda name, t: t)
+    assert sel.ids.tolist() == [[4, 5]] and bool(sel.zero_mask_changes[0])
+    assert torch.allclose(sel.weights, torch.tensor([[1.0, 1.0]], dtype=torch.float64))
+    assert kimi_linear.route(dataclasses.replace(cfg, group_mask=0.0), torch.zeros(1, 8, dtype=torch.float64),
+                             b).ids.tolist() == [[4, 0]]
+    try:
+        kimi_k3.K3Config.from_json({**base, "text_config": {**text, "num_experts_per_token": 3}})
+        raise AssertionError("k = 3 with 2 kept experts was accepted")
+    except ValueError:
+        pass
+
+
+def test_k3_latent_moe_matches_per_token_loop():
+    """Stable LatentMoE against a loop over tokens and their selected experts with F.linear and SiTU written
+    out, the latent norm, the up-projection and the shared expert, in every case's first MoE layer."""
+    for case in kimi_k3_goldens.CASES:
+        cfg, _, w, _ = _k3_case(case)
+        p = "model.layers.1.block_sparse_moe."
+        x = torch.randn(9, cfg.hidden_size, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
+        got, sel = kimi_k3.latent_moe(cfg, delta_family.Weights(w), p, x, lambda name, t: t)
+        b, bl = cfg.situ_beta, cfg.situ_linear_beta
+
+        def situ_mlp(v, gate, up, down):
+            g, u = F.linear(v, w[gate]), F.linear(v, w[up])
+            capped = u if bl is None else bl * torch.tanh(u / bl)
+            return F.linear(b * torch.tanh(g / b) * torch.sigmoid(g) * capped, w[down])
+
+        for t in range(x.shape[0]):
+            s = torch.sigmoid(F.linear(x[t], w[p + "gate.weight"]))
+            ids = sel.ids[t].tolist()
+            weights = s[ids] / (s[ids].sum() + 1e-20) * cfg.routed_scaling_factor
+            z = F.linear(x[t], w[p + "routed_expert_down_proj.weight"])
+            a = sum(weights[j] * situ_mlp(z, f"{p}experts.{e}.w1.weight", f"{p}experts.{e}.w3.weight",
+                                          f"{p}experts.{e}.w2.weight") for j, e in enumerate(ids))
+            if cfg.latent_moe_use_norm:
+                a = a / torch.sqrt(a.pow(2).mean() + cfg.rms_norm_eps) * w[p + "routed_expert_norm.weight"]
+            want = F.linear(a, w[p + "routed_expert_up_proj.weight"])
+            want = want + situ_mlp(x[t], p + "shared_experts.gate_proj.weight", p + "shared_experts.up_proj.weight",
+                                   p + "shared_experts.down_proj.weight")
+            assert relative_rms(got[t], want) < 1e-13, (case.name, t)
+
+
+def test_k3_config():
+    """The published Kimi-K3 and Kimi-K3-0.40B configs parse (layer schedule, gate, quantization, prefix),
+    the tensor list of Kimi-K3 counts spec 9.3's 2,779,484,478,208 text parameters, and options the
+    reference does not implement raise."""
+    import json as _json
+    published = "/work/shared/data/kimi-k3/config.json"
+    if os.path.exists(published):
+        with open(published) as f:
+            cfg = kimi_k3.K3Config.from_json(_json.load(f))
+        assert [i for i in range(93) if cfg.layer_kind(i) == "mla"] == list(range(3, 92, 4)) + [92]
+        assert [cfg.ffn_kind(i) for i in range(3)] == ["dense", "moe", "moe"]
+        assert (cfg.gate_lower_bound, cfg.use_full_rank_gate, cfg.tensor_prefix) == (-5.0, True, "language_model.")
+        assert (cfg.quantization_format, cfg.q_lora_rank, cfg.attn_res_block_size) == ("mxfp4-pack-quantized", 1536, 12)
+        assert (cfg.hidden_act, cfg.situ_beta, cfg.situ_linear_beta, cfg.group_mask) == ("situ", 4.0, 25.0, -math.inf)
+        total = sum(math.prod(shape) for _, shape, _ in kimi_k3.tensor_specs(cfg))
+        assert total == 2_779_484_478_208, total
+    small = "/work/shared/data/kimi-k3-0.40b/config.json"
+    if os.path.exists(small):
+        with open(small) as f:
+            cfg = kimi_k3.K3Config.from_json(_json.load(f))
+        assert cfg.gate_lower_bound is None and cfg.quantization_format is None and cfg.attn_res_block_size == 4
+    text_only = next(c for c in kimi_k3_goldens.CASES if c.name == "text_only").json_config()
+    assert kimi_k3.K3Config.from_json(text_only).tensor_prefix == ""
+    for bad in ({"q_lora_rank": None}, {"mla_use_nope": False}, {"attn_res_block_size": 0},
+                {"routed_expert_hidden_size": None}, {"model_type": "deepseek_v3"}):
+        try:
+            kimi_k3.K3Config.from_json({**text_only, **bad})
+        except ValueError:
+            continue
+        raise AssertionError(f"config {bad} was accepted")
+    try:
+        kimi_k3.K3Config.from_json({k: v for k, v in text_only.items() if k != "attn_res_block_size"})
+        raise AssertionError("a config without attn_res_block_size was accepted")
+    except ValueError:
+        pass
+
 
 def test_goldens_bit_identical():
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:

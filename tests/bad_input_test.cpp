@@ -236,8 +236,10 @@ TEST(BadInput, FlaUnknownFeatureMapActivationAndGate) {
                {"\"qk_activation\"", "\"tanh\""});
   expect_error([] { io::load_model(fla_dir(R"({"model_type": "delta_net", "qk_norm": "max", "vocab_size": 10, "num_hidden_layers": 1})"), false); },
                {"\"qk_norm\"", "\"l2\" or \"sum\""});
-  expect_error([] { io::load_model(fla_dir(R"({"model_type": "kda", "lower_bound": -5, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
-               {"\"lower_bound\"", "not supported"});
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "kda", "lower_bound": 5, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"\"lower_bound\"", ", 0)"});
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "kda", "safe_gate": true, "lower_bound": -8, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"\"safe_gate\"", "[-5, 0)"});
   expect_error([] { io::load_model(fla_dir(R"({"model_type": "gated_deltanet", "attn": {"layers": [1]}, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
                {"\"attn\"", "hybrid softmax-attention layers are not supported"});
   expect_error([] { io::load_model(fla_dir(R"({"model_type": "kda", "attnres_block_size": 2, "vocab_size": 10, "num_hidden_layers": 1})"), false); },

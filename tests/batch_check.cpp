@@ -40,6 +40,13 @@ model::Model tiny_preset(const std::string& name, uint64_t seed) {
                 {"num_experts", 4},
                 {"num_experts_per_token", 2},
                 {"moe_intermediate_size", 32}});
+    if (j.contains("attn_res_block_size"))  // K3's fields: KDA, MLA, MLA; q-LoRA, latent experts, AttnRes blocks of 2
+      j.update({{"linear_attn_config",
+                 {{"kda_layers", {1}}, {"full_attn_layers", {2, 3}}, {"num_heads", 2}, {"head_dim", 32},
+                  {"short_conv_kernel_size", 4}, {"gate_lower_bound", -5.0}, {"use_full_rank_gate", true}}},
+                {"q_lora_rank", 24},
+                {"routed_expert_hidden_size", 32},
+                {"attn_res_block_size", 2}});
     const model::ArchBuilder* build = model::find_arch(j["model_type"]);
     model::Model m = (*build)({model::ConfigFields(j, "tiny " + name), [](const std::string&) { return false; }});
     model::init_random(m, seed, DType::F32);

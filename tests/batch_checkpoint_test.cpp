@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 // 1.4e-5 (kda/f32_gva, B = 16); they are held to 3e-5.
 TEST(BatchCheckpoints, BatchedEqualsAloneForEveryFamily) {
   int checked = 0;
-  for (const char* family : {"gpt2", "linear_attn", "delta_net", "gated_deltanet", "kda", "kimi_linear"}) {
+  for (const char* family : {"gpt2", "linear_attn", "delta_net", "gated_deltanet", "kda", "kimi_linear", "kimi_k3"}) {
     std::vector<fs::path> dirs;
     for (const auto& e : fs::directory_iterator(test::testdata() / family))
       if (fs::exists(e.path() / "config.json")) dirs.push_back(e.path());

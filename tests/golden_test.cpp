@@ -348,9 +348,10 @@ TEST(GoldenGpt2, OwnedWeightsGiveTheMappedLogits) {
 // Kimi Linear (KDA + MLA + MoE): every intermediate (router logits, chosen experts and weights, MLA
 // latents, logits) through both KDA kernels and both MLA forms. The golden prompt is one prefill of
 // 70 tokens, so the absorbed form is forced to run it (every query against the latent cache).
-TEST(GoldenKimiLinear, EveryIntermediateMatchesPyTorchOnEveryPath) {
-  const auto all = cases("kimi_linear");
-  ASSERT_GE(all.size(), 6u) << "expected the reference's Kimi Linear cases under " << test::testdata() / "kimi_linear";
+// Every case of a KDA + MLA family through both KDA kernels and both MLA forms.
+void check_every_path(const std::string& family, size_t min_cases) {
+  const auto all = cases(family);
+  ASSERT_GE(all.size(), min_cases) << "expected the reference's cases under " << test::testdata() / family;
   for (const auto& dir : all)
     for (auto path : {layers::DeltaRulePath::Recurrent, layers::DeltaRulePath::Chunked})
       for (auto mla : {layers::MlaPath::Explicit, layers::MlaPath::Absorbed}) {
@@ -359,6 +360,8 @@ TEST(GoldenKimiLinear, EveryIntermediateMatchesPyTorchOnEveryPath) {
         check_case(dir, path, mla);
       }
 }
+
+TEST(GoldenKimiLinear, EveryIntermediateMatchesPyTorchOnEveryPath) { check_every_path("kimi_linear", 6); }
 
 // The absorbed form (W_UK folded into q, attention over the latent cache, W_UV after) against the
 // explicit one (keys and values expanded per head), token by token: the same model to f32 rounding.
@@ -395,6 +398,28 @@ TEST(GoldenKimiLinear, SplitInvarianceAndLatentCacheGrowth) {
       if (const auto* m = std::get_if<layers::Mla>(&blk.mixer)) latent += size_t(m->config.latent()) * sizeof(float);
     EXPECT_EQ(cost.per_token, latent);
     EXPECT_GT(latent, 0u);
+  }
+}
+
+// Kimi K3 (lower-bounded KDA, gated MLA with q-LoRA, Stable LatentMoE with SiTU, MXFP4 experts,
+// Block Attention Residuals), in the published layout and the text-only one: every intermediate
+// (each AttnRes mix's weights, router ids and weights, latents, logits) through both KDA kernels
+// and both MLA forms.
+TEST(GoldenKimiK3, EveryIntermediateMatchesPyTorchOnEveryPath) { check_every_path("kimi_k3", 5); }
+
+// Decode token by token (absorbed MLA, recurrent KDA, AttnRes rebuilt per token) and pieces of
+// 2, 3, 7 and 64 give the one-shot prefill's logits; the state is the KDA layers' fixed S and conv
+// tails plus the MLA latents, AttnRes adds none.
+TEST(GoldenKimiK3, SplitInvarianceAndState) {
+  for (const auto& dir : cases("kimi_k3")) {
+    SCOPED_TRACE(dir.string());
+    io::LoadedModel lm = load_exact(dir);
+    const auto ids = golden_tokens(dir);
+    expect_split_invariant(lm.model, ids);
+    runtime::Session a(lm.model);
+    a.prefill(ids);
+    const model::StateCost cost = model::state_cost(lm.model);
+    EXPECT_EQ(a.state().bytes(), cost.fixed + ids.size() * cost.per_token);
   }
 }
 

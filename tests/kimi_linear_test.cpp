@@ -89,8 +89,8 @@ TEST(KimiLinear, BadConfigsNameTheField) {
   j["linear_attn_config"]["full_attn_layers"].push_back(28);
   expect_config_error(j, {"full_attn_layers", "[1, 27]"});
   j = published();
-  j["q_lora_rank"] = 1536;
-  expect_config_error(j, {"q_lora_rank", "null"});
+  j["q_lora_rank"] = -1536;
+  expect_config_error(j, {"q_lora_rank", "an integer in [1, "});
   j = published();
   j["num_experts_per_token"] = 300;
   expect_config_error(j, {"num_experts_per_token", "at most num_experts = 256"});

@@ -1,5 +1,7 @@
 // lineage info: architecture, layer table, parameters, weight bytes and state cost.
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "common.h"
@@ -9,6 +11,62 @@
 #include "lineage/model/model.h"
 
 namespace lineage::app {
+
+namespace {
+
+// /proc/meminfo's field in bytes (0 when unreadable).
+double meminfo_bytes(const std::string& field) {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == field + ":") return kib * 1024.0;
+  return 0;
+}
+
+// Where a model's memory goes at a context of N tokens, against this machine's RAM: the weights,
+// every sequence's state, prefill's transient AttnRes sources, and when it does not all fit, how
+// many bytes a decoded token must read from disk, with the weights other than the routed experts
+// and the state resident and the rest of RAM caching experts (uniform routing: a token reads k of
+// E experts of each MoE layer, the cached share of them from memory).
+struct MemoryPlan {
+  double ram = 0, weights = 0, routed = 0, routed_per_token = 0, state = 0, attn_res_per_token = 0;
+  double stream_per_token = 0;
+  bool fits = false, resident_fits = false;
+};
+
+MemoryPlan memory_plan(model::Model& m, const model::ParamCount& pc, size_t state_bytes, DType unallocated) {
+  MemoryPlan p;
+  p.ram = meminfo_bytes("MemAvailable");
+  for (const auto& [dt, bytes] : pc.bytes_by_dtype) p.weights += double(bytes);
+  for (auto& b : m.blocks) {
+    const auto* moe = std::get_if<layers::Moe>(&b.ffn);
+    if (!moe) continue;
+    double bytes = 0;
+    const std::string experts = b.names.ffn + ".experts.";
+    b.for_each_tensor("", [&](const std::string& name, Tensor& t, const Shape& shape, layers::Init) {
+      if (name.compare(0, experts.size(), experts) == 0)
+        bytes += double(shape_numel(shape)) * double(dtype_size(model::stored_dtype(name, t, shape, unallocated)));
+    });
+    p.routed += bytes;
+    p.routed_per_token += bytes * double(moe->config.top_k) / double(moe->config.n_experts);
+  }
+  p.state = double(state_bytes);
+  if (m.config.residual == model::ResidualKind::BlockAttention)  // every finished block + the partial + the mix
+    p.attn_res_per_token = double((m.n_layers() + m.config.attn_res_block - 1) / m.config.attn_res_block + 2) *
+                           double(m.config.d_model) * sizeof(float);
+  p.fits = p.weights + p.state <= p.ram;
+  const double resident = p.weights - p.routed + p.state;
+  p.resident_fits = resident <= p.ram;
+  if (!p.fits) {
+    const double cached = p.routed > 0 ? std::clamp((p.ram - resident) / p.routed, 0.0, 1.0) : 0.0;
+    p.stream_per_token = p.resident_fits ? p.routed_per_token * (1.0 - cached) : resident - p.ram + p.routed_per_token;
+  }
+  return p;
+}
+
+}  // namespace
 
 void add_info(CLI::App& app) {
   struct Opts {
@@ -64,6 +122,7 @@ void add_info(CLI::App& app) {
                         {"state_bytes_per_token", cost.first},
                         {"state_bytes_fixed", cost.second}});
     }
+    const MemoryPlan plan = memory_plan(m, pc, state_total, unallocated);
     const bool bf16 = has_bf16_weights(pc);
     const kernels::KernelTable kt = kernels::kernel_table();
     const std::string gemm = kt.own_gemm ? "lineage AVX-512 tile" : "OpenBLAS";
@@ -88,6 +147,17 @@ void add_info(CLI::App& app) {
                                 {"state_bytes_fixed", sc.fixed},
                                 {"context", context},
                                 {"state_bytes_at_context", state_total},
+                                {"extra_params", m.config.extra_params},
+                                {"extra_params_label", m.config.extra_params_label},
+                                {"memory_plan",
+                                 {{"ram_available_bytes", plan.ram},
+                                  {"weight_bytes", plan.weights},
+                                  {"routed_expert_bytes", plan.routed},
+                                  {"routed_expert_bytes_per_token", plan.routed_per_token},
+                                  {"state_bytes", plan.state},
+                                  {"attn_res_prefill_bytes_per_token", plan.attn_res_per_token},
+                                  {"fits", plan.fits},
+                                  {"stream_bytes_per_token", plan.stream_per_token}}},
                                 {"layers", layers}};
       std::printf("%s\n", j.dump(2).c_str());
       return;
@@ -101,6 +171,9 @@ void add_info(CLI::App& app) {
       std::printf(" (%lld without the input embedding, %lld without it and the head)",
                   (long long)(pc.activated - pc.embedding), (long long)(pc.activated - pc.embedding - pc.head));
     std::printf("\n");
+    if (m.config.extra_params)
+      std::printf("also stored    %lld parameters: %s, not in the total\n", (long long)m.config.extra_params,
+                  m.config.extra_params_label.c_str());
     for (const auto& [dt, bytes] : pc.bytes_by_dtype)
       std::printf("weights %-6s %s\n", std::string(dtype_name(dt)).c_str(), format_bytes(double(bytes)).c_str());
     std::printf("weights in     %s\n", storage);
@@ -110,6 +183,19 @@ void add_info(CLI::App& app) {
     std::printf("state          %s per token + %s fixed per sequence; %s at %lld tokens\n",
                 format_bytes(double(sc.per_token)).c_str(), format_bytes(double(sc.fixed)).c_str(),
                 format_bytes(double(state_total)).c_str(), (long long)context);
+    if (plan.attn_res_per_token > 0)
+      std::printf("AttnRes        no state; a prefill holds %s per token of block sources while it runs\n",
+                  format_bytes(plan.attn_res_per_token).c_str());
+    std::printf("memory plan    weights %s + state %s at %lld tokens, %s available: ", format_bytes(plan.weights).c_str(),
+                format_bytes(plan.state).c_str(), (long long)context, format_bytes(plan.ram).c_str());
+    if (plan.fits) std::printf("fits in RAM\n");
+    else if (plan.resident_fits)
+      std::printf("does not fit; with all but the routed experts resident, %s per token stream from disk (of %s of "
+                  "experts a token reads)\n", format_bytes(plan.stream_per_token).c_str(),
+                  format_bytes(plan.routed_per_token).c_str());
+    else
+      std::printf("does not fit, not even without the routed experts; at least %s per token stream from disk\n",
+                  format_bytes(plan.stream_per_token).c_str());
     std::printf("\n%5s  %-44s  %-34s  %12s  %12s  %12s\n", "layer", "token mixer", "channel mixer", "params",
                 "state/token", "state fixed");
     for (const auto& l : layers)

@@ -202,11 +202,25 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
   throw Error(msg);
 }
 
+void check_mxfp4_scales(model::Model& m, const std::string& where) {
+  m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape&, layers::Init) {
+    if (!ends_with(name, ".weight_scale") || !t.defined()) return;
+    const auto* b = static_cast<const uint8_t*>(t.raw());
+    const void* bad = std::memchr(b, 0xFF, t.nbytes());
+    if (!bad) return;
+    const int64_t i = static_cast<const uint8_t*>(bad) - b, cols = t.ndim() == 2 ? t.dim(1) : 1;
+    throw Error(cat(where, ": tensor \"", name, "\" ", shape_str(t.shape()), ": the MXFP4 block scale of row ", i / cols,
+                    ", columns ", 32 * (i % cols), " .. ", 32 * (i % cols) + 31,
+                    " is 255, which E8M0 reserves for NaN (expected an exponent 0 .. 254); the checkpoint is damaged"));
+  });
+}
+
 namespace {
 
 // The family's skeleton from config.json; has_tensor answers for the checkpoint (or nothing).
 model::Model build_from_config(const nlohmann::json& cfg, const std::string& cfg_path,
-                               const std::function<bool(const std::string&)>& has_tensor) {
+                               const std::function<bool(const std::string&)>& has_tensor,
+                               const std::function<Shape(const std::string&)>& tensor_shape = {}) {
   if (!cfg.contains("model_type") || !cfg["model_type"].is_string())
     throw Error(cat(cfg_path, ": field \"model_type\": expected a string naming the architecture (one of ",
                     model::known_model_types(), ")"));
@@ -215,7 +229,9 @@ model::Model build_from_config(const nlohmann::json& cfg, const std::string& cfg
   if (!build)
     throw Error(cat(cfg_path, ": field \"model_type\": \"", type, "\" is not supported; expected one of ",
                     model::known_model_types()));
-  return (*build)(model::ArchInput{model::ConfigFields(cfg, cfg_path), has_tensor});
+  model::ArchInput in{model::ConfigFields(cfg, cfg_path), has_tensor};
+  if (tensor_shape) in.tensor_shape = tensor_shape;
+  return (*build)(in);
 }
 
 }  // namespace
@@ -244,7 +260,9 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
   const std::string cfg_path = (dir / "config.json").string();
   auto ckpt = std::make_shared<Checkpoint>(Checkpoint::open(dir));
   LoadedModel out;
-  out.model = build_from_config(cfg, cfg_path, [&](const std::string& n) { return ckpt->has(n); });
+  out.model = build_from_config(
+      cfg, cfg_path, [&](const std::string& n) { return ckpt->has(n); },
+      [&](const std::string& n) { return ckpt->has(n) ? ckpt->entry(n).shape : Shape{}; });
   const int64_t held = checkpoint_layers(*ckpt, out.model.names.layer_prefix);
   if (held != out.model.n_layers())
     throw Error(cat(cfg_path, ": field \"", out.model.config.layers_field, "\": expected ", held, " (the checkpoint holds ",
@@ -252,6 +270,7 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
                          : cat("no tensor named ", out.model.names.layer_prefix, "N.*"),
                     "), found ", out.model.n_layers()));
   bind_weights(out.model, *ckpt, dir.string());
+  check_mxfp4_scales(out.model, dir.string());
   // Owned: every tensor copied (Conv1D matrices then transposed for decode), and the mappings go
   // with `ckpt`, their last owner, at the return.
   if (storage == WeightStorage::Owned) {

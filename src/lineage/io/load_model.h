@@ -51,4 +51,9 @@ bool has_weights(const std::filesystem::path& dir);
 // Binds a model skeleton's tensors to a checkpoint (the part of load_model after the config).
 void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& where);
 
+// Every bound MXFP4 block scale (….weight_scale, U8) against 255, E8M0's NaN: an Error naming the
+// tensor, row and columns. load_model runs it after binding (it reads the scale tensors, 1/17 of
+// the packed bytes).
+void check_mxfp4_scales(model::Model& m, const std::string& where);
+
 }  // namespace lineage::io

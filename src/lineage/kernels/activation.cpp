@@ -43,6 +43,9 @@ void activate_serial(Activation act, float* x, int64_t n) {
     case Activation::Relu:
       for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0 ? x[i] : 0.0f;
       break;
+    case Activation::Sigmoid:
+      sigmoid(x, x, n);
+      break;
   }
 }
 

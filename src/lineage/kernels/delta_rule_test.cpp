@@ -28,7 +28,7 @@ using kernels::Gate;
 constexpr double kTolF32 = 1e-5;
 constexpr double kTolRefMath = 1e-6;
 
-enum class Decay { None, Mild, Strong };
+enum class Decay { None, Mild, Strong, LowerBound };
 enum class Path { Recurrent, Chunked, RefRecurrent, RefChunked };
 
 struct Case {
@@ -40,7 +40,7 @@ struct Case {
   uint64_t seed = 1;
   std::string name() const {
     static const char* gates[] = {"none", "per_head", "per_channel"};
-    static const char* decays[] = {"", "_mild", "_strong"};
+    static const char* decays[] = {"", "_mild", "_strong", "_lower_bound"};
     std::ostringstream os;
     os << "gate_" << gates[int(gate)] << decays[int(decay)] << (delta ? "_delta" : "_additive")
        << (normalize ? "_normalized" : "") << "_T" << T << "_H" << H << "_HV" << HV << "_K" << K << "_V" << V;
@@ -49,7 +49,8 @@ struct Case {
 };
 
 // Inputs of one case drawn from its seed: unit-norm q, k for the delta rule, positive feature-mapped
-// q, k for the normalizer, β ∈ [0, 1), mild log decays ≈ −0.05, strong ones log-uniform in [−20, −1e-3].
+// q, k for the normalizer, β ∈ [0, 1), mild log decays ≈ −0.05, strong ones log-uniform in [−20, −1e-3],
+// Kimi K3's lower-bounded ones −5·σ(u) in (−5, 0), most near −5 (64 of those compound to e^−320).
 struct Inputs {
   Case c;
   std::vector<float> q, k, v, beta, log_decay, state, z;
@@ -80,8 +81,9 @@ Inputs make_inputs(const Case& c) {
   if (c.gate != Gate::None) {
     in.log_decay.resize(c.T * c.HV * (c.gate == Gate::PerChannel ? c.K : 1));
     for (float& e : in.log_decay)
-      e = c.decay == Decay::Strong ? -float(std::exp(-7.0 + 10.0 * rng.uniform()))
-                                   : -0.05f * float(0.5 + rng.uniform());
+      e = c.decay == Decay::Strong       ? -float(std::exp(-7.0 + 10.0 * rng.uniform()))
+          : c.decay == Decay::LowerBound ? -5.0f / (1.0f + std::exp(-(3.0f + 3.0f * rng.normal())))
+                                         : -0.05f * float(0.5 + rng.uniform());
   }
   in.state.resize(c.HV * c.K * c.V);
   for (float& e : in.state) e = 0.5f * rng.normal();
@@ -198,6 +200,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Family{"gated_deltanet_strong", Gate::PerHead, Decay::Strong, true, false},
                       Family{"kda_mild", Gate::PerChannel, Decay::Mild, true, false},
                       Family{"kda_strong", Gate::PerChannel, Decay::Strong, true, false},
+                      Family{"kda_k3_lower_bound", Gate::PerChannel, Decay::LowerBound, true, false},
                       Family{"linear_attention", Gate::None, Decay::None, false, false},
                       Family{"linear_attention_normalized", Gate::None, Decay::None, false, true},
                       Family{"scalar_decay_mild", Gate::PerHead, Decay::Mild, false, false},

@@ -12,6 +12,8 @@
 namespace lineage::model {
 
 void Block::for_each_tensor(const std::string& prefix, const layers::TensorVisitor& f) {
+  if (attn_res.defined()) attn_res.for_each_tensor(prefix + names.attn_res_norm, prefix + names.attn_res_proj, f);
+  if (mlp_res.defined()) mlp_res.for_each_tensor(prefix + names.mlp_res_norm, prefix + names.mlp_res_proj, f);
   norm1.for_each_tensor(prefix + names.norm1, f);
   std::visit([&](auto& m) { m.for_each_tensor(prefix + names.mixer, f); }, mixer);
   norm2.for_each_tensor(prefix + names.norm2, f);
@@ -25,6 +27,7 @@ void Model::for_each_tensor(const layers::TensorVisitor& f) {
     f(names.pos_embed, pos_embed, {config.max_positions, D}, layers::Init::Normal);
   for (size_t i = 0; i < blocks.size(); ++i)
     blocks[i].for_each_tensor(names.layer_prefix + std::to_string(i) + ".", f);
+  if (output_res.defined()) output_res.for_each_tensor(names.output_res_norm, names.output_res_proj, f);
   final_norm.for_each_tensor(names.final_norm, f);
   if (!config.tied_lm_head) f(names.lm_head, lm_head, {V, D}, layers::Init::Normal);
 }
@@ -146,19 +149,57 @@ int64_t StatePool::used() const { return std::count(used_.begin(), used_.end(), 
 // ---------------------------------------------------------------------------------------------
 // The residual stream.
 
-ResidualStream::ResidualStream(ResidualKind kind, float* x, int64_t N, int64_t D) : kind_(kind), x_(x), n_(N * D) {
-  if (kind != ResidualKind::Plain)
-    throw Error("Block Attention Residuals are not implemented yet (Kimi K3); this build runs plain residuals only");
+ResidualStream::ResidualStream(const Model& m, float* x, int64_t N, Workspace& ws)
+    : m_(m), x_(x), n_(N), d_(m.config.d_model), ar_(&ws.attn_res) {
+  if (m.config.residual == ResidualKind::BlockAttention)
+    LINEAGE_CHECK(m.config.attn_res_block > 0 && m.output_res.defined(), "Block Attention Residuals without a block size");
 }
 
-const float* ResidualStream::input(int64_t) const { return x_; }
+// The mix of [finished blocks, partial] under query q, into the workspace.
+const float* ResidualStream::mixed(const layers::AttnRes& q, const char* name, const layers::Trace& trace) {
+  ar_->sources.clear();
+  for (int64_t j = 0; j < blocks_; ++j) ar_->sources.push_back(ar_->blocks[size_t(j)].get(0));
+  ar_->sources.push_back(x_);
+  const int64_t S = int64_t(ar_->sources.size());
+  float* out = ar_->mixed.get(size_t(n_ * d_));
+  float* w = ar_->weights.get(size_t(n_ * S));
+  layers::mix(q, ar_->sources, n_, out, w);
+  trace(name, w, {n_, S});
+  return out;
+}
 
-// x += y over n elements, split over the threads for long prompts.
+const float* ResidualStream::input(int64_t sublayer, const layers::Trace& trace) {
+  if (m_.config.residual == ResidualKind::Plain) return x_;
+  const int64_t i = sublayer / 2;
+  const Block& b = m_.blocks[size_t(i)];
+  if (sublayer % 2) return mixed(b.mlp_res, "mlp_res.weights", trace);
+  const float* in = blocks_ ? mixed(b.attn_res, "attn_res.weights", trace) : x_;
+  if (i % m_.config.attn_res_block == 0) {  // the partial becomes a finished block
+    if (ar_->blocks.size() <= size_t(blocks_)) ar_->blocks.resize(size_t(blocks_ + 1));
+    float* dst = ar_->blocks[size_t(blocks_)].get(size_t(n_ * d_));
+    std::memcpy(dst, x_, size_t(n_ * d_) * sizeof(float));
+    ++blocks_;
+    empty_ = true;
+    if (in == x_) in = dst;  // x is overwritten by the next output
+  }
+  return in;
+}
+
+// x += y over n elements (x = y when a new block starts), split over the threads for long prompts.
 void ResidualStream::add(int64_t, const float* y) {
   float* x = x_;
-  parallel_for(n_, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) x[i] += y[i];
+  const bool start = empty_;
+  empty_ = false;
+  parallel_for(n_ * d_, [&](int64_t i0, int64_t i1) {
+    if (start) std::memcpy(x + i0, y + i0, size_t(i1 - i0) * sizeof(float));
+    else
+      for (int64_t i = i0; i < i1; ++i) x[i] += y[i];
   }, grain_for(1));
+}
+
+const float* ResidualStream::output(const layers::Trace& trace) {
+  if (m_.config.residual == ResidualKind::Plain) return x_;
+  return mixed(m_.output_res, "output_res.weights", trace);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -239,11 +280,11 @@ void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRow
   embed_tokens(m, step, x, y);
   trace("embed", x, {N, D});
 
-  ResidualStream stream(m.config.residual, x, N, D);
+  ResidualStream stream(m, x, N, ws);
   for (size_t i = 0; i < m.blocks.size(); ++i) {
     const Block& b = m.blocks[i];
     const layers::Trace tr = trace.on() ? trace.with_prefix("h" + std::to_string(i) + ".") : layers::Trace{};
-    layers::forward(b.norm1, stream.input(2 * i), N, a);
+    layers::forward(b.norm1, stream.input(2 * i, tr), N, a);
     tr(b.names.norm1, a, {N, D});
     std::visit(
         [&](const auto& mixer) {
@@ -258,7 +299,7 @@ void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRow
         b.mixer);
     stream.add(2 * i, y);
     tr("resid_mid", stream.state(), {N, D});
-    layers::forward(b.norm2, stream.input(2 * i + 1), N, a);
+    layers::forward(b.norm2, stream.input(2 * i + 1, tr), N, a);
     tr(b.names.norm2, a, {N, D});
     std::visit(
         [&](const auto& ffn) {
@@ -273,7 +314,7 @@ void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRow
   }
   for (int64_t s = 0; s < B; ++s) pool.state(step.slots[size_t(s)]).position += step.length(s);
 
-  layers::forward(m.final_norm, stream.state(), N, a);
+  layers::forward(m.final_norm, stream.output(trace), N, a);
   trace(m.names.final_norm.substr(m.names.final_norm.rfind('.') + 1), a, {N, D});
   if (rows == LogitRows::None) return;
   const float* head_in = a;
@@ -289,7 +330,10 @@ void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRow
 }
 
 void prepare(Model& m, bool owned) {
+  if (m.output_res.defined()) m.output_res.prepare();
   for (Block& b : m.blocks) {
+    if (b.attn_res.defined()) b.attn_res.prepare();
+    if (b.mlp_res.defined()) b.mlp_res.prepare();
     if (auto* d = std::get_if<layers::DeltaRule>(&b.mixer)) d->prepare();
     if (auto* a = std::get_if<layers::Mla>(&b.mixer)) a->prepare();
     if (auto* e = std::get_if<layers::Moe>(&b.ffn)) e->prepare();
@@ -310,12 +354,22 @@ void check_tensors_finite(Model& m, const std::string& where) {
   });
 }
 
+int64_t stored_params(const std::string& name, const Shape& shape) {
+  if (name.ends_with(".weight_packed")) return 2 * shape_numel(shape);
+  return name.ends_with(".weight_scale") ? 0 : shape_numel(shape);
+}
+
+DType stored_dtype(const std::string& name, const Tensor& t, const Shape& shape, DType unallocated_dtype) {
+  if (name.ends_with(".weight_packed") || name.ends_with(".weight_scale")) return DType::U8;
+  return t.defined() && t.shape() == shape ? t.dtype() : unallocated_dtype;
+}
+
 ParamCount count_params(Model& m, DType unallocated_dtype) {
   ParamCount c;
   std::map<DType, size_t> by;
-  m.for_each_tensor([&](const std::string&, Tensor& t, const Shape& shape, layers::Init) {
-    c.total += shape_numel(shape);
-    const DType dt = t.defined() && t.shape() == shape ? t.dtype() : unallocated_dtype;
+  m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape& shape, layers::Init) {
+    c.total += stored_params(name, shape);
+    const DType dt = stored_dtype(name, t, shape, unallocated_dtype);
     by[dt] += size_t(shape_numel(shape)) * dtype_size(dt);
   });
   c.bytes_by_dtype.assign(by.begin(), by.end());

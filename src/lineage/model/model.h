@@ -9,6 +9,7 @@
 #include <variant>
 #include <vector>
 
+#include "lineage/layers/attn_res.h"
 #include "lineage/layers/common.h"
 #include "lineage/layers/ffn/gated_mlp.h"
 #include "lineage/layers/ffn/mlp.h"
@@ -27,14 +28,18 @@ using ChannelMixer = std::variant<layers::Mlp, layers::GatedMlp, layers::Moe>;
 using MixerState = std::variant<layers::Attention::State, layers::DeltaRule::State, layers::Mla::State>;
 
 // Pre-norm block: mixer(norm1(·)) then ffn(norm2(·)), each a sublayer of the model's residual
-// stream (ResidualStream below: plain x += f(norm(x)), or Block Attention Residuals with K3).
+// stream (ResidualStream below: plain x += f(norm(x)), or Block Attention Residuals with K3, whose
+// two mixes, before the mixer and before the ffn, are the block's attn_res and mlp_res).
 struct Block {
   struct Names {
     std::string norm1, mixer, norm2, ffn;  // checkpoint sub-prefixes, e.g. "ln_1", "attn", "ln_2", "mlp"
+    // Block Attention Residuals: each mix's norm and pseudo-query (K3: "self_attention_res_norm", ...).
+    std::string attn_res_norm, attn_res_proj, mlp_res_norm, mlp_res_proj;
   };
   layers::Norm norm1, norm2;
   TokenMixer mixer;
   ChannelMixer ffn;
+  layers::AttnRes attn_res, mlp_res;  // defined() with ResidualKind::BlockAttention
   Names names;
 
   void for_each_tensor(const std::string& prefix, const layers::TensorVisitor& f);
@@ -43,8 +48,7 @@ struct Block {
 // How the sublayers' outputs are combined into the next sublayer's input.
 //   Plain: x += f(norm(x)) (GPT-2, fla, Kimi Linear).
 //   BlockAttention: Block Attention Residuals (Kimi K3): each sublayer reads a learned softmax mixture
-//   of the block representations so far. Only the seam exists here; a model that asks for it is an
-//   Error until the K3 issue implements it.
+//   of the block representations so far (ResidualStream below, spec §6.3).
 enum class ResidualKind : uint8_t { Plain, BlockAttention };
 
 struct ModelConfig {
@@ -57,6 +61,12 @@ struct ModelConfig {
   bool tied_lm_head = true;
   std::optional<int32_t> bos_token_id, eos_token_id;
   ResidualKind residual = ResidualKind::Plain;
+  // BlockAttention: decoder layers per block (K3's attn_res_block_size; fla's attnres_block_size / 2).
+  int64_t attn_res_block = 0;
+  // Parameters the checkpoint holds beyond the text model (K3's vision tower and projector): bound
+  // nowhere, reported by `info`.
+  int64_t extra_params = 0;
+  std::string extra_params_label;
 };
 
 // Per-sequence memory: position plus one state per layer. Copy only through clone(). A StatePool
@@ -82,6 +92,7 @@ struct SequenceState {
 struct Model {
   struct Names {
     std::string embed, pos_embed, layer_prefix, final_norm, lm_head;  // full checkpoint names/prefixes
+    std::string output_res_norm, output_res_proj;  // the model-level AttnRes mix before final_norm
   };
   ModelConfig config;
   Names names;
@@ -89,6 +100,7 @@ struct Model {
   Tensor pos_embed;  // [P, D] learned positions, or undefined
   std::vector<Block> blocks;
   layers::Norm final_norm;
+  layers::AttnRes output_res;  // ResidualKind::BlockAttention: the mix before final_norm
   Tensor lm_head;    // [V, D] when not tied
   // Where the checkpoint keeps each parameter when it differs from its name, and what to ignore.
   BindingTable binding;
@@ -158,21 +170,41 @@ struct Workspace {
   std::vector<layers::Attention::State*> attention_states;
   std::vector<layers::DeltaRule::State*> delta_rule_states;
   std::vector<layers::Mla::State*> mla_states;
+  // Block Attention Residuals: the finished blocks (the embedding first), the mixed input of a
+  // sublayer, the softmax weights [N, sources].
+  struct AttnRes {
+    std::vector<layers::Buffer> blocks;
+    layers::Buffer mixed, weights;
+    std::vector<const float*> sources;
+  } attn_res;
 };
 
-// The residual wiring of one forward over N rows of width D (ResidualKind). Plain: the stream is x;
-// a sublayer reads x and its output is added to x.
+// The residual wiring of one forward over N rows of width D (ResidualKind). x holds the embedding
+// to begin with and is the stream (plain) or the current partial block (BlockAttention) after.
+//   Plain: a sublayer reads x and its output is added to x.
+//   BlockAttention (spec §6.3, block size B decoder layers): the attention sublayer of layer i reads
+//   the mix of [finished blocks, partial] (the partial alone while no block is finished); at
+//   i % B == 0 the partial is then pushed as a finished block (layer 0 pushes the embedding) and the
+//   attention's output starts the next; the ffn sublayer reads the mix of [finished blocks,
+//   partial]; outputs add to the partial; the model's output is the mix of [finished blocks,
+//   partial] under the model-level query. Traces attn_res.weights, mlp_res.weights and
+//   output_res.weights, [N, sources].
 class ResidualStream {
  public:
-  ResidualStream(ResidualKind kind, float* x, int64_t N, int64_t D);
-  const float* input(int64_t sublayer) const;   // what sublayer i normalizes and reads
-  void add(int64_t sublayer, const float* y);   // sublayer i's output [N, D]
-  const float* state() const { return x_; }     // the stream after the last sublayer
+  ResidualStream(const Model& m, float* x, int64_t N, Workspace& ws);
+  const float* input(int64_t sublayer, const layers::Trace& trace);  // what sublayer i normalizes and reads
+  void add(int64_t sublayer, const float* y);                         // sublayer i's output [N, D]
+  const float* state() const { return x_; }  // the stream (or partial block) after the last add
+  const float* output(const layers::Trace& trace);  // what the final norm reads
 
  private:
-  ResidualKind kind_;
+  const float* mixed(const layers::AttnRes& q, const char* name, const layers::Trace& trace);
+  const Model& m_;
   float* x_;
-  int64_t n_;
+  int64_t n_, d_;
+  Workspace::AttnRes* ar_;
+  int64_t blocks_ = 0;   // finished blocks so far
+  bool empty_ = false;   // the partial was just pushed: the next output starts a new one
 };
 
 // Which rows of logits forward() writes.
@@ -212,6 +244,12 @@ struct ParamCount {
   std::vector<std::pair<DType, size_t>> bytes_by_dtype;
 };
 ParamCount count_params(Model& m, DType unallocated_dtype = DType::F32);
+
+// One tensor of Model::for_each_tensor as stored: its parameters (an MXFP4 pair's weight_packed
+// holds two per byte, its weight_scale none) and dtype (the pair: U8; a tensor not allocated yet:
+// `unallocated_dtype`).
+int64_t stored_params(const std::string& name, const Shape& shape);
+DType stored_dtype(const std::string& name, const Tensor& t, const Shape& shape, DType unallocated_dtype);
 
 // State bytes: per token of context, and fixed per sequence (recurrent state, conv tails).
 struct StateCost {

@@ -8,9 +8,8 @@ namespace lineage::runtime {
 
 namespace {
 
-size_t stored_bytes(const Tensor& t, const Shape& shape, DType unallocated_dtype) {
-  const DType dt = t.defined() && t.shape() == shape ? t.dtype() : unallocated_dtype;
-  return size_t(shape_numel(shape)) * dtype_size(dt);
+size_t stored_bytes(const std::string& name, const Tensor& t, const Shape& shape, DType unallocated_dtype) {
+  return size_t(shape_numel(shape)) * dtype_size(model::stored_dtype(name, t, shape, unallocated_dtype));
 }
 
 // The routed experts' weight tensors, and for each MoE layer the fraction of its experts a step of
@@ -38,8 +37,8 @@ Routed routed_experts(const model::Model& m, double tokens) {
 DecodeBytes decode_bytes_per_token(model::Model& m, double context, DType unallocated_dtype, double tokens_per_step) {
   DecodeBytes b;
   const Routed routed = routed_experts(m, tokens_per_step);
-  m.for_each_tensor([&](const std::string&, Tensor& t, const Shape& shape, layers::Init) {
-    const double whole = double(stored_bytes(t, shape, unallocated_dtype));
+  m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape& shape, layers::Init) {
+    const double whole = double(stored_bytes(name, t, shape, unallocated_dtype));
     const double row = whole / double(shape[0]);
     if (&t == &m.embed) b.weights += m.config.tied_lm_head ? whole + row : row;
     else if (&t == &m.pos_embed) b.weights += row;
@@ -65,8 +64,8 @@ PrefillFlops prefill_flops_per_token(model::Model& m, int64_t tokens, int64_t de
   PrefillFlops p;
   const double n = double(tokens);
   const Routed routed = routed_experts(m, 1);  // a token runs k of E experts
-  m.for_each_tensor([&](const std::string&, Tensor& t, const Shape& shape, layers::Init) {
-    const double params = double(shape_numel(shape)) * (routed.tensors.count(&t) ? routed.share.at(&t) : 1.0);
+  m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape& shape, layers::Init) {
+    const double params = double(model::stored_params(name, shape)) * (routed.tensors.count(&t) ? routed.share.at(&t) : 1.0);
     const bool is_head = &t == &m.lm_head || (&t == &m.embed && m.config.tied_lm_head);
     if (is_head) p.weights += 2.0 * params / n;
     else if (&t != &m.embed && &t != &m.pos_embed) p.weights += 2.0 * params;

@@ -13,10 +13,14 @@ void Moe::for_each_tensor(const std::string& p, const TensorVisitor& f) {
   const Config& c = config;
   visit_matrix(f, p + ".gate.weight", weights.gate, c.n_experts, c.d_model);
   f(p + ".gate.e_score_correction_bias", weights.bias, {c.n_experts}, Init::Zeros);
+  const int64_t X = expert_width();
+  if (c.latent > 0) visit_matrix(f, p + ".routed_expert_down_proj.weight", weights.latent_down, c.latent, c.d_model);
+  if (c.latent > 0 && c.latent_norm) f(p + ".routed_expert_norm.weight", weights.latent_norm, {c.latent}, Init::Ones);
+  if (c.latent > 0) visit_matrix(f, p + ".routed_expert_up_proj.weight", weights.latent_up, c.d_model, c.latent);
   weights.experts.resize(size_t(c.n_experts));
   for (int64_t e = 0; e < c.n_experts; ++e) {
     GatedMlp& x = weights.experts[size_t(e)];
-    x.config = {c.d_model, c.hidden, c.act, c.situ_beta, c.situ_linear_beta};
+    x.config = {X, c.hidden, c.act, c.situ_beta, c.situ_linear_beta};
     x.names = expert_names;
     x.for_each_tensor(p + ".experts." + std::to_string(e), f);
   }
@@ -28,6 +32,7 @@ void Moe::for_each_tensor(const std::string& p, const TensorVisitor& f) {
 
 void Moe::for_each_matrix(const MatrixVisitor& f) {
   f(weights.gate);
+  if (config.latent > 0) f(weights.latent_down), f(weights.latent_up);
   for (GatedMlp& e : weights.experts) e.for_each_matrix(f);
   if (config.shared_hidden > 0) weights.shared.for_each_matrix(f);
 }
@@ -36,13 +41,18 @@ void Moe::prepare() {
   Prepared p;
   p.bias.assign(size_t(config.n_experts), 0.0f);
   if (weights.bias.defined()) kernels::widen_row(weights.bias, 0, config.n_experts, p.bias.data());
+  if (config.latent > 0) {
+    p.latent_norm.assign(size_t(config.latent), 1.0f);
+    if (weights.latent_norm.defined()) kernels::widen_row(weights.latent_norm, 0, config.latent, p.latent_norm.data());
+  }
   p.ready = true;
   prepared = std::move(p);
 }
 
 std::string Moe::describe() const {
   const Config& c = config;
-  return cat("MoE, ", c.n_experts, c.act == GatedMlp::Act::Situ ? " SiTU" : " SwiGLU", " experts of ", c.hidden, ", ", c.top_k, " per token",
+  return cat(c.latent > 0 ? cat("latent MoE (", c.latent, "), ") : std::string("MoE, "), c.n_experts,
+             c.act == GatedMlp::Act::Situ ? " SiTU" : " SwiGLU", " experts of ", c.hidden, ", ", c.top_k, " per token",
              c.n_group > 1 ? cat(" (", c.topk_group, " of ", c.n_group, " groups)") : std::string(),
              c.shared_hidden ? cat(", shared MLP ", c.shared_hidden) : std::string());
 }
@@ -51,7 +61,8 @@ double Moe::bytes_per_step(double tokens) const {
   const Config& c = config;
   const double E = double(c.n_experts), k = double(c.top_k);
   const double chosen = E * (1.0 - std::pow(1.0 - k / E, tokens));
-  double bytes = double(weights.gate.bytes()) + double(weights.bias.nbytes());
+  double bytes = double(weights.gate.bytes()) + double(weights.bias.nbytes()) + double(weights.latent_down.bytes()) +
+                 double(weights.latent_up.bytes()) + double(weights.latent_norm.nbytes());
   if (c.shared_hidden > 0) {
     const GatedMlp::Weights& s = weights.shared.weights;
     bytes += double(s.gate_proj.bytes() + s.up_proj.bytes() + s.down_proj.bytes());
@@ -78,7 +89,7 @@ void route(const Moe::Config& c, const float* logits, const float* bias, int32_t
     return [&v](int32_t a, int32_t b) { return v[size_t(a)] > v[size_t(b)] || (v[size_t(a)] == v[size_t(b)] && a < b); };
   };
   // What the top-k ranks: s', or with groups s' of the kept groups and 0.0 elsewhere (the
-  // references' mask: a kept expert with a negative s' ranks below a masked one).
+  // references' mask: a kept expert with a negative s' ranks below a masked one), or −inf (K3).
   const std::vector<float>* rank = &biased;
   if (c.n_group > 1) {
     const int64_t per = E / c.n_group;
@@ -96,7 +107,7 @@ void route(const Moe::Config& c, const float* logits, const float* bias, int32_t
       groups[size_t(g)] = int32_t(g);
     }
     std::partial_sort(groups.begin(), groups.begin() + c.topk_group, groups.end(), before(gscore));
-    masked.assign(size_t(E), 0.0f);
+    masked.assign(size_t(E), c.mask_neg_inf ? -INFINITY : 0.0f);
     for (int64_t i = 0; i < c.topk_group; ++i)
       for (int64_t e = groups[size_t(i)] * per; e < (groups[size_t(i)] + 1) * per; ++e)
         masked[size_t(e)] = biased[size_t(e)];
@@ -148,22 +159,46 @@ void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buff
     buf.scratch.assign(buf.offsets.begin(), buf.offsets.end() - 1);
     for (int64_t i = 0; i < N * k; ++i) buf.order[size_t(buf.scratch[size_t(buf.ids[size_t(i)])]++)] = int32_t(i);
   }
-  std::memset(y, 0, size_t(N * D) * sizeof(float));
+  // The experts' input and their weighted sum: x and y, or z = W_down·x and a [N, L_a].
+  const int64_t X = m.expert_width();
+  const float* xe = x;
+  float* acc = y;
+  if (c.latent > 0) {
+    float* z = buf.latent_in.get(size_t(N * X));
+    kernels::linear(x, N, m.weights.latent_down, nullptr, z, std::nullopt, dot);
+    trace("moe.latent", z, {N, X});
+    xe = z, acc = buf.latent_sum.get(size_t(N * X));
+  }
+  std::memset(acc, 0, size_t(N * X) * sizeof(float));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t b = buf.offsets[size_t(e)], n = buf.offsets[size_t(e + 1)] - b;
     if (!n) continue;
-    float* in = buf.rows_in.get(size_t(n * D));
-    float* out = buf.rows_out.get(size_t(n * D));
+    float* in = buf.rows_in.get(size_t(n * X));
+    float* out = buf.rows_out.get(size_t(n * X));
     for (int64_t i = 0; i < n; ++i)
-      std::memcpy(in + i * D, x + (buf.order[size_t(b + i)] / k) * D, size_t(D) * sizeof(float));
+      std::memcpy(in + i * X, xe + (buf.order[size_t(b + i)] / k) * X, size_t(X) * sizeof(float));
     forward_rows(m.weights.experts[size_t(e)], in, n, out, buf.mlp, dot);
     for (int64_t i = 0; i < n; ++i) {
       const int32_t slot = buf.order[size_t(b + i)];
       const float wi = w[slot];
-      float* yt = y + (slot / k) * D;
-      const float* o = out + i * D;
-      for (int64_t d = 0; d < D; ++d) yt[d] += wi * o[d];
+      float* at = acc + (slot / k) * X;
+      const float* o = out + i * X;
+      for (int64_t d = 0; d < X; ++d) at[d] += wi * o[d];
     }
+  }
+  if (c.latent > 0) {  // RMSNorm of the aggregate (once), then back up to the full width
+    if (c.latent_norm) {
+      const float* nw = m.prepared.latent_norm.data();
+      for (int64_t t = 0; t < N; ++t) {
+        float* a = acc + t * X;
+        double ss = 0;
+        for (int64_t d = 0; d < X; ++d) ss += double(a[d]) * a[d];
+        const float inv = float(1.0 / std::sqrt(ss / double(X) + double(c.latent_eps)));
+        for (int64_t d = 0; d < X; ++d) a[d] = a[d] * inv * nw[d];
+      }
+    }
+    kernels::linear(acc, N, m.weights.latent_up, nullptr, y, std::nullopt, dot);
+    trace("moe.routed", y, {N, D});
   }
   if (c.shared_hidden > 0) {
     float* sh = buf.shared.get(size_t(N * D));

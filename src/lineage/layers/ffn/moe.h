@@ -1,12 +1,16 @@
 // Mixture-of-Experts (DeepSeek-V3 style, as Kimi Linear and Kimi K3 route): a sigmoid router in f32,
 // a correction bias that selects but does not weigh, grouped top-k, renormalized and scaled weights,
-// SwiGLU experts, and shared experts as one MLP added unweighted:
+// SwiGLU (or SiTU) experts, and shared experts as one MLP added unweighted:
 //   s = σ(W_gate·x);  s' = s + b;  [groups: keep the topk_group groups by the sum of their top-2 s',
-//   the others' s' set to 0.0];  idx = top-k of s' (ties: lower index first);  w = s[idx]
-//   (router_bias_in_weights: s'[idx], as the released modeling_kimi.py computes it through an aliased
-//   view);  w /= Σw + 1e-20 (k > 1 and renormalize);  w ·= routed_scaling_factor
+//   the others' s' set to 0.0 (Kimi K3: −inf)];  idx = top-k of s' (ties: lower index first);
+//   w = s[idx] (router_bias_in_weights: s'[idx], as the released modeling_kimi.py computes it
+//   through an aliased view);  w /= Σw + 1e-20 (k > 1 and renormalize);  w ·= routed_scaling_factor
 //   y = Σ_j w_j·expert_idx_j(x) + shared(x)
-// Spec: shared/spec/attention-mla-moe-attnres.md §3; reference/kimi_linear.py.
+// Kimi K3's Stable LatentMoE (config.latent > 0) routes on the full width x but runs the experts in a
+// narrower latent space:
+//   z = W_down·x;  a = Σ_j w_j·expert_idx_j(z);  a = RMSNorm(a) (latent_norm, once on the aggregate);
+//   y = W_up·a + shared(x)
+// Spec: shared/spec/attention-mla-moe-attnres.md §3, §4.2; reference/kimi_linear.py, kimi_k3.py.
 #pragma once
 
 #include <vector>
@@ -26,6 +30,12 @@ struct Moe {
     bool renormalize = true;
     double scaling = 1.0;                // routed_scaling_factor
     bool bias_in_weights = false;        // router_bias_in_weights (see above)
+    bool mask_neg_inf = false;           // groups left out are masked with −inf (K3), not 0.0
+    // Stable LatentMoE: the experts' width L_a (routed_expert_hidden_size; 0 = experts at d_model),
+    // and whether their weighted sum is RMSNormed (latent_moe_use_norm, ε latent_eps).
+    int64_t latent = 0;
+    bool latent_norm = false;
+    float latent_eps = 1e-5f;
     // The experts' and the shared MLP's activation (GatedMlp::Config).
     GatedMlp::Act act = GatedMlp::Act::Silu;
     float situ_beta = 4.0f, situ_linear_beta = 25.0f;
@@ -35,15 +45,20 @@ struct Moe {
     Tensor bias;                  // [E] e_score_correction_bias
     std::vector<GatedMlp> experts;
     GatedMlp shared;              // shared_hidden > 0
+    kernels::Matrix latent_down;  // [L_a, D] routed_expert_down_proj (latent > 0)
+    Tensor latent_norm;           // [L_a]    routed_expert_norm (latent_norm)
+    kernels::Matrix latent_up;    // [D, L_a] routed_expert_up_proj
   };
   struct Prepared {
     std::vector<float> bias;      // [E], widened once
+    std::vector<float> latent_norm;  // [L_a], widened once (ones without the norm)
     bool ready = false;
   };
   // A step's activations: router logits [N, E], the chosen experts and weights [N, k], the tokens
-  // grouped by expert, one expert's rows in and out, the routed sum and the shared output [N, D].
+  // grouped by expert, one expert's rows in and out, the shared output [N, D]; with a latent space
+  // the experts' input z and their weighted sum [N, L_a], and the up-projected sum [N, D].
   struct Buffers {
-    Buffer logits, weights, rows_in, rows_out, shared, ids_f;
+    Buffer logits, weights, rows_in, rows_out, shared, ids_f, latent_in, latent_sum, routed;
     std::vector<int32_t> ids, order, scratch;
     std::vector<int64_t> offsets;
     GatedMlp::Buffers mlp;
@@ -60,9 +75,11 @@ struct Moe {
   void for_each_matrix(const MatrixVisitor& f);
   void prepare();
   std::string describe() const;
+  // The experts' input width: L_a with a latent space, else d_model.
+  int64_t expert_width() const { return config.latent > 0 ? config.latent : config.d_model; }
   // Parameters of the routed experts, all of them and those one token runs (k of E).
-  int64_t routed_params() const { return config.n_experts * 3 * config.d_model * config.hidden; }
-  int64_t active_routed_params() const { return config.top_k * 3 * config.d_model * config.hidden; }
+  int64_t routed_params() const { return config.n_experts * 3 * expert_width() * config.hidden; }
+  int64_t active_routed_params() const { return config.top_k * 3 * expert_width() * config.hidden; }
   // Weight bytes one step of `tokens` tokens reads: router, shared MLP and the distinct experts the
   // tokens are expected to choose, E·(1 − (1 − k/E)^tokens) (uniform routing).
   double bytes_per_step(double tokens) const;
@@ -77,7 +94,8 @@ void route(const Moe::Config& c, const float* logits, const float* bias, int32_t
 // y[N, D] = the MoE on x[N, D] (already normalized). The step's tokens are grouped by expert, so
 // each chosen expert's weights are read once per step and the others not at all; each token sums
 // its experts in ascending expert order (the same bits alone or in a batch of up to 8 decode
-// tokens). Traces moe.router_logits, moe.expert_ids, moe.expert_weights, moe.shared, moe.out.
+// tokens). Traces moe.router_logits, moe.expert_ids, moe.expert_weights, moe.latent and moe.routed
+// (latent space), moe.shared, moe.out.
 void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buffers& buf, const Trace& trace);
 
 }  // namespace lineage::layers

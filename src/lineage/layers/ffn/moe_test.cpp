@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <set>
 #include <vector>
 
 #include "lineage/core/rng.h"
@@ -43,7 +44,7 @@ Routed reference_route(const Moe::Config& c, const std::vector<float>& logits, c
     std::vector<char> kept(size_t(c.n_group), 0);
     for (int64_t i = 0; i < c.topk_group; ++i) kept[size_t(order[size_t(i)])] = 1;
     for (int64_t e = 0; e < E; ++e)
-      if (!kept[size_t(e / per)]) rank[size_t(e)] = 0.0;
+      if (!kept[size_t(e / per)]) rank[size_t(e)] = c.mask_neg_inf ? -INFINITY : 0.0;
   }
   std::vector<int32_t> order(static_cast<size_t>(E));
   std::iota(order.begin(), order.end(), 0);
@@ -137,10 +138,38 @@ TEST(MoeRoute, TheZeroMaskLetsDroppedGroupsOutrankNegativeScores) {
   for (int32_t e : ids) EXPECT_TRUE(e / 4 != order[0] && e / 4 != order[1]) << "expert " << e;
 }
 
+// Kimi K3 masks the dropped groups with −∞: with every biased score negative, the chosen experts
+// all lie in the kept groups (the opposite of the 0.0 mask above), as the reference computes it.
+TEST(MoeRoute, KimiK3sInfinityMaskKeepsTheChoiceInTheKeptGroups) {
+  Moe::Config c = config(16, 4, 4, 2);
+  c.mask_neg_inf = true;
+  Rng rng(3);
+  std::vector<float> logits(16), bias(16, -2.0f);
+  for (auto& x : logits) x = rng.normal();
+  expect_route(c, logits, bias, "negative, -inf mask");
+  std::vector<int32_t> ids(4), scratch, zero_ids(4);
+  std::vector<float> w(4);
+  route(c, logits.data(), bias.data(), ids.data(), w.data(), scratch);
+  c.mask_neg_inf = false;
+  route(c, logits.data(), bias.data(), zero_ids.data(), w.data(), scratch);
+  std::set<int32_t> groups, zero_groups;
+  for (int32_t e : ids) groups.insert(e / 4);
+  for (int32_t e : zero_ids) zero_groups.insert(e / 4);
+  EXPECT_LE(groups.size(), 2u);
+  for (int32_t g : groups) EXPECT_EQ(zero_groups.count(g), 0u) << "the two masks choose from opposite groups here";
+  for (auto& b : bias) b = float(rng.uniform() * 1.2 - 1.0);
+  c.mask_neg_inf = true;
+  for (int t = 0; t < 50; ++t) {
+    for (auto& x : logits) x = 2 * rng.normal();
+    expect_route(c, logits, bias, "random, -inf mask");
+  }
+}
+
 // Fills every tensor of the layer with seeded values (gate zero when asked).
 void fill(Moe& m, uint64_t seed, bool zero_gate) {
   Rng rng(seed);
   m.for_each_tensor("moe", [&](const std::string& name, Tensor& t, const Shape& shape, Init) {
+    if (t.defined() && t.shape() == shape) return;  // set by the test
     t = Tensor::empty(DType::F32, shape);
     const bool zero = (zero_gate && name == "moe.gate.weight") || name == "moe.gate.e_score_correction_bias";
     for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = zero ? 0.0f : 0.3f * rng.normal();
@@ -222,6 +251,79 @@ TEST(Moe, TraceExposesExpertIdsAndWeightsAndTokensAreIndependent) {
     EXPECT_LE(std::sqrt(num / den), 1e-6) << "token " << t;
   }
   EXPECT_GE(distinct, 5) << "the test wants tokens that route differently";
+}
+
+// Stable LatentMoE with identity projections and no norm is the plain MoE on the same experts
+// (every product by the identity exact); with the norm, the aggregate is RMSNormed once before
+// the up-projection (written out here from spec §4.2), and the shared expert reads the full-width x.
+TEST(Moe, LatentWithIdentityProjectionsIsThePlainMoe) {
+  Moe plain;
+  plain.config = config(8, 3);
+  plain.config.shared_hidden = 8;
+  fill(plain, 13, false);
+  const int64_t N = 9, D = plain.config.d_model, E = 8;
+  Moe latent;
+  latent.config = plain.config;
+  latent.config.latent = D;
+  Tensor eye = Tensor::zeros(DType::F32, {D, D});
+  for (int64_t i = 0; i < D; ++i) eye.data<float>()[i * D + i] = 1.0f;
+  latent.weights.latent_down.data = eye;
+  latent.weights.latent_up.data = eye;
+  fill(latent, 1, false);
+  latent.weights.gate = plain.weights.gate;
+  latent.weights.bias = plain.weights.bias;
+  latent.weights.experts = plain.weights.experts;
+  latent.weights.shared = plain.weights.shared;
+  latent.prepare();
+  Rng rng(21);
+  std::vector<float> x(size_t(N * D));
+  for (auto& v : x) v = rng.normal();
+  EXPECT_EQ(run(latent, x, N), run(plain, x, N));
+
+  // A real latent space of 8 with its norm: against the experts, the norm and the projections by hand.
+  Moe m;
+  m.config = config(E, 2);
+  m.config.shared_hidden = 8;
+  m.config.latent = 8, m.config.latent_norm = true, m.config.latent_eps = 1e-5f;
+  fill(m, 17, false);
+  std::map<std::string, std::vector<float>> got;
+  const Trace trace{[&](const std::string& name, const float* d, const Shape& s) { got[name].assign(d, d + shape_numel(s)); }, ""};
+  const std::vector<float> y = run(m, x, N, trace);
+  ASSERT_TRUE(got.count("moe.latent") && got.count("moe.routed"));
+  const auto mat = [](const kernels::Matrix& w, const float* v, int64_t rows, int64_t cols) {
+    std::vector<double> o(static_cast<size_t>(rows), 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) o[size_t(r)] += double(w.data.data<float>()[r * cols + c]) * v[c];
+    return o;
+  };
+  double num = 0, den = 0;
+  std::vector<int32_t> ids(2), scratch;
+  std::vector<float> w(2);
+  GatedMlp::Buffers buf;
+  for (int64_t t = 0; t < N; ++t) {
+    const std::vector<double> z = mat(m.weights.latent_down, x.data() + t * D, 8, D);
+    const std::vector<float> zf(z.begin(), z.end());
+    route(m.config, got["moe.router_logits"].data() + t * E, m.prepared.bias.data(), ids.data(), w.data(), scratch);
+    std::vector<double> a(8, 0.0);
+    for (int j = 0; j < 2; ++j) {
+      std::vector<float> out(8);
+      forward_rows(m.weights.experts[size_t(ids[size_t(j)])], zf.data(), 1, out.data(), buf, false);
+      for (int d = 0; d < 8; ++d) a[size_t(d)] += double(w[size_t(j)]) * out[size_t(d)];
+    }
+    double ss = 0;
+    for (double v : a) ss += v * v;
+    std::vector<float> an(8);
+    for (int d = 0; d < 8; ++d)
+      an[size_t(d)] = float(a[size_t(d)] / std::sqrt(ss / 8 + 1e-5) * m.weights.latent_norm.data<float>()[d]);
+    const std::vector<double> r = mat(m.weights.latent_up, an.data(), D, 8);
+    std::vector<float> sh(static_cast<size_t>(D));
+    forward_rows(m.weights.shared, x.data() + t * D, 1, sh.data(), buf, false);
+    for (int64_t d = 0; d < D; ++d) {
+      num += std::pow(r[size_t(d)] + sh[size_t(d)] - y[size_t(t * D + d)], 2);
+      den += std::pow(r[size_t(d)] + sh[size_t(d)], 2);
+    }
+  }
+  EXPECT_LE(std::sqrt(num / den), 1e-5);
 }
 
 }  // namespace

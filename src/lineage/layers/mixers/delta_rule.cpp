@@ -95,7 +95,8 @@ kernels::Gate DeltaRule::Config::gate() const {
   switch (decay) {
     case DecayInput::None: return kernels::Gate::None;
     case DecayInput::PerHeadProj: return kernels::Gate::PerHead;
-    case DecayInput::PerChannelLowRank: return kernels::Gate::PerChannel;
+    case DecayInput::PerChannelLowRank:
+    case DecayInput::PerChannelProj: return kernels::Gate::PerChannel;
   }
   return kernels::Gate::None;
 }
@@ -128,17 +129,17 @@ void DeltaRule::for_each_tensor(const std::string& p, const TensorVisitor& f) {
     conv("v_conv1d.weight", weights.v_conv, {HV * V, 1, c.conv_size});
   }
   if (c.has_beta) proj("b_proj.weight", weights.b_proj, {HV, D});
-  if (c.decay == DecayInput::PerHeadProj) {
-    proj("a_proj.weight", weights.a_proj, {HV, D});
-    f(p + ".A_log", weights.A_log, {HV}, Init::Custom);
-    f(p + ".dt_bias", weights.dt_bias, {HV}, Init::Custom);
-  } else if (c.decay == DecayInput::PerChannelLowRank) {
+  if (c.decay == DecayInput::PerHeadProj) proj("a_proj.weight", weights.a_proj, {HV, D});
+  if (c.decay == DecayInput::PerChannelLowRank) {
     proj("f_proj.0.weight", weights.f_a, {V, D});
     proj("f_proj.1.weight", weights.f_b, {HV * K, V});
-    f(p + ".A_log", weights.A_log, {HV}, Init::Custom);
-    f(p + ".dt_bias", weights.dt_bias, {HV * K}, Init::Custom);
   }
-  if (c.out_gate == OutGate::Swish) proj("g_proj.weight", weights.g_proj, {HV * V, D});
+  if (c.decay == DecayInput::PerChannelProj) proj("f_proj.weight", weights.f_proj, {HV * K, D});
+  if (c.decay != DecayInput::None) {
+    f(p + ".A_log", weights.A_log, {c.a_log_len ? c.a_log_len : HV}, Init::Custom);
+    f(p + ".dt_bias", weights.dt_bias, {c.per_channel() ? HV * K : HV}, Init::Custom);
+  }
+  if (c.out_gate == OutGate::Swish || c.out_gate == OutGate::Sigmoid) proj("g_proj.weight", weights.g_proj, {HV * V, D});
   if (c.out_gate == OutGate::SigmoidLowRank) {
     proj("g_proj.0.weight", weights.g_a, {V, D});
     proj("g_proj.1.weight", weights.g_b, {HV * V, V});
@@ -161,7 +162,7 @@ DeltaRule::State DeltaRule::new_state(int64_t) const {
 void DeltaRule::for_each_matrix(const MatrixVisitor& f) {
   Weights& w = weights;
   for (kernels::Matrix* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.fm_q1_w, &w.fm_q2_w, &w.fm_k1_w, &w.fm_k2_w, &w.b_proj,
-                             &w.a_proj, &w.f_a, &w.f_b, &w.g_proj, &w.g_a, &w.g_b, &w.o_proj})
+                             &w.a_proj, &w.f_a, &w.f_b, &w.f_proj, &w.g_proj, &w.g_a, &w.g_b, &w.o_proj})
     if (m->data.defined()) f(*m);
 }
 
@@ -169,12 +170,14 @@ void DeltaRule::prepare() {
   const Config& c = config;
   Prepared p;
   if (c.decay != DecayInput::None) {
-    const int64_t width = c.decay == DecayInput::PerChannelLowRank ? c.n_v_heads * c.head_k : c.n_v_heads;
+    const int64_t width = c.per_channel() ? c.n_v_heads * c.head_k : c.n_v_heads;
+    LINEAGE_CHECK(weights.A_log.numel() >= c.n_v_heads, "A_log holds ", weights.A_log.numel(), " values for ",
+                  c.n_v_heads, " heads");
     p.A.resize(size_t(c.n_v_heads));
     p.dt_bias.resize(size_t(width));
     kernels::widen_row(weights.A_log, 0, c.n_v_heads, p.A.data());
     kernels::widen_row(weights.dt_bias, 0, width, p.dt_bias.data());
-    for (float& a : p.A) a = -std::exp(a);
+    for (float& a : p.A) a = c.gate_lower_bound < 0 ? std::exp(a) : -std::exp(a);
   }
   p.o_norm.assign(size_t(c.head_v), 1.0f);
   if (c.out_norm_weight && weights.o_norm.defined()) kernels::widen_row(weights.o_norm, 0, c.head_v, p.o_norm.data());
@@ -209,6 +212,7 @@ std::string DeltaRule::describe() const {
   if (c.n_v_heads != c.n_heads) s += " / " + std::to_string(c.n_v_heads) + " v-heads";
   s += ", S " + std::to_string(c.head_k) + "x" + std::to_string(c.head_v);
   if (c.conv_size) s += ", conv " + std::to_string(c.conv_size);
+  if (c.gate_lower_bound < 0) s += cat(", decay in (", c.gate_lower_bound, ", 0)");
   return s;
 }
 
@@ -229,8 +233,10 @@ struct Pass {
         *low_decay = nullptr, *gate = nullptr, *low_gate = nullptr, *core = nullptr;
 
   kernels::Weight lin(const kernels::Matrix& w) const { return w.view(call.options.bf16_dot); }
-  bool per_channel() const { return m.config.decay == DeltaRule::DecayInput::PerChannelLowRank; }
+  bool per_channel() const { return m.config.per_channel(); }
+  bool low_rank_decay() const { return m.config.decay == DeltaRule::DecayInput::PerChannelLowRank; }
   bool swish_gate() const { return m.config.out_gate == DeltaRule::OutGate::Swish; }
+  bool sigmoid_gate() const { return m.config.out_gate == DeltaRule::OutGate::Sigmoid; }
   bool low_rank_gate() const { return m.config.out_gate == DeltaRule::OutGate::SigmoidLowRank; }
   bool has_beta() const { return m.config.delta && m.config.has_beta; }
 };
@@ -252,8 +258,8 @@ Pass make_pass(const DeltaRule& m, const Call& call, std::span<DeltaRule::State*
   p.v = buf.v.get(N * p.HV * p.V);
   p.beta = c.delta ? buf.beta.get(N * p.HV) : nullptr;
   p.decay = c.decay != DeltaRule::DecayInput::None ? buf.decay.get(N * p.decay_width) : nullptr;
-  p.low_decay = p.per_channel() ? buf.low_decay.get(N * p.V) : nullptr;
-  p.gate = p.swish_gate() || p.low_rank_gate() ? buf.gate.get(N * p.HV * p.V) : nullptr;
+  p.low_decay = p.low_rank_decay() ? buf.low_decay.get(N * p.V) : nullptr;
+  p.gate = p.swish_gate() || p.low_rank_gate() || p.sigmoid_gate() ? buf.gate.get(N * p.HV * p.V) : nullptr;
   p.low_gate = p.low_rank_gate() ? buf.low_gate.get(N * p.V) : nullptr;
   p.core = buf.core.get(N * p.HV * p.V);
   return p;
@@ -281,13 +287,14 @@ void project(Pass& p, const float* x) {
       });
     }
     if (p.has_beta()) kernels::linear(x, N, p.lin(w.b_proj), nullptr, p.beta);
-    if (p.per_channel()) kernels::linear(x, N, p.lin(w.f_a), nullptr, p.low_decay);
-    else if (p.decay) kernels::linear(x, N, p.lin(w.a_proj), nullptr, p.decay);
+    if (p.low_rank_decay()) kernels::linear(x, N, p.lin(w.f_a), nullptr, p.low_decay);
+    else if (p.decay) kernels::linear(x, N, p.lin(p.per_channel() ? w.f_proj : w.a_proj), nullptr, p.decay);
     if (p.swish_gate()) kernels::linear(x, N, p.lin(w.g_proj), nullptr, p.gate, kernels::Activation::Silu);
+    if (p.sigmoid_gate()) kernels::linear(x, N, p.lin(w.g_proj), nullptr, p.gate, kernels::Activation::Sigmoid);
     if (p.low_rank_gate()) kernels::linear(x, N, p.lin(w.g_a), nullptr, p.low_gate);
     return;
   }
-  kernels::LinearOut outs[6] = {{p.lin(w.q_proj), nullptr, p.raw},
+  kernels::LinearOut outs[7] = {{p.lin(w.q_proj), nullptr, p.raw},
                                 {p.lin(w.k_proj), nullptr, p.raw + p.Cq},
                                 {p.lin(w.v_proj), nullptr, p.raw + p.Cq + p.Ck}};
   struct ConvStep {
@@ -307,9 +314,10 @@ void project(Pass& p, const float* x) {
     outs[i].then = [&step, i](int64_t o0, int64_t o1) { step(i, o0, o1); };
   size_t n = 3;
   if (p.has_beta()) outs[n++] = {p.lin(w.b_proj), nullptr, p.beta};
-  if (p.per_channel()) outs[n++] = {p.lin(w.f_a), nullptr, p.low_decay};
-  else if (p.decay) outs[n++] = {p.lin(w.a_proj), nullptr, p.decay};
+  if (p.low_rank_decay()) outs[n++] = {p.lin(w.f_a), nullptr, p.low_decay};
+  else if (p.decay) outs[n++] = {p.lin(p.per_channel() ? w.f_proj : w.a_proj), nullptr, p.decay};
   if (p.swish_gate()) outs[n++] = {p.lin(w.g_proj), nullptr, p.gate, kernels::Activation::Silu};
+  if (p.sigmoid_gate()) outs[n++] = {p.lin(w.g_proj), nullptr, p.gate, kernels::Activation::Sigmoid};
   if (p.low_rank_gate()) outs[n++] = {p.lin(w.g_a), nullptr, p.low_gate};
   kernels::linear_group(x, 1, {outs, n});
 }
@@ -375,7 +383,8 @@ void heads(Pass& p, const Trace& trace) {
 }
 
 // Stage 4: β = sigmoid(b_proj x) (or 1; ×2 with negative eigenvalues) and the log decay
-// A·softplus(input + dt_bias), per head or per key channel.
+// A·softplus(input + dt_bias), or lb·σ(A·(input + dt_bias)) with a lower bound, per head or per key
+// channel.
 void gates(Pass& p, const Trace& trace) {
   const DeltaRule::Config& c = p.m.config;
   const DeltaRule::Weights& w = p.m.weights;
@@ -392,19 +401,27 @@ void gates(Pass& p, const Trace& trace) {
   const bool per_channel = p.per_channel();
   const float* A = p.m.prepared.A.data();
   const float* dt = p.m.prepared.dt_bias.data();
+  const float lb = c.gate_lower_bound;
   float* decay = p.decay;
-  // Entries [i0, i1) of one token's decay row: + dt_bias, softplus, × the head's A.
+  // Entries [i0, i1) of one token's decay row: + dt_bias, then softplus and × the head's A, or
+  // × the head's A, sigmoid and × the lower bound.
   const auto finish = [=](float* a, int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) a[i] += dt[i];
+    if (lb < 0) {
+      for (int64_t i = i0; i < i1; ++i) a[i] *= A[per_channel ? i / K : i];
+      kernels::sigmoid(a + i0, a + i0, i1 - i0);
+      for (int64_t i = i0; i < i1; ++i) a[i] *= lb;
+      return;
+    }
     kernels::softplus(a + i0, a + i0, i1 - i0);
     for (int64_t i = i0; i < i1; ++i) a[i] *= A[per_channel ? i / K : i];
   };
-  if (per_channel && p.one_token) {  // each chunk finished by the thread that computed it
+  if (p.low_rank_decay() && p.one_token) {  // each chunk finished by the thread that computed it
     kernels::LinearOut up{p.lin(w.f_b), nullptr, decay};
     up.then = [&](int64_t o0, int64_t o1) { finish(decay, o0, o1); };
     kernels::linear_group(p.low_decay, 1, {&up, 1});
   } else {
-    if (per_channel) kernels::linear(p.low_decay, N, p.lin(w.f_b), nullptr, decay);
+    if (p.low_rank_decay()) kernels::linear(p.low_decay, N, p.lin(w.f_b), nullptr, decay);
     over_rows(N, 24 * width, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) finish(decay + t * width, 0, width);
     });

@@ -17,11 +17,14 @@ struct DeltaRule {
   // Normalization of each q / k head vector: L2 (eps 1e-6 inside the sqrt), x / Σx (DeltaNet's
   // "sum"), x / (Σx + 1e-4) (linear attention's norm_q / norm_k), or none.
   enum class QkNorm : uint8_t { None, L2, Sum, SumEps };
-  // Output gate applied after the per-head RMSNorm: swish(g_proj(x)), sigmoid(g_b(g_a(x)) + bias).
-  enum class OutGate : uint8_t { None, Swish, SigmoidLowRank };
-  // How the decay is parametrized: GDN −exp(A_log)·softplus(a_proj(x) + dt_bias) per value head;
-  // KDA −exp(A_log[h])·softplus(f_b(f_a(x)) + dt_bias) per value head and key channel.
-  enum class DecayInput : uint8_t { None, PerHeadProj, PerChannelLowRank };
+  // Output gate applied after the per-head RMSNorm: swish(g_proj(x)), sigmoid(g_b(g_a(x)) + bias),
+  // or Kimi K3's full-rank sigmoid(g_proj(x)).
+  enum class OutGate : uint8_t { None, Swish, SigmoidLowRank, Sigmoid };
+  // How the decay's input is projected: GDN a_proj(x) per value head; KDA f_b(f_a(x)) (low rank) or
+  // f_proj(x) (one full-rank projection) per value head and key channel. The log decay is then
+  // −exp(A_log[h])·softplus(input + dt_bias), or with Config::gate_lower_bound lb < 0 (K3, fla's
+  // lower_bound) lb·σ(exp(A_log[h])·(input + dt_bias)): a reparameterization into (lb, 0), not a clamp.
+  enum class DecayInput : uint8_t { None, PerHeadProj, PerChannelLowRank, PerChannelProj };
 
   // Checkpoint names that differ between fla's layers (linear attention's output norm is "norm");
   // Kimi's names for the low-rank pairs (f_a_proj, ...) are renames in its binding table.
@@ -48,7 +51,13 @@ struct DeltaRule {
     OutGate out_gate = OutGate::None;
     bool out_norm_weight = true;  // the output RMSNorm has a weight (fla elementwise_affine)
     float norm_eps = 1e-6f;
+    float gate_lower_bound = 0;  // < 0: the lower-bound gate above; 0: softplus
+    // A_log's stored length: n_v_heads, or more (K3 stores [head_dim = 128] for 96 heads); the first
+    // n_v_heads entries are used. 0 = n_v_heads.
+    int64_t a_log_len = 0;
     Names names;
+
+    bool per_channel() const { return decay == DecayInput::PerChannelLowRank || decay == DecayInput::PerChannelProj; }
 
     kernels::Gate gate() const;
   };
@@ -61,9 +70,10 @@ struct DeltaRule {
     kernels::Matrix b_proj;                  // [HV, D] (DeltaNet: [H, D], H = HV)
     kernels::Matrix a_proj;                  // [HV, D] (GDN)
     kernels::Matrix f_a, f_b;                // [V, D], [HV*K, V] (KDA low-rank gate input)
-    Tensor A_log;                            // [HV]
+    kernels::Matrix f_proj;                  // [HV*K, D] (KDA full-rank gate input)
+    Tensor A_log;                            // [a_log_len]
     Tensor dt_bias;                          // [HV] (GDN) or [HV*K] (KDA)
-    kernels::Matrix g_proj;                  // [HV*V, D] (swish gate)
+    kernels::Matrix g_proj;                  // [HV*V, D] (swish or full-rank sigmoid gate)
     kernels::Matrix g_a, g_b;                // [V, D], [HV*V, V] (sigmoid gate)
     Tensor g_b_bias;                         // [HV*V] (may be absent)
     Tensor o_norm;                           // [V]
@@ -82,8 +92,8 @@ struct DeltaRule {
   };
 
   // Small parameters widened to f32 once by prepare(), after the weights are bound: the decay's
-  // A = −exp(A_log) [HV] and dt_bias [HV or HV·K], and the output norm's weight [V] (ones when the
-  // norm has none).
+  // A = −exp(A_log) (softplus form) or exp(A_log) (lower-bound form) [HV] and dt_bias [HV or HV·K],
+  // and the output norm's weight [V] (ones when the norm has none).
   struct Prepared {
     std::vector<float> A, dt_bias, o_norm;
     bool ready = false;

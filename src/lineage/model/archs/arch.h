@@ -16,6 +16,8 @@ struct ArchInput {
   // Whether the checkpoint holds a tensor of this name (lets a family pick prefixes and a tied or
   // separate head). Presets answer with what the family would write itself.
   std::function<bool(const std::string&)> has_tensor;
+  // The stored shape of a tensor the checkpoint holds (empty when it does not, or for a preset).
+  std::function<Shape(const std::string&)> tensor_shape = [](const std::string&) { return Shape{}; };
 };
 
 // Builds the model's skeleton (shapes, names, configs; tensors still empty).
@@ -30,5 +32,6 @@ Model build_delta_net(const ArchInput& in);
 Model build_gated_deltanet(const ArchInput& in);
 Model build_kda(const ArchInput& in);
 Model build_kimi_linear(const ArchInput& in);
+Model build_kimi_k3(const ArchInput& in);
 
 }  // namespace lineage::model

@@ -51,6 +51,14 @@ double ConfigFields::positive(const std::string& key, double fallback, double ma
   return v.get<double>();
 }
 
+double ConfigFields::negative(const std::string& key, double fallback, double min) const {
+  if (!has(key)) return fallback;
+  const auto& v = j_[key];
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() >= 0 || v.get<double>() < min)
+    fail(key, cat("a finite number in [", min, ", 0)"));
+  return v.get<double>();
+}
+
 bool ConfigFields::boolean(const std::string& key, bool fallback) const {
   if (!has(key)) return fallback;
   if (!j_[key].is_boolean()) fail(key, "true or false");

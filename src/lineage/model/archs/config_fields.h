@@ -36,6 +36,8 @@ class ConfigFields {
   std::optional<int32_t> token_id(const std::string& key, int64_t vocab, std::optional<int32_t> fallback) const;
   // A finite number in (0, max], or `fallback` when null or absent.
   double positive(const std::string& key, double fallback, double max) const;
+  // A finite number in [min, 0), or `fallback` when null or absent.
+  double negative(const std::string& key, double fallback, double min) const;
   bool boolean(const std::string& key, bool fallback) const;
   std::string string(const std::string& key, const std::string& fallback) const;
   [[noreturn]] void fail(const std::string& key, const std::string& what) const;

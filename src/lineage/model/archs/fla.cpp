@@ -186,9 +186,12 @@ Model build_gated_deltanet(const ArchInput& in) {
 Model build_kda(const ArchInput& in) {
   const ConfigFields& c = in.config;
   refuse_unsupported(c);
-  if (c.has("lower_bound")) c.fail("lower_bound", "null (the lower-bound KDA gate is not supported yet)");
-  if (c.boolean("safe_gate", false)) c.fail("safe_gate", "false (the safe KDA gate is not supported yet)");
   DeltaRule::Config x = gated_heads(c, 16, 128, 1.0);
+  // lower_bound: the gate lb·σ(exp(A_log)·(f + dt_bias)); safe_gate only picks a faster intra-chunk
+  // path in fla's Triton kernels for −5 ≤ lb < 0, the same function.
+  x.gate_lower_bound = float(c.negative("lower_bound", 0.0, -1e6));
+  if (c.boolean("safe_gate", false) && !(x.gate_lower_bound >= -5.0f && x.gate_lower_bound < 0))
+    c.fail("safe_gate", "false, or a lower_bound in [-5, 0) (fla's safe gate requires one)");
   x.kind = "Kimi Delta Attention";
   x.decay = DeltaRule::DecayInput::PerChannelLowRank;
   x.out_gate = DeltaRule::OutGate::SigmoidLowRank;

@@ -1,10 +1,18 @@
-// Kimi Linear checkpoints as published (KimiLinearForCausalLM, model_type "kimi_linear",
-// moonshotai/Kimi-Linear-48B-A3B): a hybrid stack of KDA layers and MLA layers named by one-based
-// lists in linear_attn_config, a dense SwiGLU MLP in the first layers and a Mixture-of-Experts in
-// the others, plain pre-norm residuals, untied head. Kimi's own tensor names bind through the
-// table here; nothing outside this file knows them.
-// Spec: shared/spec/attention-mla-moe-attnres.md §2, §3, §7; linear-attention-family.md §5B;
-// reference/kimi_linear.py.
+// Kimi Linear and Kimi K3 checkpoints as published: a hybrid stack of KDA layers and MLA layers named
+// by one-based lists in linear_attn_config, a dense gated MLP in the first layers and a
+// Mixture-of-Experts in the others, untied head.
+//   Kimi Linear (KimiLinearForCausalLM, model_type "kimi_linear", moonshotai/Kimi-Linear-48B-A3B):
+//   softplus KDA gate with low-rank output gate, MLA with one q_proj and no gate, SwiGLU, plain
+//   pre-norm residuals.
+//   Kimi K3 (KimiK3ForConditionalGeneration, model_type "kimi_k3", its text model in text_config and
+//   its tensors under "language_model."; or the text-only KimiLinearForCausalLM layout carrying K3's
+//   fields): the lower-bounded KDA gate with a full-rank output gate, gated MLA with q-LoRA, SiTU,
+//   Stable LatentMoE (experts in routed_expert_hidden_size), MXFP4 experts where the checkpoint holds
+//   them packed, Block Attention Residuals; the vision tower and projector are skipped (counted by
+//   `info`).
+// Kimi's own tensor names bind through the table here; nothing outside this file knows them.
+// Spec: shared/spec/attention-mla-moe-attnres.md §2–§9; linear-attention-family.md §5;
+// reference/kimi_linear.py, reference/kimi_k3.py.
 #include <algorithm>
 #include <set>
 
@@ -36,7 +44,17 @@ std::vector<int64_t> layer_list(const ConfigFields& c, const std::string& key, i
   return v;
 }
 
-DeltaRule kda_layer(const ConfigFields& lac, int64_t D, float eps) {
+// What one build reads besides the text config: the checkpoint's tensors (none for a preset or a
+// config alone), the prefix of the text model's tensors, and whether K3's conventions apply.
+struct Source {
+  const ArchInput& in;
+  std::string prefix;  // "language_model." in K3's published layout
+  bool k3 = false;     // K3: groups masked with −inf, A_log stored [head_dim]
+  bool has(const std::string& name) const { return in.has_tensor(prefix + name); }
+  bool checkpoint() const { return has("model.embed_tokens.weight"); }
+};
+
+DeltaRule kda_layer(const ConfigFields& lac, const Source& src, int64_t i, int64_t D, float eps) {
   DeltaRule d;
   DeltaRule::Config& x = d.config;
   x.kind = "Kimi Delta Attention";
@@ -46,9 +64,19 @@ DeltaRule kda_layer(const ConfigFields& lac, int64_t D, float eps) {
   x.conv_size = lac.integer("short_conv_kernel_size", 4, limits::kConvSize);
   x.qk_conv_silu = true;
   x.q_norm = x.k_norm = DeltaRule::QkNorm::L2;
-  x.decay = DeltaRule::DecayInput::PerChannelLowRank;
-  x.out_gate = DeltaRule::OutGate::SigmoidLowRank;
+  // The decay's input: Kimi's low-rank f_a_proj / f_b_proj pair, or one f_proj where the checkpoint
+  // holds it. K3: g = lb·σ(exp(A_log)·(f + dt_bias)) (gate_lower_bound); otherwise the softplus form.
+  const std::string p = cat("model.layers.", i, ".self_attn.");
+  x.decay = src.has(p + "f_proj.weight") ? DeltaRule::DecayInput::PerChannelProj : DeltaRule::DecayInput::PerChannelLowRank;
+  x.gate_lower_bound = float(lac.negative("gate_lower_bound", 0.0, -1e6));
+  // use_full_rank_gate: K3's output gate is one g_proj [H·d, D]; Kimi Linear's the g_a / g_b pair.
+  x.out_gate = lac.boolean("use_full_rank_gate", false) ? DeltaRule::OutGate::Sigmoid : DeltaRule::OutGate::SigmoidLowRank;
   x.norm_eps = eps;  // o_norm: FusedRMSNormGated(head_dim, eps=rms_norm_eps)
+  // A_log as stored: K3 keeps [head_dim] (the first num_heads used), Kimi Linear [1, 1, H, 1].
+  const Shape a_log = src.in.tensor_shape(src.prefix + p + "A_log");
+  x.a_log_len = !a_log.empty() ? shape_numel(a_log) : src.k3 ? std::max(x.head_k, x.n_heads) : x.n_heads;
+  if (x.a_log_len < x.n_heads)
+    throw Error(cat(src.prefix, p, "A_log: ", x.a_log_len, " values, expected at least num_heads = ", x.n_heads));
   d.g_b_has_bias = false;
   return d;
 }
@@ -60,8 +88,7 @@ layers::Mla mla_layer(const ConfigFields& c, int64_t D) {
   x.n_heads = c.integer("num_attention_heads", limits::kHeads);
   if (c.has("num_key_value_heads") && c.integer("num_key_value_heads", limits::kHeads) != x.n_heads)
     c.fail("num_key_value_heads", cat(x.n_heads, " (num_attention_heads: MLA has no grouped keys)"));
-  if (c.has("q_lora_rank"))
-    c.fail("q_lora_rank", "null (Kimi Linear's MLA has a single q_proj; q-LoRA is K3's)");
+  x.q_lora_rank = c.has("q_lora_rank") ? c.integer("q_lora_rank", limits::kWidth) : 0;  // K3: q_a → norm → q_b
   x.kv_lora_rank = c.integer("kv_lora_rank", limits::kWidth);
   x.d_nope = c.integer("qk_nope_head_dim", limits::kWidth);
   x.d_rope = count(c, "qk_rope_head_dim", 0, limits::kWidth);
@@ -76,16 +103,48 @@ layers::Mla mla_layer(const ConfigFields& c, int64_t D) {
     if (c.has("rope_scaling")) c.fail("rope_scaling", "null (YaRN scaling is not supported)");
     x.rope_theta = c.positive("rope_theta", 10000.0, 1e12);
   }
-  x.output_gate = c.boolean("mla_use_output_gate", false);
+  x.output_gate = c.boolean("mla_use_output_gate", false);  // K3's gated MLA: σ(g_proj x) before o_proj
   const layers::Norm a_norm{layers::Norm::Kind::Rms, x.kv_lora_rank, x.a_norm_eps, {}, {}};
   a.weights.kv_a_norm = a_norm;
+  a.weights.q_a_norm = {layers::Norm::Kind::Rms, x.q_lora_rank, x.a_norm_eps, {}, {}};
   return a;
 }
 
-}  // namespace
+// Marks `m` (named `name`, "….weight") as an MXFP4 pair where the checkpoint holds it packed, or
+// without a checkpoint where `config_packed` says so; packed rows must hold whole 32-value blocks.
+void mark_packed(kernels::Matrix& m, const std::string& name, int64_t in, const Source& src, bool config_packed) {
+  m.packed = src.checkpoint() ? src.has(name + "_packed") : config_packed;
+  if (m.packed && in % 32)
+    throw Error(cat(src.prefix, name, "_packed: an MXFP4 matrix needs rows of whole 32-value blocks (one scale each); "
+                                      "this one's rows hold ", in, " values"));
+}
 
-Model build_kimi_linear(const ArchInput& in) {
-  const ConfigFields& c = in.config;
+void mark_mlp(layers::GatedMlp& g, const std::string& name, int64_t in, int64_t hidden, const Source& src, bool cfg) {
+  mark_packed(g.weights.gate_proj, name + "." + g.names.gate + ".weight", in, src, cfg);
+  mark_packed(g.weights.up_proj, name + "." + g.names.up + ".weight", in, src, cfg);
+  mark_packed(g.weights.down_proj, name + "." + g.names.down + ".weight", hidden, src, cfg);
+}
+
+// The vision tower and projector of K3's published checkpoint (MoonViT + patchmergerv2), counted
+// from vision_config: the patch embedding, a learned position table, the encoder blocks (two
+// RMSNorms, wqkv [3Q, D], wo [D, Q], fc0 [I, D], fc1 [D, I]), the final norm; the projector's two
+// linears and post-norm. No biases. 447,358,976 for Kimi K3's (spec §8.1).
+int64_t vision_params(const ConfigFields& v) {
+  const int64_t D = v.integer("vt_hidden_size", limits::kWidth), I = v.integer("vt_intermediate_size", limits::kWidth);
+  const int64_t L = v.integer("vt_num_hidden_layers", limits::kLayers), Q = v.integer("qkv_hidden_size", D, limits::kWidth);
+  const int64_t p = v.integer("patch_size", 14, 1024);
+  const int64_t Hp = v.integer("init_pos_emb_height", 64, 1 << 14), Wp = v.integer("init_pos_emb_width", 64, 1 << 14);
+  const int64_t C = v.integer("text_hidden_size", limits::kWidth), mm = v.integer("mm_hidden_size", D, limits::kWidth);
+  int64_t merge = 4;
+  if (v.has("merge_kernel_size") && v.json()["merge_kernel_size"].is_array() && v.json()["merge_kernel_size"].size() == 2 &&
+      v.json()["merge_kernel_size"][0].is_number_integer() && v.json()["merge_kernel_size"][1].is_number_integer())
+    merge = v.json()["merge_kernel_size"][0].get<int64_t>() * v.json()["merge_kernel_size"][1].get<int64_t>();
+  const int64_t M = mm * merge;
+  const int64_t tower = 3 * p * p * D + Hp * Wp * D + L * (2 * D + 4 * Q * D + 2 * I * D) + D;
+  return tower + M * M + M * C + C;
+}
+
+Model build_kimi(const ConfigFields& c, const Source& src) {
   Model m;
   const int64_t V = c.integer("vocab_size", limits::kVocab), D = c.integer("hidden_size", limits::kWidth);
   const int64_t L = c.integer("num_hidden_layers", limits::kLayers);
@@ -99,10 +158,18 @@ Model build_kimi_linear(const ArchInput& in) {
                                          c.json()["activation_situ_linear_beta"].is_null()
                                      ? 0.0f
                                      : float(c.positive("activation_situ_linear_beta", 25.0, 1e6));
-  if (c.has("attnres_block_size") || c.has("attn_res"))
-    c.fail(c.has("attn_res") ? "attn_res" : "attnres_block_size", "null (attention residuals come with Kimi K3)");
   if (c.has("num_nextn_predict_layers") && count(c, "num_nextn_predict_layers", 0, 16) != 0)
     c.fail("num_nextn_predict_layers", "0 (multi-token prediction layers are not supported)");
+  // MXFP4 as compressed-tensors packs it; which matrices are packed comes from the tensors present
+  // (the config's ignore list disagrees with real files), from the config only without them.
+  bool config_mxfp4 = false;
+  if (c.has("quantization_config")) {
+    const ConfigFields q(c.json()["quantization_config"], c.file() + ", quantization_config");
+    const std::string fmt = q.string("format", "");
+    if (fmt != "mxfp4-pack-quantized")
+      q.fail("format", "\"mxfp4-pack-quantized\" (compressed-tensors MXFP4, the only quantization supported)");
+    config_mxfp4 = true;
+  }
 
   // Which layers are KDA and which MLA: one-based lists, every layer in exactly one.
   if (!c.json().contains("linear_attn_config") || !c.json()["linear_attn_config"].is_object())
@@ -119,6 +186,18 @@ Model build_kimi_linear(const ArchInput& in) {
     if (!is_kda[size_t(i)] && !is_mla[size_t(i)])
       lac.fail("kda_layers", cat("every layer of 1 .. ", L, " in kda_layers or full_attn_layers (layer ", i + 1,
                                  " is in neither)"));
+  // The lists against the tensors: `self_attn.g_proj` is either kind's gate, so the kinds are told
+  // apart by tensors only one of them has.
+  for (int64_t i = 0; i < L && src.checkpoint(); ++i) {
+    const std::string p = cat("model.layers.", i, ".self_attn.");
+    const bool kda_tensors = src.has(p + "A_log"), mla_tensors = src.has(p + "kv_a_proj_with_mqa.weight");
+    if (is_kda[size_t(i)] && !kda_tensors && mla_tensors)
+      lac.fail("kda_layers", cat("the layers the checkpoint holds as KDA (layer ", i + 1, " (one-based) has MLA tensors: ",
+                                 src.prefix, p, "kv_a_proj_with_mqa.weight)"));
+    if (is_mla[size_t(i)] && !mla_tensors && kda_tensors)
+      lac.fail("full_attn_layers", cat("the layers the checkpoint holds as MLA (layer ", i + 1,
+                                       " (one-based) has KDA tensors: ", src.prefix, p, "A_log)"));
+  }
 
   // The MLPs: dense below first_k_dense_replace and off the moe_layer_freq beat, else MoE.
   const int64_t dense_width = c.integer("intermediate_size", limits::kWidth);
@@ -137,7 +216,12 @@ Model build_kimi_linear(const ArchInput& in) {
     moe.renormalize = c.boolean("moe_renormalize", true);
     moe.scaling = c.positive("routed_scaling_factor", 1.0, 1e6);
     moe.bias_in_weights = c.boolean("router_bias_in_weights", false);
+    moe.mask_neg_inf = src.k3;
     moe.act = mlp_act, moe.situ_beta = situ_beta, moe.situ_linear_beta = situ_linear_beta;
+    // K3's Stable LatentMoE: experts in routed_expert_hidden_size, their sum RMSNormed (rms_norm_eps).
+    moe.latent = c.has("routed_expert_hidden_size") ? c.integer("routed_expert_hidden_size", limits::kWidth) : 0;
+    moe.latent_norm = moe.latent > 0 && c.boolean("latent_moe_use_norm", false);
+    moe.latent_eps = eps;
     if (c.boolean("use_grouped_topk", true)) {
       moe.n_group = c.integer("num_expert_group", 1, E);
       moe.topk_group = c.integer("topk_group", 1, moe.n_group);
@@ -150,19 +234,21 @@ Model build_kimi_linear(const ArchInput& in) {
   }
   const auto is_moe = [&](int64_t i) { return E > 0 && i >= first_dense && i % freq == 0; };
 
-  m.config.model_type = "kimi_linear";
+  m.config.model_type = src.k3 && !src.prefix.empty() ? "kimi_k3" : "kimi_linear";
   m.config.vocab_size = V;
   m.config.d_model = D;
-  // NoPE MLA and KDA have no position limit of their own; model_max_length is the trained one.
-  m.config.max_positions = c.integer("model_max_length", 0, limits::kPositions);
-  m.config.max_positions_field = "model_max_length";
-  m.config.layers_field = "num_hidden_layers";
+  // NoPE MLA and KDA have no position limit of their own; model_max_length (Kimi Linear) or
+  // max_position_embeddings (K3) is the trained one.
+  m.config.max_positions_field = c.has("model_max_length") ? "model_max_length" : "max_position_embeddings";
+  m.config.max_positions = c.integer(m.config.max_positions_field, 0, limits::kPositions);
+  m.config.layers_field = src.prefix.empty() ? "num_hidden_layers" : "text_config.num_hidden_layers";
   m.config.tied_lm_head = c.boolean("tie_word_embeddings", false);
   m.config.bos_token_id = c.token_id("bos_token_id", V, std::nullopt);
   m.config.eos_token_id = c.token_id("eos_token_id", V, std::nullopt);
-  m.names = {"model.embed_tokens.weight", "", "model.layers.", "model.norm", "lm_head.weight"};
+  const std::string& P = src.prefix;
+  m.names = {P + "model.embed_tokens.weight", "", P + "model.layers.", P + "model.norm", P + "lm_head.weight"};
   if (m.config.tied_lm_head) m.binding.ignore_suffixes.push_back("lm_head.weight");
-  m.binding.squeeze.push_back(".A_log");  // stored [1, 1, H, 1]
+  m.binding.squeeze.push_back(".A_log");  // Kimi Linear stores [1, 1, H, 1]
   // KDA's low-rank pairs under Kimi's names (fla's f_proj.0 is Kimi's f_a_proj, ...).
   for (const auto& [fla, kimi] : {std::pair{"f_proj.0", "f_a_proj"}, {"f_proj.1", "f_b_proj"},
                                   {"g_proj.0", "g_a_proj"}, {"g_proj.1", "g_b_proj"}})
@@ -170,42 +256,117 @@ Model build_kimi_linear(const ArchInput& in) {
   const layers::Norm rms{layers::Norm::Kind::Rms, D, eps, {}, {}};
   m.final_norm = rms;
 
+  // Block Attention Residuals: blocks of attn_res_block_size decoder layers (K3's unit).
+  const int64_t attn_res = c.has("attn_res_block_size") ? c.integer("attn_res_block_size", L) : 0;
+  const layers::AttnRes mix{D, eps, {}, {}, {}};
+  if (attn_res) {
+    m.config.residual = ResidualKind::BlockAttention;
+    m.config.attn_res_block = attn_res;
+    m.output_res = mix;
+    m.names.output_res_norm = P + "model.output_attn_res_norm";
+    m.names.output_res_proj = P + "model.output_attn_res_proj";
+  }
+
   int64_t n_moe = 0;
   for (int64_t i = 0; i < L; ++i) {
     Block b;
     b.norm1 = b.norm2 = rms;
-    if (is_kda[size_t(i)]) b.mixer = kda_layer(lac, D, eps);
+    if (is_kda[size_t(i)]) b.mixer = kda_layer(lac, src, i, D, eps);
     else b.mixer = mla_layer(c, D);
+    const std::string ffn = is_moe(i) ? "block_sparse_moe" : "mlp";
+    const std::string fp = cat("model.layers.", i, ".", ffn);
     if (is_moe(i)) {
       layers::Moe e;
       e.config = moe;
       e.expert_names = {"w1", "w3", "w2"};  // block_sparse_moe.experts.{e}.w1 (gate) / w3 (up) / w2 (down)
+      // MXFP4: the routed experts as the config's quantization says (the published K3); the shared
+      // experts and latent projections too where a checkpoint holds them packed.
+      e.weights.experts.resize(size_t(E));
+      const int64_t X = e.expert_width();
+      for (int64_t j = 0; j < E; ++j) {
+        layers::GatedMlp& g = e.weights.experts[size_t(j)];
+        g.names = e.expert_names;
+        mark_mlp(g, cat(fp, ".experts.", j), X, moe.hidden, src, config_mxfp4);
+      }
+      if (moe.shared_hidden > 0) mark_mlp(e.weights.shared, fp + ".shared_experts", D, moe.shared_hidden, src, false);
+      if (moe.latent > 0) {
+        mark_packed(e.weights.latent_down, fp + ".routed_expert_down_proj.weight", D, src, false);
+        mark_packed(e.weights.latent_up, fp + ".routed_expert_up_proj.weight", moe.latent, src, false);
+      }
       b.ffn = std::move(e);
       ++n_moe;
     } else {
       layers::GatedMlp mlp;
       mlp.config = {D, dense_width, mlp_act, situ_beta, situ_linear_beta};
+      mark_mlp(mlp, fp, D, dense_width, src, false);
       b.ffn = std::move(mlp);
     }
-    b.names = {"input_layernorm", "self_attn", "post_attention_layernorm", is_moe(i) ? "block_sparse_moe" : "mlp"};
+    b.names = {"input_layernorm", "self_attn", "post_attention_layernorm", ffn, "", "", "", ""};
+    if (attn_res) {
+      b.attn_res = b.mlp_res = mix;
+      b.names.attn_res_norm = "self_attention_res_norm", b.names.attn_res_proj = "self_attention_res_proj";
+      b.names.mlp_res_norm = "mlp_res_norm", b.names.mlp_res_proj = "mlp_res_proj";
+    }
     m.blocks.push_back(std::move(b));
   }
 
   // The expert count against the checkpoint's tensors (a preset has none to check).
-  for (int64_t i = 0; i < L && in.has_tensor(m.names.embed); ++i) {
+  for (int64_t i = 0; i < L && src.checkpoint(); ++i) {
     if (!is_moe(i)) continue;
-    const std::string p = cat(m.names.layer_prefix, i, ".block_sparse_moe.experts.");
-    if (!in.has_tensor(cat(p, E - 1, ".w1.weight")) || in.has_tensor(cat(p, E, ".w1.weight"))) {
+    const std::string p = cat("model.layers.", i, ".block_sparse_moe.experts.");
+    const auto held_expert = [&](int64_t j) {
+      return src.has(cat(p, j, ".w1.weight")) || src.has(cat(p, j, ".w1.weight_packed"));
+    };
+    if (!held_expert(E - 1) || held_expert(E)) {
       int64_t held = 0;
-      while (in.has_tensor(cat(p, held, ".w1.weight"))) ++held;
+      while (held_expert(held)) ++held;
       c.fail("num_experts", cat(held, " (the checkpoint's layer ", i, " holds experts 0 .. ", held - 1, ")"));
     }
     break;
   }
 
-  m.config.description = cat("Kimi Linear: ", L, " layers (", kda.size(), " KDA, ", full.size(), " MLA), d_model ", D,
-                             E ? cat(", MoE ", E, " x ", moe.hidden, " top-", moe.top_k, " in ", n_moe, " layers")
-                               : std::string(", dense MLP"));
+  const std::string what = src.k3 ? "Kimi K3" : "Kimi Linear";
+  m.config.description =
+      cat(what, ": ", L, " layers (", kda.size(), " KDA, ", full.size(), " MLA), d_model ", D,
+          E ? cat(moe.latent ? ", latent MoE " : ", MoE ", E, " x ", moe.hidden, " top-", moe.top_k, " in ", n_moe, " layers")
+            : std::string(", dense MLP"),
+          attn_res ? cat(", AttnRes blocks of ", attn_res, " layers") : std::string());
+  return m;
+}
+
+// K3's fields in a kimi_linear text config (the text-only layout of a K3 checkpoint).
+bool has_k3_fields(const ConfigFields& c) {
+  bool k3 = c.has("attn_res_block_size") || c.has("routed_expert_hidden_size") || c.has("q_lora_rank") ||
+            c.boolean("mla_use_output_gate", false);
+  if (c.json().contains("linear_attn_config") && c.json()["linear_attn_config"].is_object()) {
+    const auto& l = c.json()["linear_attn_config"];
+    k3 = k3 || (l.contains("gate_lower_bound") && !l["gate_lower_bound"].is_null()) ||
+         (l.contains("use_full_rank_gate") && l["use_full_rank_gate"] == true);
+  }
+  return k3;
+}
+
+}  // namespace
+
+Model build_kimi_linear(const ArchInput& in) {
+  if (in.config.has("attnres_block_size"))
+    in.config.fail("attnres_block_size", "null (Kimi checkpoints name it attn_res_block_size, in decoder layers)");
+  return build_kimi(in.config, Source{in, "", has_k3_fields(in.config)});
+}
+
+Model build_kimi_k3(const ArchInput& in) {
+  const ConfigFields& top = in.config;
+  if (!top.json().contains("text_config") || !top.json()["text_config"].is_object())
+    top.fail("text_config", "an object holding the text model's config (KimiK3ForConditionalGeneration)");
+  const ConfigFields text(top.json()["text_config"], top.file() + ", text_config");
+  Model m = build_kimi(text, Source{in, "language_model.", true});
+  // The vision tower and projector: skipped, counted apart.
+  m.binding.ignore_prefixes.push_back("vision_tower.");
+  m.binding.ignore_prefixes.push_back("mm_projector.");
+  if (top.json().contains("vision_config") && top.json()["vision_config"].is_object()) {
+    m.config.extra_params = vision_params(ConfigFields(top.json()["vision_config"], top.file() + ", vision_config"));
+    m.config.extra_params_label = "vision tower and projector (not run)";
+  }
   return m;
 }
 

@@ -76,6 +76,70 @@ std::string kimi_config(nlohmann::json extra) {
   return j.dump();
 }
 
+// Kimi K3 in the text-only layout (model_type kimi_linear with K3's fields) at the tour's common
+// size: 3 KDA : 1 MLA ending in two adjacent MLA layers as K3 does, the lower-bounded KDA gate with
+// a full-rank output gate, gated MLA with q-LoRA, SiTU, Stable LatentMoE (experts at half the
+// width, their sum RMSNormed), Block Attention Residuals in blocks of 4 layers.
+std::string k3_config(nlohmann::json extra) {
+  nlohmann::json j = nlohmann::json::parse(kimi_config({}));
+  j.update({{"linear_attn_config",
+             {{"kda_layers", {1, 2, 3, 5, 6, 7, 9, 10}},
+              {"full_attn_layers", {4, 8, 11, 12}},
+              {"num_heads", 12},
+              {"head_dim", 64},
+              {"short_conv_kernel_size", 4},
+              {"gate_lower_bound", -5.0},
+              {"use_full_rank_gate", true}}},
+            {"q_lora_rank", 384},
+            {"mla_use_output_gate", true},
+            {"hidden_act", "situ"},
+            {"activation_situ_beta", 4.0},
+            {"activation_situ_linear_beta", 25.0},
+            {"routed_expert_hidden_size", 384},
+            {"latent_moe_use_norm", true},
+            {"routed_scaling_factor", 1.0},
+            {"attn_res_block_size", 4},
+            {"max_position_embeddings", 1048576}});
+  if (extra.is_object()) j.update(extra);
+  return j.dump();
+}
+
+// Kimi K3's published text config (shared/data/kimi-k3/config.json) with the seeds' 92 layers of
+// 23 × (3 KDA + 1 MLA) in place of the release's 93 (spec §8.4), MXFP4 routed experts as released.
+std::string k3_seed_config() {
+  nlohmann::json kda = nlohmann::json::array(), full = nlohmann::json::array();
+  for (int i = 1; i <= 92; ++i) (i % 4 ? kda : full).push_back(i);
+  return k3_config({{"vocab_size", 163840},
+                    {"hidden_size", 7168},
+                    {"num_hidden_layers", 92},
+                    {"linear_attn_config",
+                     {{"kda_layers", kda},
+                      {"full_attn_layers", full},
+                      {"num_heads", 96},
+                      {"head_dim", 128},
+                      {"short_conv_kernel_size", 4},
+                      {"gate_lower_bound", -5.0},
+                      {"use_full_rank_gate", true}}},
+                    {"num_attention_heads", 96},
+                    {"num_key_value_heads", 96},
+                    {"q_lora_rank", 1536},
+                    {"kv_lora_rank", 512},
+                    {"qk_nope_head_dim", 128},
+                    {"qk_rope_head_dim", 64},
+                    {"v_head_dim", 128},
+                    {"intermediate_size", 33792},
+                    {"num_experts", 896},
+                    {"num_experts_per_token", 16},
+                    {"num_shared_experts", 2},
+                    {"moe_intermediate_size", 3072},
+                    {"routed_expert_hidden_size", 3584},
+                    {"attn_res_block_size", 12},
+                    {"dtype", "bfloat16"},
+                    {"bos_token_id", 163584},
+                    {"eos_token_id", 163586},
+                    {"quantization_config", {{"format", "mxfp4-pack-quantized"}, {"quant_method", "compressed-tensors"}}}});
+}
+
 uint64_t hash_name(const std::string& s) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
@@ -117,6 +181,12 @@ const std::vector<Preset>& presets() {
        fla_config("kda", {{"head_dim", 64}, {"expand_v", 1.0}}), true},
       {"kimi-linear", "Kimi Linear: 3 KDA : 1 MLA (latent cache), MoE 8 x 256 top-2 + shared, dense first layer",
        kimi_config({}), true},
+      {"kimi-k3", "Kimi K3: 3 KDA : 1 MLA + a final MLA, gated MLA, latent MoE 8 x 256 top-2 + shared, SiTU, AttnRes",
+       k3_config({}), true},
+      {"kimi-k3-mxfp4", "kimi-k3 with MXFP4 routed experts (packed e2m1 + E8M0 scales, as K3 ships them)",
+       k3_config({{"quantization_config", {{"format", "mxfp4-pack-quantized"}, {"quant_method", "compressed-tensors"}}}})},
+      {"kimi-k3-seed", "the seeds' Kimi K3: 92 layers of 23 x (3 KDA + 1 MLA) at K3's widths (for info; 2.7T parameters)",
+       k3_seed_config()},
       // The shape of llama.cpp's own Kimi-Linear test models (test-llama-archs), for benchmarks.
       {"kimi-linear-bench", "Kimi Linear bench shape: KDA, KDA, KDA, MLA at width 1024, MoE 2 x 1024 top-1 + shared",
        kimi_config({{"vocab_size", 1024},
@@ -151,6 +221,19 @@ void init_random(Model& m, uint64_t seed, DType dtype) {
   // Each block of a tensor has its own stream, so the values do not depend on the thread count.
   constexpr int64_t kBlock = 1 << 16;
   m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape& shape, layers::Init init) {
+    // An MXFP4 pair: random e2m1 codes, and block scales 2^-8 or 2^-7 (values of about the 0.02
+    // scale of the float weights).
+    const bool packed = name.ends_with(".weight_packed"), scale = name.ends_with(".weight_scale");
+    if (packed || scale) {
+      t = Tensor::empty(DType::U8, shape);
+      uint8_t* b = static_cast<uint8_t*>(t.raw_mut());
+      Rng rng(seed ^ hash_name(name));
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        const uint32_t r = uint32_t(rng.uniform() * 256.0) & 255u;
+        b[i] = uint8_t(packed ? r : 119u + (r & 1u));
+      }
+      return;
+    }
     Tensor f = Tensor::empty(DType::F32, shape);
     float* d = f.data<float>();
     const uint64_t stream = seed ^ hash_name(name);

@@ -13,6 +13,7 @@ const std::map<std::string, ArchBuilder>& registry() {
       {"gated_deltanet", build_gated_deltanet},
       {"kda", build_kda},
       {"kimi_linear", build_kimi_linear},
+      {"kimi_k3", build_kimi_k3},
   };
   return r;
 }
