@@ -6,10 +6,16 @@
 // (cold_weights). `gemv_mapped` rows read the copies mapped from a file, as a checkpoint's weights
 // are read by default (page-cache pages in the folios the file system made as the file was written:
 // some 4 KiB; the other rows' copies sit on huge pages, as presets' and --no-mmap's weights do).
+// `linear/*/mxfp4/*` rows: Kimi K3's routed experts (MXFP4 codes and E8M0 exponents, both counted in
+// the bytes read), GEMV, a step of 8 tokens and a T = 512 GEMM, at the expert's two shapes.
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bench_support.h"
+#include "lineage/core/rng.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/matrix.h"
 
 namespace lineage::bench {
 namespace {
@@ -42,7 +48,55 @@ void bm_linear(benchmark::State& state, LinearShape s, DType dtype, kernels::Lay
   });
 }
 
+// Copies of one random [out, in] MXFP4 matrix (uniform codes, exponents 120..130) past kColdBytes
+// together, as cold_weights makes them; the last set is kept.
+const std::vector<kernels::Matrix>& cold_mxfp4(int64_t out, int64_t in) {
+  static std::vector<kernels::Matrix> last;
+  if (!last.empty() && last[0].out == out && last[0].in == in) return last;
+  last.clear();
+  kernels::Matrix m;
+  m.out = out, m.in = in, m.packed = true;
+  m.data = Tensor::empty(DType::U8, {out, in / 2});
+  m.scales = Tensor::empty(DType::U8, {out, in / 32});
+  Rng rng(3);
+  for (int64_t i = 0; i < m.data.numel(); ++i) m.data.data<uint8_t>()[i] = uint8_t(rng.next_u64());
+  for (int64_t i = 0; i < m.scales.numel(); ++i) m.scales.data<uint8_t>()[i] = uint8_t(120 + rng.next_u64() % 11);
+  const size_t copies = (kColdBytes + m.bytes() - 1) / m.bytes();
+  for (size_t i = 0; i < copies; ++i) {
+    kernels::Matrix c = m;
+    c.data = m.data.clone(), c.scales = m.scales.clone();
+    last.push_back(std::move(c));
+  }
+  return last;
+}
+
+void bm_mxfp4(benchmark::State& state, LinearShape s, int64_t T) {
+  const std::vector<kernels::Matrix>& w = cold_mxfp4(s.out, s.in);
+  const auto x = random_floats(T * s.in, 2);
+  std::vector<float> y(static_cast<size_t>(T * s.out));
+  size_t next = 0;
+  Work work;
+  work.bytes = double(w[0].bytes());
+  work.flops = 2.0 * double(T) * double(s.in) * double(s.out);
+  work.memory_bound = T == 1;
+  run(state, work, [&] {
+    kernels::linear(x.data(), T, w[next], nullptr, y.data());
+    next = (next + 1) % w.size();
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  });
+}
+
+// Kimi K3's routed expert (model width 3584, expert width 3072): gate and up, then down.
+constexpr LinearShape kExpertShapes[] = {{"expert_gate_up", 3584, 3072}, {"expert_down", 3072, 3584}};
+
 const bool registered = [] {
+  for (const auto& [T, variant] : {std::pair<int64_t, const char*>{1, "gemv"}, {8, "batch8"}, {512, "gemm_T512"}})
+    for (const LinearShape& s : kExpertShapes) {
+      const std::string name = std::string("linear/") + variant + "/mxfp4/out_in/" + s.name + "_" +
+                               std::to_string(s.in) + "x" + std::to_string(s.out);
+      benchmark::RegisterBenchmark(name.c_str(), bm_mxfp4, s, T)->UseRealTime()->Unit(benchmark::kMicrosecond);
+    }
   const bool dot_available = kernels::bf16_dot_available();
   struct Variant {
     int64_t T;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -192,34 +193,57 @@ TEST(Binding, IgnoreAndOptional) {
 }
 
 // A matrix declared packed binds the file's weight_packed + weight_scale pair (U8) as one MXFP4
-// matrix; multiplying one is a clear Error until its kernels land (Kimi K3).
+// matrix and multiplies on the packed nibbles: the logits equal those of the same model with the
+// matrix's values dequantized into its float tensor (e2m1 · 2^(s−127) is exact in f32). A packed
+// matrix whose rows are not whole 32-value blocks, or with scales of another dtype, is an Error.
 TEST(Binding, PackedPairBindsAsOneMxfp4Matrix) {
   Tensors t = kda_tensors();
-  const std::string p = layer(0) + "mlp.gate_proj.weight";
-  const int64_t F = t.at(p).dim(0), D = t.at(p).dim(1);
-  t.erase(p);
-  t[p + "_packed"] = Tensor::zeros(DType::U8, {F, (D + 1) / 2});
-  t[p + "_scale"] = Tensor::zeros(DType::U8, {F, (D + 31) / 32});
-  const model::Model m = bind_rewritten(t, [](model::Model& m) {
-    std::get<layers::GatedMlp>(m.blocks[0].ffn).weights.gate_proj.packed = true;
-  });
-  const kernels::Matrix& w = std::get<layers::GatedMlp>(m.blocks[0].ffn).weights.gate_proj;
-  EXPECT_EQ(w.format(), kernels::MatrixFormat::MXFP4);
-  EXPECT_EQ(w.out, F);
-  EXPECT_EQ(w.in, D);
-  EXPECT_EQ(w.scales.shape(), (Shape{F, (D + 31) / 32}));
-  try {
-    logits(m);
-    FAIL() << "multiplied an MXFP4 matrix";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("MXFP4"), std::string::npos) << e.what();
+  const std::string p = layer(0) + "mlp.down_proj.weight";
+  const int64_t D = t.at(p).dim(0), F = t.at(p).dim(1);
+  ASSERT_EQ(F % 32, 0);
+  Tensor packed = Tensor::empty(DType::U8, {D, F / 2}), scale = Tensor::empty(DType::U8, {D, F / 32});
+  Tensor dense = Tensor::empty(DType::F32, {D, F});
+  static const float kE2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  uint32_t r = 12345;
+  const auto next = [&] { return (r = r * 1664525u + 1013904223u) >> 24; };
+  for (int64_t o = 0; o < D; ++o) {
+    for (int64_t b = 0; b < F / 32; ++b) static_cast<uint8_t*>(scale.raw_mut())[o * (F / 32) + b] = uint8_t(118 + next() % 4);
+    for (int64_t c = 0; c < F / 2; ++c) static_cast<uint8_t*>(packed.raw_mut())[o * (F / 2) + c] = uint8_t(next());
+    for (int64_t c = 0; c < F; ++c) {
+      const uint8_t byte = static_cast<const uint8_t*>(packed.raw())[o * (F / 2) + c / 2];
+      const uint8_t code = c % 2 ? byte >> 4 : byte & 15;
+      const int s = static_cast<const uint8_t*>(scale.raw())[o * (F / 32) + c / 32];
+      dense.data<float>()[o * F + c] = (code & 8 ? -1.0f : 1.0f) * kE2m1[code & 7] * std::ldexp(1.0f, s - 127);
+    }
   }
-  t[p + "_scale"] = Tensor::zeros(DType::F32, {F, (D + 31) / 32});
+  Tensors dequantized = t;
+  dequantized[p] = dense;
+  t.erase(p);
+  t[p + "_packed"] = packed;
+  t[p + "_scale"] = scale;
+  const auto pack = [](model::Model& m) { std::get<layers::GatedMlp>(m.blocks[0].ffn).weights.down_proj.packed = true; };
+  const model::Model m = bind_rewritten(t, pack);
+  const kernels::Matrix& w = std::get<layers::GatedMlp>(m.blocks[0].ffn).weights.down_proj;
+  EXPECT_EQ(w.format(), kernels::MatrixFormat::MXFP4);
+  EXPECT_EQ(w.out, D);
+  EXPECT_EQ(w.in, F);
+  EXPECT_EQ(w.scales.shape(), (Shape{D, F / 32}));
+  const std::vector<float> got = logits(m), want = logits(bind_rewritten(dequantized, [](model::Model&) {}));
+  EXPECT_LE(test::rel_rms(got.data(), want.data(), int64_t(want.size())), 1e-6);
+
+  t[p + "_scale"] = Tensor::zeros(DType::F32, {D, F / 32});
   try {
-    bind_rewritten(t, [](model::Model& m) { std::get<layers::GatedMlp>(m.blocks[0].ffn).weights.gate_proj.packed = true; });
+    bind_rewritten(t, pack);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("weight_scale: dtype F32, expected U8"), std::string::npos) << e.what();
+  }
+  try {  // gate_proj's rows hold d_model = 48 values: not whole blocks
+    bind_rewritten(t, [](model::Model& m) { std::get<layers::GatedMlp>(m.blocks[0].ffn).weights.gate_proj.packed = true; });
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gate_proj.weight_packed: an MXFP4 matrix needs rows of whole 32-value blocks"),
+              std::string::npos) << e.what();
   }
 }
 

@@ -46,6 +46,29 @@ void add_bias(const Tensor* bias, int64_t T, int64_t out, float* y) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// An MXFP4 weight's contract (linear.h, matrix.h): U8 codes [out, in/2] and exponents [out, in/32],
+// [out, in] layout, `in` a multiple of 32 (the loader checks what a file holds).
+void check_mxfp4(const Weight& W) {
+  LINEAGE_CHECK(W.layout == Layout::OutIn, "MXFP4 weights are [out, in]");
+  LINEAGE_CHECK(W.w->dtype() == DType::U8 && W.scales->dtype() == DType::U8 && W.scales->ndim() == 2,
+                "MXFP4 weights: U8 codes and U8 scales, got ", dtype_name(W.w->dtype()), " and ",
+                dtype_name(W.scales->dtype()));
+  LINEAGE_CHECK(W.in() % 32 == 0 && W.scales->dim(0) == W.out() && W.scales->dim(1) == W.in() / 32,
+                "MXFP4 weights: in = ", W.in(), " must be a multiple of 32 and the scales [", W.out(), ", ",
+                W.in() / 32, "], got [", W.scales->dim(0), ", ", W.scales->dim(1), "]");
+}
+const uint8_t* codes(const Weight& W) { return static_cast<const uint8_t*>(W.w->raw()); }
+const uint8_t* exponents(const Weight& W) { return static_cast<const uint8_t*>(W.scales->raw()); }
+
+// `rows` rows of x in the MXFP4 kernels' order (GemvMxfp4::prepare), k.mxfp4.stride(in) floats
+// apart, in per-thread scratch.
+const float* mxfp4_prepared(const GemvTable& k, const float* x, int64_t rows, int64_t in, std::vector<char>& buf) {
+  const int64_t ld = k.mxfp4.stride(in);
+  auto* xm = static_cast<float*>(aligned_scratch(buf, size_t(rows * ld) * sizeof(float)));
+  for (int64_t t = 0; t < rows; ++t) k.mxfp4.prepare(x + t * in, in, xm + t * ld);
+  return xm;
+}
+
 // Up to this many rows of x, [out, in] weights take gemv_rows instead of the GEMM: as fast or faster
 // at 2 to 8 rows (each weight streamed once, no panels packed; bench `linear/batch8/*`), and each row
 // gets a lone GEMV's bits, so a decoding sequence gives the same logits alone and in a batch of up to
@@ -99,9 +122,14 @@ struct GemvUnit {
 };
 
 // Rows [u.a, u.b) of output o on the exact path (k), or for BF16 weights in the bf16 dot mode (dot
-// not null) with x as the bf16 pairs xp ([out, in]) or as x rounded to bf16 (xr, [in, out]).
+// not null) with x as the bf16 pairs xp ([out, in]) or as x rounded to bf16 (xr, [in, out]); MXFP4
+// weights read x prepared for them (xm).
 void gemv_unit(const GemvTable& k, const GemvBf16Dot* dot, const float* x, const uint32_t* xp, const float* xr,
-               const LinearOut& o, const GemvUnit& u, float* partials) {
+               const float* xm, const LinearOut& o, const GemvUnit& u, float* partials) {
+  if (o.W.mxfp4()) {
+    k.mxfp4.out_in(xm, codes(o.W), exponents(o.W), o.W.in(), u.a, u.b, o.y);
+    return;
+  }
   const int dt = dtype_index(o.W.w->dtype());
   if (o.W.layout == Layout::InOut) {
     k.in_out[dt](dot ? xr : x, o.W.w->raw(), o.W.out(), u.a, u.b, partials + u.part);
@@ -115,6 +143,7 @@ void gemv_unit(const GemvTable& k, const GemvBf16Dot* dot, const float* x, const
 // The GEMM this CPU and the call's weight option ask for, or null for OpenBLAS.
 const GemmPath* own_gemm(const Weight& W) {
   const GemmTable& t = gemm_table();
+  if (W.mxfp4()) return t.mxfp4;
   if (W.w->dtype() == DType::BF16 && t.bf16_dot && W.bf16_dot) return t.bf16_dot;
   return t.exact;
 }
@@ -136,12 +165,13 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   const GemvTable& k = gemv_table();
   const GemmPath* dot_path = gemm_table().bf16_dot;
   const GemvBf16Dot* dot = gemv_bf16_dot();
-  thread_local std::vector<char> prepared, rounded_x, partial_buf;
+  thread_local std::vector<char> prepared, rounded_x, partial_buf, mxfp4_x;
   const uint32_t* xp = nullptr;
-  const float* xr = nullptr;
+  const float* xr = nullptr, *xm = nullptr;
   auto rounded = [&](const LinearOut& o) { return dot && dot_path && own_gemm(o.W) == dot_path; };
   for (const LinearOut& o : outs) {
     LINEAGE_CHECK(o.W.in() == outs[0].W.in(), "linear_group: weights of different input sizes");
+    if (o.W.mxfp4() && !xm) xm = mxfp4_prepared(k, x, 1, o.W.in(), mxfp4_x);
     if (xp || !rounded(o)) continue;
     const int64_t in = o.W.in();
     auto* buf = static_cast<uint32_t*>(aligned_scratch(prepared, dot_path->prepared_bytes(1, in)));
@@ -207,7 +237,7 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   parallel_shares(starts, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const LinearOut& o = outs[size_t(u[i].j)];
-      gemv_unit(k, rounded(o) ? dot : nullptr, x, xp, xr, o, u[i], partials);
+      gemv_unit(k, rounded(o) ? dot : nullptr, x, xp, xr, xm, o, u[i], partials);
       if (u[i].part < 0) {
         finish_rows(o, u[i].a, u[i].b);
       } else if (remaining[u[i].j].fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -228,9 +258,17 @@ void gemv_rows(const float* x, int64_t T, const Weight& W, const Tensor* bias, f
   const GemmPath* dot_path = gemm_table().bf16_dot;
   const GemvBf16Dot* dot = own_gemm(W) == dot_path && dot_path ? gemv_bf16_dot() : nullptr;
   const int64_t in = W.in(), out = W.out();
+  thread_local std::vector<char> prepared;
+  if (W.mxfp4()) {
+    const float* xm = mxfp4_prepared(k, x, T, in, prepared);
+    parallel_chunks(out, gemv_chunk(in * T), [&](int64_t o0, int64_t o1) {
+      k.mxfp4.out_in_rows(xm, k.mxfp4.stride(in), T, codes(W), exponents(W), in, o0, o1, y, out);
+      for (int64_t t = 0; t < T; ++t) finish_rows(LinearOut{W, bias, y + t * out, act}, o0, o1);
+    });
+    return;
+  }
   const uint32_t* xp = nullptr;
   int64_t ldxp = 0;
-  thread_local std::vector<char> prepared;
   if (dot) {
     auto* buf = static_cast<uint32_t*>(aligned_scratch(prepared, dot_path->prepared_bytes(T, in)));
     dot_path->prepare(GemmProblem{x, W.w->raw(), 2, true, T, in, out, y}, 0, T, buf);
@@ -286,6 +324,27 @@ void gemm_widened(const float* x, int64_t T, const Weight& W, float* y) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, n, in, 1.0f, x, in, buf.data(), n, 0.0f,
                     y + o0, out);
       }
+    }
+  }, grain_for(kPanel * in * T));
+}
+
+// MXFP4 weights where this ISA has no own GEMM: x prepared in the MXFP4 kernels' order once, then a
+// panel of kPanel weight rows at a time decoded (in that order) into per-thread scratch and sgemm'd,
+// as gemm_widened does; the reduction is over the same columns, only permuted alike in x and W.
+void gemm_mxfp4_widened(const float* x, int64_t T, const Weight& W, float* y) {
+  const GemvTable& k = gemv_table();
+  const int64_t in = W.in(), out = W.out(), ld = k.mxfp4.stride(in);
+  constexpr int64_t kPanel = 64;
+  thread_local std::vector<char> prepared;
+  const float* xm = mxfp4_prepared(k, x, T, in, prepared);
+  parallel_for(ceil_div(out, kPanel), [&](int64_t p0, int64_t p1) {
+    single_threaded_blas();
+    thread_local std::vector<float> buf;
+    buf.resize(size_t(kPanel * ld));
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t o0 = p * kPanel, n = std::min(kPanel, out - o0);
+      k.mxfp4.decode(codes(W), exponents(W), in, o0, o0 + n, buf.data());
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, ld, 1.0f, xm, ld, buf.data(), ld, 0.0f, y + o0, out);
     }
   }, grain_for(kPanel * in * T));
 }
@@ -352,6 +411,7 @@ void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
 
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y, std::optional<Activation> act) {
   LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
+  if (W.mxfp4()) check_mxfp4(W);
   if (T <= 0) return;
   if (T > 1 && T <= kGemvRowsMax && W.layout == Layout::OutIn) {
     gemv_rows(x, T, W, bias, y, act);
@@ -366,8 +426,10 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
       widen_row(*bias, 0, W.out(), widened.data());
       b = widened.data();
     }
-    GemmProblem p{x, W.w->raw(), dtype_index(W.w->dtype()), W.layout == Layout::OutIn, T, W.in(), W.out(), y, b};
+    GemmProblem p{x, W.w->raw(), W.mxfp4() ? 3 : dtype_index(W.w->dtype()), W.layout == Layout::OutIn, T, W.in(),
+                  W.out(), y, b};
     p.gelu = act == Activation::GeluTanh;
+    if (W.mxfp4()) p.scales = exponents(W);
     gemm_blocked(*own, p);
     if (act && !p.gelu) activate(*act, y, T * W.out());
     return;
@@ -377,7 +439,9 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
     gemv_group(x, {&one, 1});
     return;
   }
-  if (W.w->dtype() == DType::F32) {
+  if (W.mxfp4()) {
+    gemm_mxfp4_widened(x, T, W, y);
+  } else if (W.w->dtype() == DType::F32) {
     gemm_f32(x, T, W, y);
   } else {
     gemm_widened(x, T, W, y);
@@ -390,6 +454,7 @@ void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs) {
   for (const LinearOut& o : outs) {
     LINEAGE_CHECK(o.W.w && o.W.w->ndim() == 2, "linear needs a 2-D weight");
     LINEAGE_CHECK(T == 1 || !o.then, "linear_group: `then` is for one token, got ", T);
+    if (o.W.mxfp4()) check_mxfp4(o.W);
   }
   if (T != 1) {  // GEMMs are one region each anyway
     for (const LinearOut& o : outs) linear(x, T, o.W, o.bias, o.y, o.act);
@@ -415,10 +480,16 @@ Weight Matrix::view(bool bf16_dot) const {
     case MatrixFormat::F32:
     case MatrixFormat::F16:
     case MatrixFormat::BF16: break;
-    case MatrixFormat::MXFP4:
-      throw Error("MXFP4 weight matrices bind, but their kernels come with Kimi K3 (not implemented yet)");
+    case MatrixFormat::MXFP4: return {&data, layout, bf16_dot, &scales};
   }
   return {&data, layout, bf16_dot};
+}
+
+int64_t first_nan_scale(const Matrix& W) {
+  if (!W.scales.defined() || W.format() != MatrixFormat::MXFP4) return -1;
+  const auto* s = static_cast<const uint8_t*>(W.scales.raw());
+  const uint8_t* bad = std::find(s, s + W.scales.numel(), uint8_t(255));
+  return bad == s + W.scales.numel() ? -1 : int64_t(bad - s);
 }
 
 void linear(const float* x, int64_t T, const Matrix& W, const Tensor* bias, float* y, std::optional<Activation> act,

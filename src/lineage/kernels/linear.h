@@ -1,4 +1,5 @@
-// Linear maps with weights in their stored dtype (F32, F16, BF16), widened to f32 inside the kernel.
+// Linear maps with weights in their stored dtype (F32, F16, BF16), widened to f32 inside the kernel,
+// or as MXFP4 codes decoded in registers (matrix.h).
 #pragma once
 
 #include <cstdint>
@@ -22,11 +23,15 @@ inline Shape stored_shape(Layout layout, int64_t in, int64_t out) {
 // A weight matrix as it sits in memory (mapped or owned), with its layout, and how this call may
 // multiply it: bf16_dot lets BF16 weights use bf16 dot products (see bf16_dot_available()); false
 // selects the exact path. The option travels with the call, not the process (layers::Options).
+// An MXFP4 matrix (matrix.h) is its packed codes in `w` ([out, in/2] U8) with their block exponents
+// in `scales` ([out, in/32] U8), OutIn only, `in` a multiple of 32; `scales` is null otherwise.
 struct Weight {
   const Tensor* w = nullptr;
   Layout layout = Layout::OutIn;
   bool bf16_dot = false;
-  int64_t in() const { return layout == Layout::OutIn ? w->dim(1) : w->dim(0); }
+  const Tensor* scales = nullptr;
+  bool mxfp4() const { return scales != nullptr; }
+  int64_t in() const { return mxfp4() ? 2 * w->dim(1) : layout == Layout::OutIn ? w->dim(1) : w->dim(0); }
   int64_t out() const { return layout == Layout::OutIn ? w->dim(0) : w->dim(1); }
 };
 
@@ -37,7 +42,9 @@ struct Weight {
 // a batch of decode tokens gets each sequence's lone result); otherwise GEMM. Threaded over the
 // engine's pool. With `act`, y ← act(y) afterwards. The GEMVs add the bias and apply `act` to each
 // run of finished rows on the thread that computed them; the engine's own GEMM adds the bias and
-// GeluTanh as it stores y; otherwise a second pass over y does.
+// GeluTanh as it stores y; otherwise a second pass over y does. MXFP4 weights: every product is
+// (code value · 2^(scale - 127)) · x in f32, the codes decoded in registers by the GEMVs and into a
+// per-thread panel by the GEMM (the matrix is never dequantized whole); f32 accumulation.
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y,
             std::optional<Activation> act = std::nullopt);
 

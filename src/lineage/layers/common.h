@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "lineage/core/error.h"
 #include "lineage/core/tensor.h"
 #include "lineage/kernels/matrix.h"
 #include "lineage/layers/step.h"
@@ -41,8 +42,11 @@ inline void visit_matrix(const TensorVisitor& f, const std::string& name, kernel
     f(name, m.data, kernels::stored_shape(m.layout, in, out), init);
     return;
   }
-  f(name + "_packed", m.data, {out, (in + 1) / 2}, init);
-  f(name + "_scale", m.scales, {out, (in + 31) / 32}, init);
+  if (in % 32)
+    throw Error(cat(name, "_packed: an MXFP4 matrix needs rows of whole 32-value blocks (one scale each); this one's rows hold ",
+                    in, " values"));
+  f(name + "_packed", m.data, {out, in / 2}, init);
+  f(name + "_scale", m.scales, {out, in / 32}, init);
 }
 
 // One growable f32 activation buffer, 64-byte aligned, so the kernels' vector loads of a row never

@@ -11,8 +11,12 @@
 
 namespace lineage::kernels::ref {
 
-// Same contract as kernels::linear.
+// Same contract as kernels::linear (MXFP4 weights included: each element dequantized in double).
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y);
+
+// Element (o, c) of an MXFP4 matrix (matrix.h): codes [out, in/2] U8, exponents [out, in/32] U8;
+// code value · 2^(s - 127), NaN for s = 255.
+double mxfp4_element(const Tensor& codes, const Tensor& scales, int64_t o, int64_t c);
 
 // Causal softmax attention of T new queries at positions p0 .. p0+T-1 over keys 0 .. p0+T-1.
 // q[t, h] at q + t*ldq + h*hd; k, v: key/value rows for positions 0 .. p0+T-1, head h of position j

@@ -11,13 +11,14 @@ namespace lineage::kernels {
 // One product y[t, o] = Σ_i x[t, i]·W(i, o) (+ bias[o]), summed over the whole reduction.
 struct GemmProblem {
   const float* x;  // [T, in] f32, row-major
-  const void* w;   // out_in ? [out, in] : [in, out], element type `dtype`, row-major
-  int dtype;       // 0 F32, 1 F16, 2 BF16
+  const void* w;   // out_in ? [out, in] : [in, out], element type `dtype`, row-major; MXFP4: codes [out, in/2]
+  int dtype;       // 0 F32, 1 F16, 2 BF16, 3 MXFP4 (gemm_mxfp4_avx512 only)
   bool out_in;
   int64_t T, in, out;
   float* y;  // [T, out] f32, row-major; must not alias x
   const float* bias = nullptr;  // [out] f32 added to y after the whole reduction, or null
   bool gelu = false;            // then y ← GELU(y), tanh form (GPT-2's gelu_new), as y is stored
+  const uint8_t* scales = nullptr;  // MXFP4: E8M0 exponents [out, in/32]
 };
 
 // One GEMM implementation. `prepare`, where not null, converts rows [t0, t1) of x into the shared
@@ -35,6 +36,10 @@ struct GemmPath {
 
 // Exact f32 products: weights widened to f32 while packing, f32 FMA. Any dtype.
 const GemmPath& gemm_exact_avx512();
+// MXFP4 weights [out, in] only: x reordered by `prepare` (per 32 columns the even ones, then the odd
+// ones), the codes decoded (exactly: code value · 2^(s - 127)) into f32 panels in the same order while
+// packing, then the exact path's register tiles.
+const GemmPath& gemm_mxfp4_avx512();
 // BF16 weights only: x rounded to bf16 (nearest even) once per call by `prepare`, products by
 // vdpbf16ps (pairs along i, f32 accumulation; bf16 denormals count as zero). Needs AVX512_BF16.
 const GemmPath& gemm_bf16_dot_avx512bf16();
@@ -43,6 +48,7 @@ struct GemmTable {
   const char* isa;
   const GemmPath* exact;     // null: this ISA has no own GEMM and linear() calls OpenBLAS
   const GemmPath* bf16_dot;  // null: the CPU lacks AVX512_BF16 (or the ISA was forced lower)
+  const GemmPath* mxfp4;     // null: this ISA has no own GEMM (linear() decodes panels for OpenBLAS)
 };
 
 // The table for the ISA gemv_table() chose (so LINEAGE_ISA=scalar|avx2 also turns this off).

@@ -1,5 +1,6 @@
-// AVX-512 f32 GEMM block (the exact path): weight panels widened from F32/F16/BF16 while packing, an
-// 8 × 48 register tile of f32 FMA accumulators. Must match ref::linear to f32 rounding.
+// AVX-512 f32 GEMM block (the exact path): weight panels widened from F32/F16/BF16 (or decoded from
+// MXFP4) while packing, an 8 × 48 register tile of f32 FMA accumulators. Must match ref::linear to f32
+// rounding.
 
 // GCC 12 flags the _mm512_undefined_* placeholders inside its own AVX-512 intrinsics as maybe
 // uninitialized once they are inlined into the transposes (GCC bug 105593, fixed in GCC 13).
@@ -11,6 +12,7 @@
 
 #include "lineage/kernels/x86/gemm.h"
 #include "lineage/kernels/x86/gemm_avx512_tile.h"
+#include "lineage/kernels/x86/gemv_mxfp4.h"
 
 namespace lineage::kernels {
 namespace gemm_avx512 {
@@ -78,6 +80,52 @@ void pack_out_in(const void* w, int64_t in, int64_t k0, int64_t kc, int64_t o0, 
   }
 }
 
+// MXFP4: the 16 code values (bit 3 the sign) times a block's scale: a power of two, so each entry is exact.
+inline __m512 mxfp4_lut(float scale) {
+  const __m512 codes = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                                      -2.0f, -3.0f, -4.0f, -6.0f);
+  return _mm512_mul_ps(codes, _mm512_set1_ps(scale));
+}
+
+// MXFP4: 16 bytes of codes (32 columns) into the values of their even columns (lane j: column 2j) and odd
+// ones (lane j: 2j + 1). vpermps reads the low 4 bits of each index (AVX512F; vpermb would need VBMI),
+// so the even codes need no mask.
+inline void mxfp4_decode(const uint8_t* q, __m512 table, __m512& even, __m512& odd) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  even = _mm512_permutexvar_ps(v, table);
+  odd = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+}
+
+// The same panels from MXFP4 codes, the reduction permuted within each 32-column block (its even
+// columns, then its odd ones; x prepared to match, prepare_mxfp4): for 16 weight rows at a time, each 32-column block decoded and scaled in registers
+// (its even columns, then its odd ones) and transposed into 16 panel rows k. k0 and kc are whole blocks.
+void pack_mxfp4(const GemmProblem& p, int64_t k0, int64_t kc, int64_t o0, int64_t nc, float* bp) {
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  const int64_t width = (nc + kNR - 1) / kNR * kNR, row_bytes = p.in / 2, row_blocks = p.in / 32;
+  for (int64_t j = 0; j < width; j += 16) {
+    float* dst = bp + j / kNR * kc * kNR + j % kNR;
+    const int64_t nv = nc - j;
+    for (int64_t k = 0; k < kc; k += 32)
+      for (int half = 0; half < 2; ++half) {  // even columns, then odd: 16 registers each
+        const int64_t b = (k0 + k) / 32;
+        __m512i r[16];
+        for (int c = 0; c < 16; ++c) {
+          if (c >= nv) {
+            r[c] = _mm512_setzero_si512();
+            continue;
+          }
+          const int64_t o = o0 + j + c;
+          const __m512 table = mxfp4_lut(simd::kMxfp4Scales.v[p.scales[o * row_blocks + b]]);
+          __m512 even, odd;
+          mxfp4_decode(w + o * row_bytes + b * 16, table, even, odd);
+          r[c] = _mm512_castps_si512(half ? odd : even);
+        }
+        transpose16x16(r);
+        for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(dst + (k + 16 * half + kk) * kNR, r[kk]);
+      }
+  }
+}
+
 // y[M rows at c, 48 columns] (+)= Σ_k a[m*lda + k] · b[k][48] over k < kc.
 template <int M>
 void tile(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc, int64_t nv, bool accumulate,
@@ -120,12 +168,38 @@ void block_any(const GemmProblem& p, const void*, int64_t t0, int64_t t1, int64_
   else block<2>(p, t0, t1, o0, o1, scratch);
 }
 
+// Rows [t0, t1) of x in pack_mxfp4's order (per 32 columns the even ones, then the odd), [T, in] f32.
+void prepare_mxfp4(const GemmProblem& p, int64_t t0, int64_t t1, void* prepared) {
+  for (int64_t t = t0; t < t1; ++t) simd::mxfp4_prepare<16>(p.x + t * p.in, p.in, static_cast<float*>(prepared) + t * p.in);
+}
+size_t prepared_mxfp4_bytes(int64_t T, int64_t in) { return size_t(T * in) * sizeof(float); }
+
+void block_mxfp4(const GemmProblem& p, const void* prepared, int64_t t0, int64_t t1, int64_t o0, int64_t o1,
+                 void* scratch) {
+  float* bp = static_cast<float*>(scratch);
+  const float* xp = static_cast<const float*>(prepared);
+  walk_block(
+      p, t0, t1, o0, o1, p.in * kNR * int64_t(sizeof(float)), kWholeTileMax, kPanelMax, kKC,
+      [&](int64_t k0, int64_t kc, int64_t s0, int64_t nc) { pack_mxfp4(p, k0, kc, s0, nc, bp); },
+      [&](int64_t t, int64_t k0, int64_t kc, int64_t s0, int64_t j, int64_t nv, bool accumulate, Store st) {
+        kTiles[min64(kMR, t1 - t)](kc, xp + t * p.in + k0, p.in, bp + j * kc, p.y + t * p.out + s0 + j, p.out, nv,
+                                   accumulate, st);
+      });
+}
+
 }  // namespace
 }  // namespace gemm_avx512
 
 const GemmPath& gemm_exact_avx512() {
   using namespace gemm_avx512;
   static const GemmPath path{nullptr, nullptr, block_any, kNR, kNC, size_t(std::max(kWholeTileMax, kPanelMax))};
+  return path;
+}
+
+const GemmPath& gemm_mxfp4_avx512() {
+  using namespace gemm_avx512;
+  static const GemmPath path{prepare_mxfp4, prepared_mxfp4_bytes, block_mxfp4, kNR, kNC,
+                             size_t(std::max(kWholeTileMax, kPanelMax))};
   return path;
 }
 

@@ -10,6 +10,29 @@ namespace lineage::kernels {
 // the bf16 dot GEMV and the 16-bit [in, out] GEMV (gemv_simd.h, stream_ahead; measured there).
 inline constexpr int64_t kStreamAheadBytes = 2048;
 
+// MXFP4 weights [out, in] (matrix.h): codes `w` [out, in/2] U8 (column c in byte c/2, the low nibble
+// the even column), E8M0 exponents `s` [out, in/32] U8; `in` a multiple of 32. The kernels read x in
+// their own order, `prepare`'s, in runs of `group` columns, zero-padded to whole runs (stride(in)
+// floats a row): AVX2 and scalar, within each run of 2·width columns the even ones, then the odd ones;
+// AVX-512 (gemv_mxfp4_avx512.cpp), its own order over runs of 128. f32 products of the decoded values
+// (code value · 2^(s - 127), or the code value with the power of two applied to a block's sum: exact
+// either way), f32 sums.
+struct GemvMxfp4 {
+  int64_t group;
+  int64_t stride(int64_t in) const { return (in + group - 1) / group * group; }
+  // xd[0, stride(in)) = x in the kernels' order, zero-padded.
+  void (*prepare)(const float* x, int64_t in, float* xd);
+  // y[o] = Σ_c x[c]·W[o, c] for o in [o0, o1), x prepared.
+  void (*out_in)(const float* xd, const uint8_t* w, const uint8_t* s, int64_t in, int64_t o0, int64_t o1, float* y);
+  // The same for `rows` prepared rows of x (stride ldx) into rows of y (stride ldy), each weight row
+  // read from memory once for all of them; row r's results equal out_in's on that row alone, bit for bit.
+  void (*out_in_rows)(const float* xd, int64_t ldx, int64_t rows, const uint8_t* w, const uint8_t* s, int64_t in,
+                      int64_t o0, int64_t o1, float* y, int64_t ldy);
+  // dst[(o - o0)·stride(in) + j] = W[o, c(j)] for rows [o0, o1), j in prepared order (zero in the
+  // padding): the values the GEMVs multiply, for a GEMM that runs on prepared x.
+  void (*decode)(const uint8_t* w, const uint8_t* s, int64_t in, int64_t o0, int64_t o1, float* dst);
+};
+
 struct GemvTable {
   const char* isa;
   // OutIn weights [out, in]: y[o] = Σ_i x[i]·W[o, i] for o in [o0, o1).
@@ -25,6 +48,7 @@ struct GemvTable {
   void (*widen[3])(const void* src, int64_t n, float* dst);
   // y[o] = Σ_k parts[k·stride + o] over k in [0, n), in order of k, for o < out.
   void (*sum_parts)(const float* parts, int64_t n, int64_t stride, int64_t out, float* y);
+  GemvMxfp4 mxfp4;
 };
 
 // BF16 weights in the bf16 dot mode (Weight::bf16_dot, linear.h): xp holds x
@@ -42,6 +66,9 @@ struct GemvBf16Dot {
 const GemvBf16Dot& gemv_bf16_dot_avx512bf16();
 // The bf16 dot GEMV where this CPU (and the chosen ISA) has the bf16 dot GEMM, else null.
 const GemvBf16Dot* gemv_bf16_dot();
+
+// The AVX-512 table's MXFP4 kernels.
+const GemvMxfp4& gemv_mxfp4_avx512();
 
 const GemvTable& gemv_table_scalar();
 const GemvTable& gemv_table_avx2();

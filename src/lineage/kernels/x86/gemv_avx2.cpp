@@ -1,9 +1,11 @@
-// AVX2 + FMA GEMV (8 lanes): f16 widened with vcvtph2ps (F16C), bf16 with a 16-bit shift.
+// AVX2 + FMA GEMV (8 lanes): f16 widened with vcvtph2ps (F16C), bf16 with a 16-bit shift, MXFP4 codes'
+// magnitudes looked up in an 8-entry f32 table (vpermps) and their sign bits moved to the f32 sign.
 #include <immintrin.h>
 
 #include <cstring>
 
 #include "lineage/kernels/x86/gemv.h"
+#include "lineage/kernels/x86/gemv_mxfp4.h"
 #include "lineage/kernels/x86/gemv_simd.h"
 
 namespace lineage::kernels {
@@ -43,11 +45,30 @@ struct Avx2 {
   }
   static void prefetch_stream(const char* p) { _mm_prefetch(p, _MM_HINT_NTA); }
   static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
+  // MXFP4: the 8 magnitudes times the block's scale; vpermps reads an index's low 3 bits, and bit 3
+  // of each code becomes the f32 sign.
+  using Lut = __m256;
+  static constexpr int kMxfp4Rows = 2;  // 8 accumulators of the 16 ymm registers
+  static Lut mxfp4_lut(float scale) {
+    return _mm256_mul_ps(_mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), _mm256_set1_ps(scale));
+  }
+  static void mxfp4_decode(const uint8_t* q, Lut lut, Vec& even, Vec& odd) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+    const __m256i sign = _mm256_set1_epi32(int(0x80000000u));
+    const __m256i even_sign = _mm256_and_si256(_mm256_slli_epi32(v, 28), sign);
+    const __m256i odd_sign = _mm256_and_si256(_mm256_slli_epi32(v, 24), sign);
+    even = _mm256_xor_ps(_mm256_permutevar8x32_ps(lut, v), _mm256_castsi256_ps(even_sign));
+    odd = _mm256_xor_ps(_mm256_permutevar8x32_ps(lut, _mm256_srli_epi32(v, 4)), _mm256_castsi256_ps(odd_sign));
+  }
 };
 }  // namespace
 
 const GemvTable& gemv_table_avx2() {
-  static const GemvTable table = simd::make_table<Avx2>("avx2");
+  static const GemvTable table = [] {
+    GemvTable t = simd::make_table<Avx2>("avx2");
+    t.mxfp4 = simd::make_mxfp4_table<Avx2>();
+    return t;
+  }();
   return table;
 }
 

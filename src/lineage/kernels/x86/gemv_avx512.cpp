@@ -1,4 +1,5 @@
-// AVX-512 GEMV (16 lanes): f16 widened with vcvtph2ps, bf16 with a 16-bit shift.
+// AVX-512 GEMV (16 lanes): f16 widened with vcvtph2ps, bf16 with a 16-bit shift; MXFP4 in
+// gemv_mxfp4_avx512.cpp.
 
 // GCC 12 flags the _mm512_undefined_* placeholders inside its own AVX-512 intrinsics as maybe
 // uninitialized once they are inlined (_mm512_reduce_add_ps here; GCC bug 105593, fixed in GCC 13),
@@ -41,7 +42,11 @@ struct Avx512 {
 }  // namespace
 
 const GemvTable& gemv_table_avx512() {
-  static const GemvTable table = simd::make_table<Avx512>("avx512");
+  static const GemvTable table = [] {
+    GemvTable t = simd::make_table<Avx512>("avx512");
+    t.mxfp4 = gemv_mxfp4_avx512();
+    return t;
+  }();
   return table;
 }
 

@@ -1,5 +1,6 @@
-// Portable GEMV (one lane): the fallback on CPUs without AVX2.
+// Portable GEMV (one lane): the fallback on CPUs without AVX2. MXFP4 codes index a 16-entry table.
 #include "lineage/kernels/x86/gemv.h"
+#include "lineage/kernels/x86/gemv_mxfp4.h"
 #include "lineage/kernels/x86/gemv_simd.h"
 
 namespace lineage::kernels {
@@ -21,11 +22,28 @@ struct Scalar {
   static float sum(Vec v) { return v; }
   static void prefetch_stream(const char*) {}
   static void prefetch(const char*) {}
+  struct Lut {
+    float v[16];
+  };
+  static constexpr int kMxfp4Rows = 4;
+  static Lut mxfp4_lut(float scale) {
+    Lut l;
+    for (int c = 0; c < 16; ++c) l.v[c] = simd::kMxfp4Codes[c] * scale;
+    return l;
+  }
+  static void mxfp4_decode(const uint8_t* q, const Lut& lut, Vec& even, Vec& odd) {
+    even = lut.v[*q & 15];
+    odd = lut.v[*q >> 4];
+  }
 };
 }  // namespace
 
 const GemvTable& gemv_table_scalar() {
-  static const GemvTable table = simd::make_table<Scalar>("scalar");
+  static const GemvTable table = [] {
+    GemvTable t = simd::make_table<Scalar>("scalar");
+    t.mxfp4 = simd::make_mxfp4_table<Scalar>();
+    return t;
+  }();
   return table;
 }
 

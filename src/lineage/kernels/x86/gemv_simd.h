@@ -324,7 +324,8 @@ GemvTable make_table(const char* isa) {
                    {out_in_rows<S, 0>, out_in_rows<S, 1>, out_in_rows<S, 2>},
                    {in_out<S, 0>, in_out<S, 1>, in_out<S, 2>},
                    {widen<S, 0>, widen<S, 1>, widen<S, 2>},
-                   sum_parts<S>};
+                   sum_parts<S>,
+                   {}};
 }
 
 }  // namespace
