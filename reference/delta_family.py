@@ -3,7 +3,19 @@ KimiDeltaAttention inside fla's *ForCausalLM), written from docs spec linear-att
 The golden reference for the C++ linear_attn / delta_net / gated_deltanet / kda paths: every token mixer
 runs the naive token-by-token recurrence of spec section 1.5 (never a chunked form), in the dtype of the
 weights it is given (float64 for goldens), and records every named intermediate. With bf16_inputs it also
-emulates the engine's bf16 dot products (the input of each Linear on a BF16 weight rounded to bf16)."""
+emulates the engine's bf16 dot products (the input of each Linear on a BF16 weight rounded to bf16).
+
+Block Attention Residuals (config attnres_block_size B, fla's <Type>Block / <Type>Model at bc3b101d, the same
+in all four model types): B counts sublayers, 2i = layer i's attention, 2i+1 its MLP; fla allows B = 1 (full
+AttnRes: every sublayer output its own source) or an even B (B/2 layers per block). The residual stream is
+replaced by a list of block sums (the embedding first) and a running partial sum x: before sublayer j the
+sources are blocks ++ [x] (layer 0's attention: no blocks yet, its input is the embedding); at a boundary
+(j % B == 0) they become the blocks and x restarts empty; the sublayer's input is RMSNorm_{attn_norm or
+mlp_norm}(Mix(sources)) (fla fuses that norm into fused_attnres, same eps norm_eps); its output starts or
+extends x. After the last layer model.norm takes Mix(blocks ++ [x]). Mix = attn_res_mix (spec 6.3, also
+kimi_k3.py's) with eps norm_eps. Tensors model.layers.{i}.{attn,mlp}_res_proj.weight [1, D] (no bias),
+{attn,mlp}_res_norm.weight [D], model.res_proj.weight [1, D], model.res_norm.weight [D]. For even B this is
+Kimi K3's loop with attn_res_block_size B/2 (no MLP ever starts a block); B = 1 has no K3 counterpart."""
 
 from dataclasses import dataclass, fields
 from typing import Optional
@@ -114,8 +126,10 @@ class FlaConfig:
             raise ValueError(f"config.json ({self.model_type}): '{field}' is {found!r}, expected {expected}")
         if self.attn is not None:
             bad("attn", self.attn, "null (hybrid softmax-attention layers are not part of this reference)")
-        if self.attnres_block_size is not None:
-            bad("attnres_block_size", self.attnres_block_size, "null")
+        b = self.attnres_block_size
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or (b != 1 and (b < 2 or b % 2))):
+            bad("attnres_block_size", b, "null, 1 (full AttnRes) or an even integer >= 2 (sublayers per block; "
+                "fla's configuration classes allow nothing else)")
         if self.hidden_act != "swish":
             bad("hidden_act", self.hidden_act, "'swish' (fla GatedMLP accepts nothing else)")
         if self.model_type == "linear_attn":
@@ -242,9 +256,16 @@ def _attn_specs(cfg: FlaConfig, p: str) -> list:
     return specs + [(p + "o_norm.weight", [V], "norm_weight"), (p + "o_proj.weight", [D, HV * V], "matrix")]
 
 
+def _res_specs(prefix: str, D: int) -> list:
+    """An fla AttnRes mix's pseudo-query nn.Linear(D, 1, bias=False) [1, D] and key nn.RMSNorm(D) [D], in
+    fla's module order (proj first)."""
+    return [(prefix + "_proj.weight", [1, D], "res_proj"), (prefix + "_norm.weight", [D], "norm_weight")]
+
+
 def tensor_specs(cfg: FlaConfig) -> list:
     """Every checkpoint tensor once, in module order: (name, shape, kind). kind is "embed", "matrix",
-    "norm_weight", "conv" ([C, 1, W] depthwise), "bias", "A_log" or "dt_bias"."""
+    "norm_weight", "conv" ([C, 1, W] depthwise), "bias", "A_log", "dt_bias" or "res_proj" (an AttnRes
+    pseudo-query [1, D]; with attnres_block_size, per layer after the MLP and model-level after model.norm)."""
     D, F = cfg.hidden_size, cfg.mlp_width
     specs = [("model.embeddings.weight", [cfg.vocab_size, D], "embed")]
     for i in range(cfg.num_hidden_layers):
@@ -254,7 +275,11 @@ def tensor_specs(cfg: FlaConfig) -> list:
         specs += [(p + "mlp_norm.weight", [D], "norm_weight"), (p + "mlp.gate_proj.weight", [F, D], "matrix"),
                   (p + "mlp.up_proj.weight", [F, D], "matrix"),
                   (p + "mlp.down_proj.weight", [D, F], "matrix")]
+        if cfg.attnres_block_size is not None:
+            specs += _res_specs(p + "attn_res", D) + _res_specs(p + "mlp_res", D)
     specs.append(("model.norm.weight", [D], "norm_weight"))
+    if cfg.attnres_block_size is not None:
+        specs += _res_specs("model.res", D)
     if not cfg.tie_word_embeddings:
         specs.append(("lm_head.weight", [cfg.vocab_size, D], "matrix"))
     return specs
@@ -305,6 +330,16 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> tor
     """Over the last axis: x / sqrt(mean(x^2) + eps) * weight (weight None: elementwise_affine false)."""
     y = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
     return y if weight is None else y * weight
+
+
+def attn_res_mix(sources: list, norm_weight: torch.Tensor, proj_weight: torch.Tensor, eps: float) -> tuple:
+    """Block AttnRes Mix (spec 6.3; fla naive_attnres without its output RMSNorm) over sources
+    [s_0 .. s_{S-1}], each [T, D]: z_j = RMSNorm_{norm_weight, eps}(s_j) . proj_weight[0], p = softmax over j,
+    returns (sum_j p_j s_j [T, D] of the raw sources, p [T, S])."""
+    stacked = torch.stack(sources)                                    # [S, T, D]
+    z = (rms_norm(stacked, norm_weight, eps) * proj_weight[0]).sum(dim=-1)  # [S, T]
+    p = torch.softmax(z, dim=0)
+    return (p[:, :, None] * stacked).sum(dim=0), p.T
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -495,6 +530,25 @@ def delta_mixer(cfg: FlaConfig, w: Weights, p: str, x: torch.Tensor, state: dict
 # ---------------------------------------------------------------------------------------------------
 # The model
 
+def _attnres(cfg: FlaConfig, w: Weights, p: str, kind: str, blocks: list, partial, sublayer: int, rec) -> tuple:
+    """fla's AttnRes step before sublayer 2i (layer i's attention, kind "attn_res") or 2i+1 (its MLP,
+    "mlp_res"): the sources are blocks ++ [partial]; their Mix (recorded as kind + ".weights") is the
+    sublayer's input, which the caller then RMS-normalizes with attn_norm / mlp_norm (fla folds that norm
+    into fused_attnres). With no blocks yet (layer 0's attention) there is no mix: the input is the
+    embedding itself. At a block boundary (sublayer % attnres_block_size == 0) the sources become the
+    blocks and the partial restarts empty (None). Returns (input [T, D], blocks, partial)."""
+    sources = blocks + [partial]
+    if blocks:
+        x, weights = attn_res_mix(sources, w[p + kind + "_norm.weight"], w[p + kind + "_proj.weight"],
+                                  cfg.norm_eps)
+        rec(kind + ".weights", weights)
+    else:
+        x = partial
+    if sublayer % cfg.attnres_block_size == 0:
+        return x, sources, None
+    return x, blocks, partial
+
+
 def fla_forward(cfg: FlaConfig, w: dict, tokens: torch.Tensor, record: Optional[dict] = None,
                 cache: Optional[list] = None, bf16_inputs: frozenset = frozenset()) -> torch.Tensor:
     """tokens [T] int -> logits [T, vocab], in the dtype of w (from canonical_weights). cache (from
@@ -513,17 +567,28 @@ def fla_forward(cfg: FlaConfig, w: dict, tokens: torch.Tensor, record: Optional[
         cache = initial_cache(cfg, dtype)
     mixer = linear_attention if cfg.model_type == "linear_attn" else delta_mixer
     eps = cfg.norm_eps
+    attnres = cfg.attnres_block_size is not None
     x = rec("embed", w["model.embeddings.weight"][tokens])
+    blocks = []  # AttnRes: the completed block sums, the embedding first; x is then the current partial sum
     for i in range(cfg.num_hidden_layers):
         p, n = f"model.layers.{i}.", f"h{i}."
-        a = rec(n + "attn_norm", rms_norm(x, w[p + "attn_norm.weight"], eps))
-        o = mixer(cfg, w, p + "attn.", a, cache[i], lambda name, t: rec(n + name, t))
-        o = rec(n + "attn.out", o)
-        x = rec(n + "resid_mid", x + o)
-        m = rec(n + "mlp_norm", rms_norm(x, w[p + "mlp_norm.weight"], eps))
+        lrec = (lambda prefix: lambda name, t: rec(prefix + name, t))(n)
+        h = x
+        if attnres:
+            h, blocks, x = _attnres(cfg, w, p, "attn_res", blocks, x, 2 * i, lrec)
+        a = lrec("attn_norm", rms_norm(h, w[p + "attn_norm.weight"], eps))
+        o = lrec("attn.out", mixer(cfg, w, p + "attn.", a, cache[i], lrec))
+        x = lrec("resid_mid", o if x is None else x + o)
+        h = x
+        if attnres:
+            h, blocks, x = _attnres(cfg, w, p, "mlp_res", blocks, x, 2 * i + 1, lrec)
+        m = lrec("mlp_norm", rms_norm(h, w[p + "mlp_norm.weight"], eps))
         gate, up = w.linear(m, p + "mlp.gate_proj.weight"), w.linear(m, p + "mlp.up_proj.weight")
-        mo = rec(n + "mlp.out", w.linear(silu(gate) * up, p + "mlp.down_proj.weight"))
-        x = rec(n + "out", x + mo)
+        mo = lrec("mlp.out", w.linear(silu(gate) * up, p + "mlp.down_proj.weight"))
+        x = lrec("out", mo if x is None else x + mo)
+    if attnres:
+        x, weights = attn_res_mix(blocks + [x], w["model.res_norm.weight"], w["model.res_proj.weight"], eps)
+        rec("output_res.weights", weights)
     y = rec("norm", rms_norm(x, w["model.norm.weight"], eps))
     head = "model.embeddings.weight" if cfg.tie_word_embeddings else "lm_head.weight"
     return rec("logits", w.linear(y, head))
@@ -532,9 +597,14 @@ def fla_forward(cfg: FlaConfig, w: dict, tokens: torch.Tensor, record: Optional[
 def intermediate_shapes(cfg: FlaConfig, T: int) -> list:
     """The names fla_forward records, in forward order, with their shapes: the golden-data contract."""
     D, H, HV, K, V = cfg.hidden_size, cfg.num_heads, cfg.v_heads, cfg.head_k_dim, cfg.head_v_dim
+    B, blocks = cfg.attnres_block_size, 0
     out = [("embed", [T, D])]
     for i in range(cfg.num_hidden_layers):
         n = f"h{i}."
+        if B is not None:
+            if blocks:
+                out.append((n + "attn_res.weights", [T, blocks + 1]))
+            blocks += 2 * i % B == 0
         out += [(n + "attn_norm", [T, D]), (n + "attn.q", [T, H * K]), (n + "attn.k", [T, H * K]),
                 (n + "attn.v", [T, HV * V])]
         if cfg.has_delta:
@@ -544,6 +614,11 @@ def intermediate_shapes(cfg: FlaConfig, T: int) -> list:
         elif cfg.decay_kind == "channel":
             out.append((n + "attn.log_decay", [T, HV * K]))
         out += [(n + "attn.core", [T, HV * V]), (n + "attn.state", [HV, K, V]), (n + "attn.out", [T, D]),
-                (n + "resid_mid", [T, D]), (n + "mlp_norm", [T, D]), (n + "mlp.out", [T, D]),
-                (n + "out", [T, D])]
+                (n + "resid_mid", [T, D])]
+        if B is not None:
+            out.append((n + "mlp_res.weights", [T, blocks + 1]))
+            blocks += (2 * i + 1) % B == 0
+        out += [(n + "mlp_norm", [T, D]), (n + "mlp.out", [T, D]), (n + "out", [T, D])]
+    if B is not None:
+        out.append(("output_res.weights", [T, blocks + 1]))
     return out + [("norm", [T, D]), ("logits", [T, cfg.vocab_size])]

@@ -109,6 +109,12 @@ CASES = [
     # fla's lower-bound gate (Kimi K3's): a = lower_bound * sigmoid(exp(A_log) (f + dt_bias)), in (-5, 0);
     # the heads with large exp(A_log) and channels with dt_bias near 2 decay by nearly e^-5 a step.
     _case("kda", "lower_bound", 2307, hidden_size=48, num_heads=4, head_dim=12, lower_bound=-5.0),
+    # fla's Block AttnRes: attnres_block_size 4 sublayers = 2 layers per block over 3 layers, so layers 0 and 2
+    # start blocks: layer 2's attention mixes [embedding, layers 0-1], its MLP and the output mix
+    # [embedding, layers 0-1, layer 2's partial]. (More layers push the float32 self-check past its
+    # tolerance, with or without AttnRes.)
+    _case("kda", "attnres", 2308, hidden_size=48, num_heads=4, head_dim=12, intermediate_size=96,
+          num_hidden_layers=3, attnres_block_size=4),
 ]
 
 
@@ -139,6 +145,8 @@ _MATRIX_GAIN = {
 # exp(A_log) per head spans mild to strong decay; with dt_bias below, per-token log decays a_t run from
 # about -1e-3 (state kept for hundreds of tokens) to about -5 (state nearly wiped every token).
 _A_RANGE = (0.02, 4.0)
+# AttnRes pseudo-queries [1, D] ~ N(0, gain / sqrt(D)): logits of std ~1.5, so the mixes are far from uniform.
+_RES_PROJ_GAIN = 1.5
 _GDN_DT_BIAS_RANGE = (-4.0, 1.0)   # one per v-head, spread evenly, shuffled
 _KDA_DT_BIAS_RANGE = (-5.0, 2.0)   # one per (v-head, key channel), uniform
 
@@ -156,7 +164,8 @@ def _spread(lo: float, hi: float, n: int, gen: torch.Generator, log: bool = Fals
 
 def init_params(cfg: FlaConfig, gen: torch.Generator) -> dict:
     """float32 parameters by checkpoint name: embeddings N(0, 1), Linear weights as _MATRIX_GAIN says,
-    conv taps N(0, 1/W), norm weights 1 + N(0, 0.1), biases N(0, 0.5), A_log and dt_bias as above."""
+    conv taps N(0, 1/W), norm weights 1 + N(0, 0.1), biases N(0, 0.5), AttnRes pseudo-queries
+    N(0, 1.5 / sqrt(D)), A_log and dt_bias as above."""
     out = {}
     for name, shape, kind in tensor_specs(cfg):
         noise = torch.randn(shape, generator=gen, dtype=torch.float32)
@@ -167,6 +176,8 @@ def init_params(cfg: FlaConfig, gen: torch.Generator) -> dict:
         elif kind == "matrix":
             key = name if name == "lm_head.weight" else name.split(".attn.")[-1].split(".mlp.")[-1]
             out[name] = (_MATRIX_GAIN[key] / math.sqrt(shape[-1])) * noise
+        elif kind == "res_proj":
+            out[name] = (_RES_PROJ_GAIN / math.sqrt(shape[-1])) * noise
         elif kind == "conv":
             out[name] = noise / math.sqrt(shape[-1])
         elif kind == "bias":

@@ -37,7 +37,7 @@ What differs from Kimi Linear (kimi_linear.py, whose pieces this module reuses w
   output extends the partial, which is h for the next layer; after the last layer
   y = Mix(blocks ++ [h]) feeds model.norm. Mix(S) = sum_j p_j s_j with p = softmax_j(z), z_j =
   <RMSNorm_{res_norm.weight, rms_norm_eps}(s_j), res_proj.weight[0]> (computed that way, never folded),
-  sources raw. Tensors layers.{i}.self_attention_res_{norm,proj}.weight, mlp_res_{norm,proj}.weight
+  sources raw (delta_family.attn_res_mix, shared with fla's AttnRes). Tensors layers.{i}.self_attention_res_{norm,proj}.weight, mlp_res_{norm,proj}.weight
   ([D], [1, D], in every layer), model.output_attn_res_{norm,proj}.weight.
 * MXFP4 (compressed-tensors mxfp4-pack-quantized): a Linear stored as X.weight_packed U8 [rows, cols/2]
   (low nibble = even column; code bit 3 = sign, bits 0-2 index the E2M1 magnitudes 0, .5, 1, 1.5, 2, 3, 4,
@@ -57,6 +57,7 @@ from typing import Optional
 
 import torch
 
+from delta_family import attn_res_mix
 from kimi_linear import (KimiConfig, Weights, _swiglu_specs, glu, initial_cache, kda_mixer,  # noqa: F401
                          low_rank_output_gate, mixer_shapes, mla_mixer, rms_norm, router, routed_experts,
                          shared_experts, softplus_log_decay)
@@ -365,16 +366,6 @@ def latent_moe(cfg: K3Config, w: Weights, p: str, x: torch.Tensor, rec) -> tuple
     if cfg.num_shared_experts:
         out = out + rec("moe.shared", shared_experts(cfg, w, p, x))
     return rec("moe.out", out), sel
-
-
-def attn_res_mix(sources: list, norm_weight: torch.Tensor, proj_weight: torch.Tensor, eps: float) -> tuple:
-    """Block AttnRes Mix (spec 6.3) over sources [s_0 .. s_{S-1}], each [T, D]: z_j = RMSNorm_{norm_weight,
-    eps}(s_j) . proj_weight[0], p = softmax over j, returns (sum_j p_j s_j [T, D] of the raw sources,
-    p [T, S])."""
-    stacked = torch.stack(sources)                                    # [S, T, D]
-    z = (rms_norm(stacked, norm_weight, eps) * proj_weight[0]).sum(dim=-1)  # [S, T]
-    p = torch.softmax(z, dim=0)
-    return (p[:, :, None] * stacked).sum(dim=0), p.T
 
 
 # ---------------------------------------------------------------------------------------------------

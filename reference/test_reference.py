@@ -1,7 +1,8 @@
 """Checks of the reference itself: safetensors round trips, gpt2.py against an independent token-by-token
 KV-cache decode built from torch.nn.functional, delta_family.py's building blocks against torch.nn.functional
 and its recurrence against the chunked (WY) form of spec 1.6, decode against prefill for every delta-family
-case (BF16 cases with the bf16 dot-product emulation too), kimi_linear.py's decode (explicit and absorbed
+case (BF16 cases with the bf16 dot-product emulation too), its fla Block AttnRes against the paper's block
+formulation in sublayer units, kimi_linear.py's decode (explicit and absorbed
 MLA) against its prefill, its KDA against delta_family's, its RoPE, MLA and MoE router against independent
 forms; kimi_k3.py's decode against its prefill, its Block AttnRes against the paper's block formulation
 with folded pseudo-queries, its MXFP4 decode against E2M1's bit fields, its lower-bound KDA against
@@ -36,6 +37,15 @@ from gpt2 import bf16_weight_names, canonical_weights, gpt2_forward  # noqa: E40
 from gpt2_goldens import CASES, checkpoint_tensors, init_params  # noqa: E402
 from safetensors_io import read_checkpoint, read_header, read_safetensors, write_safetensors, write_sharded  # noqa: E402
 
+
+def _folded_mix(w, sources, prefix, eps):
+    """One AttnRes mix written independently of the references: keys RMS-normalized with the folded
+    pseudo-query norm.weight * proj.weight[0], softmax over the sources, the raw sources summed."""
+    fold = w[prefix + "_norm.weight"] * w[prefix + "_proj.weight"][0]
+    s = torch.stack(sources, dim=1)                                           # [T, S, D]
+    z = (s * fold).sum(-1) / torch.sqrt(s.pow(2).mean(-1) + eps)
+    p = F.softmax(z, dim=1)
+    return torch.einsum("ts,tsd->td", p, s), p
 
 def test_safetensors_round_trip():
     gen = torch.Generator().manual_seed(0)
@@ -199,6 +209,69 @@ def test_delta_family_decode_matches_prefill():
             assert err < 1e-12, (f"{case.model_type}/{case.name}{' bf16 inputs' if inputs else ''}: decode vs "
                                  f"prefill relative RMS {err:.3g}")
 
+
+
+def test_fla_attnres_matches_block_formulation():
+    """fla's Block AttnRes (attnres_block_size B in sublayers; the kda golden case, and every model type
+    with B = 1 (full AttnRes), 2, 4, 6 over 3 layers) against the paper's block formulation written from
+    scratch in sublayer units: sublayer j is layer j // 2's attention (j even) or MLP (j odd), o_j its
+    output (attn.out / mlp.out), chunk n = o_{nB} + .. + o_{nB+B-1} (cut at 2L); sublayer j mixes
+    [embedding, chunks n < j // B, the partial o_{(j//B)B} + .. + o_{j-1} when non-empty] (j = 0: no mix,
+    the embedding itself) and its norm takes the mix; the output mix takes [embedding, every chunk] and
+    feeds model.norm. Keys RMS-normalized with the folded pseudo-query norm.weight * proj.weight[0]
+    (fused_attnres's q * w); softmax over sources; raw sources summed. Also fla's config rule for B."""
+    cases = [c for c in delta_family_goldens.CASES if c.config.get("attnres_block_size") is not None]
+    assert cases, "no delta-family golden case with attnres_block_size"
+    for model_type in delta_family.MODEL_TYPES:
+        base = next(c for c in delta_family_goldens.CASES if c.model_type == model_type)
+        cases += [dataclasses.replace(base, name=f"{base.name}_attnres{B}", T=12,
+                                      config={**base.config, "num_hidden_layers": 3, "attnres_block_size": B})
+                  for B in (1, 2, 4, 6)]
+    for case in cases:
+        label = f"{case.model_type}/{case.name}"
+        cfg = delta_family.FlaConfig.from_json(case.json_config())
+        params = delta_family_goldens.init_params(cfg, torch.Generator().manual_seed(case.seed))
+        tensors = delta_family_goldens.checkpoint_tensors(case, params)
+        w = delta_family.canonical_weights(cfg, tensors, torch.float64)
+        tokens = torch.from_numpy(np.random.RandomState(case.seed).randint(0, cfg.vocab_size, case.T)).long()
+        rec = {}
+        delta_family.fla_forward(cfg, w, tokens, rec)
+        assert [(k, list(t.shape)) for k, t in rec.items()] == delta_family.intermediate_shapes(cfg, case.T), label
+        B, L, eps = cfg.attnres_block_size, cfg.num_hidden_layers, cfg.norm_eps
+
+        def mix(sources, prefix):
+            return _folded_mix(w, sources, prefix, eps)
+
+        def norm(x, name):
+            return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w[name]
+
+        outs = [rec[f"h{i}.{s}"] for i in range(L) for s in ("attn.out", "mlp.out")]
+        chunks = [sum(outs[n:n + B]) for n in range(0, 2 * L, B)]
+        for j in range(2 * L):
+            i, b = j // 2, j // B
+            p, n = f"model.layers.{i}.", f"h{i}."
+            res, pre, after = (("attn_res", "attn_norm", "resid_mid"), ("mlp_res", "mlp_norm", "out"))[j % 2]
+            if j == 0:
+                x = rec["embed"]
+                assert n + "attn_res.weights" not in rec, label
+            else:
+                partial = [sum(outs[b * B:j])] if j > b * B else []
+                x, weights = mix([rec["embed"]] + chunks[:b] + partial, p + res)
+                assert relative_rms(rec[n + res + ".weights"], weights) < 1e-13, (label, j)
+            assert relative_rms(rec[n + pre], norm(x, p + pre + ".weight")) < 1e-13, (label, j)
+            assert relative_rms(rec[n + after], sum(outs[b * B:j + 1])) < 1e-13, (label, j)
+        y, weights = mix([rec["embed"]] + chunks, "model.res")
+        assert relative_rms(rec["output_res.weights"], weights) < 1e-13, label
+        assert relative_rms(rec["norm"], norm(y, "model.norm.weight")) < 1e-13, label
+    config = {"model_type": "kda", "vocab_size": 16, "num_hidden_layers": 1, "hidden_size": 32}
+    for good in (None, 1, 2, 4, 12):
+        delta_family.FlaConfig.from_json({**config, "attnres_block_size": good})
+    for bad in (0, -2, 3, 5, True, 2.0, "4"):
+        try:
+            delta_family.FlaConfig.from_json({**config, "attnres_block_size": bad})
+        except ValueError:
+            continue
+        raise AssertionError(f"attnres_block_size {bad!r} was accepted")
 
 
 def _kimi_case(case):
@@ -480,11 +553,7 @@ def test_k3_attn_res_matches_block_formulation():
         B, L, eps = cfg.attn_res_block_size, cfg.num_hidden_layers, cfg.rms_norm_eps
 
         def mix(sources, prefix):
-            fold = w[prefix + "_norm.weight"] * w[prefix + "_proj.weight"][0]
-            s = torch.stack(sources, dim=1)                                           # [T, S, D]
-            z = (s * fold).sum(-1) / torch.sqrt(s.pow(2).mean(-1) + eps)
-            p = F.softmax(z, dim=1)
-            return torch.einsum("ts,tsd->td", p, s), p
+            return _folded_mix(w, sources, prefix, eps)
 
         def norm(x, name):
             return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w[name]

@@ -242,8 +242,8 @@ TEST(BadInput, FlaUnknownFeatureMapActivationAndGate) {
                {"\"safe_gate\"", "[-5, 0)"});
   expect_error([] { io::load_model(fla_dir(R"({"model_type": "gated_deltanet", "attn": {"layers": [1]}, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
                {"\"attn\"", "hybrid softmax-attention layers are not supported"});
-  expect_error([] { io::load_model(fla_dir(R"({"model_type": "kda", "attnres_block_size": 2, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
-               {"\"attnres_block_size\""});
+  expect_error([] { io::load_model(fla_dir(R"({"model_type": "kda", "attnres_block_size": 3, "vocab_size": 10, "num_hidden_layers": 1})"), false); },
+               {"\"attnres_block_size\"", "an even number of sublayers"});
   expect_error([] { io::load_model(fla_dir(R"({"model_type": "kda", "hidden_act": "gelu", "vocab_size": 10, "num_hidden_layers": 1})"), false); },
                {"\"hidden_act\"", "swish"});
 }

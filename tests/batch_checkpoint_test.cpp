@@ -23,7 +23,10 @@ namespace fs = std::filesystem;
 // the fla reference checkpoints carry the same last-bit differences further: their decay gates
 // A·softplus(·) with |A| = exp(A_log) up to 16 multiply a relative error in the gate's input by up to
 // 16 in the exponent, and L2-normed q / k and the delta rule's v − Sᵀk add more. Measured up to
-// 1.4e-5 (kda/f32_gva, B = 16); they are held to 3e-5.
+// 1.4e-5 (kda/f32_gva, B = 16); they are held to 3e-5. Kimi K3's cases add the AttnRes softmaxes
+// over depth (the reference's pseudo-queries skew every mix by ≥ 0.48 from uniform, so a last-bit
+// change in a source moves the weights) and the lower-bounded gates near −5: measured up to 6.5e-5
+// (kimi_k3/mxfp4_routed, B = 16, where the batch's MXFP4 GEMM meets a lone token's GEMV), held to 1e-4.
 TEST(BatchCheckpoints, BatchedEqualsAloneForEveryFamily) {
   int checked = 0;
   for (const char* family : {"gpt2", "linear_attn", "delta_net", "gated_deltanet", "kda", "kimi_linear", "kimi_k3"}) {
@@ -37,7 +40,7 @@ TEST(BatchCheckpoints, BatchedEqualsAloneForEveryFamily) {
       const std::string name = std::string(family) + "/" + dir.filename().string();
       io::LoadedModel lm = io::load_model(dir, false);
       lm.model.options.bf16_dot = false;
-      const double tol = std::string(family) == "gpt2" ? 1e-6 : 3e-5;
+      const double tol = std::string(family) == "gpt2" ? 1e-6 : std::string(family) == "kimi_k3" ? 1e-4 : 3e-5;
       for (int B : {1, 2, 5, 16}) {
         const double worst = test::expect_batched_equals_alone(lm.model, B, tol);
         std::printf("%-50s B %2d: largest relative RMS vs alone %.2g\n", name.c_str(), B, worst);

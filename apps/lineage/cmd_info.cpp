@@ -54,7 +54,7 @@ MemoryPlan memory_plan(model::Model& m, const model::ParamCount& pc, size_t stat
   }
   p.state = double(state_bytes);
   if (m.config.residual == model::ResidualKind::BlockAttention)  // every finished block + the partial + the mix
-    p.attn_res_per_token = double((m.n_layers() + m.config.attn_res_block - 1) / m.config.attn_res_block + 2) *
+    p.attn_res_per_token = double((2 * m.n_layers() + m.config.attn_res_block - 1) / m.config.attn_res_block + 2) *
                            double(m.config.d_model) * sizeof(float);
   p.fits = p.weights + p.state <= p.ram;
   const double resident = p.weights - p.routed + p.state;

@@ -80,6 +80,39 @@ Row measure(const std::string& label, const model::Model& m, uint64_t seed) {
   return r;
 }
 
+// The seeds' two columns: how each layer kind writes its memory and how it forgets, the kinds of a
+// hybrid joined ("delta rule / append latent").
+std::pair<std::string, std::string> write_and_forget(const model::Model& m) {
+  std::vector<std::string> write, forget;
+  const auto add = [](std::vector<std::string>& v, const std::string& s) {
+    if (std::find(v.begin(), v.end(), s) == v.end()) v.push_back(s);
+  };
+  for (const auto& b : m.blocks)
+    std::visit(
+        [&](const auto& x) {
+          using X = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<X, layers::DeltaRule>) {
+            const auto& c = x.config;
+            add(write, c.delta ? "delta rule" : "add k vT");
+            using D = layers::DeltaRule::DecayInput;
+            add(forget, c.decay == D::None        ? "none"
+                        : c.decay == D::PerHeadProj ? "decay per head"
+                        : c.gate_lower_bound < 0    ? cat("decay per channel in (", c.gate_lower_bound, ", 0)")
+                                                    : std::string("decay per channel"));
+          } else {
+            add(write, std::is_same_v<X, layers::Mla> ? "append latent" : "append K, V");
+            add(forget, "none");
+          }
+        },
+        b.mixer);
+  const auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : " / ") + x;
+    return s;
+  };
+  return {join(write), join(forget)};
+}
+
 void print_row(const Row& r, const model::Model& m) {
   std::string mem, dec;
   for (int i = 0; i < 3; ++i) {
@@ -98,8 +131,9 @@ void print_row(const Row& r, const model::Model& m) {
   if (sc.per_token && sc.fixed)
     kind += cat(" (", growing, " of ", m.n_layers(), " layers) + ", format_bytes(double(sc.fixed)), " fixed");
   const char* same = runtime::prefill_equals_decode(r.split_rel_rms) ? "yes" : "NO";
-  std::printf("%-18s %-58s | %-32s | %-26s | %11.0f | %s (rel rms %.1e)%s%s\n", r.preset.c_str(), kind.c_str(),
-              mem.c_str(), dec.c_str(), r.prefill_tok_s, same, r.split_rel_rms, r.note.empty() ? "" : "; ",
+  const auto [write, forget] = write_and_forget(m);
+  std::printf("%-18s %-58s | %-26s | %-32s | %-32s | %-26s | %11.0f | %s (rel rms %.1e)%s%s\n", r.preset.c_str(),
+              kind.c_str(), write.c_str(), forget.c_str(), mem.c_str(), dec.c_str(), r.prefill_tok_s, same, r.split_rel_rms, r.note.empty() ? "" : "; ",
               r.note.c_str());
 }
 
@@ -135,7 +169,8 @@ void add_tour(CLI::App& app) {
     if (names.empty())
       for (const auto& p : model::presets())
         if (p.in_tour) names.push_back(p.name);
-    std::printf("%-18s %-58s | %-32s | %-26s | %11s | %s\n", "preset", "memory", "state bytes @ 1k / 4k / 16k",
+    std::printf("%-18s %-58s | %-26s | %-32s | %-32s | %-26s | %11s | %s\n", "preset", "memory", "write", "forgetting",
+                "state bytes @ 1k / 4k / 16k",
                 "decode ms/tok @ 1k/4k/16k", "prefill t/s", "chunked = decode");
     if (!o.model_dir.empty()) {
       ModelSource src = o.src;

@@ -170,11 +170,11 @@ const float* ResidualStream::mixed(const layers::AttnRes& q, const char* name, c
 
 const float* ResidualStream::input(int64_t sublayer, const layers::Trace& trace) {
   if (m_.config.residual == ResidualKind::Plain) return x_;
-  const int64_t i = sublayer / 2;
-  const Block& b = m_.blocks[size_t(i)];
-  if (sublayer % 2) return mixed(b.mlp_res, "mlp_res.weights", trace);
-  const float* in = blocks_ ? mixed(b.attn_res, "attn_res.weights", trace) : x_;
-  if (i % m_.config.attn_res_block == 0) {  // the partial becomes a finished block
+  const Block& b = m_.blocks[size_t(sublayer / 2)];
+  const float* in = !blocks_ ? x_
+                    : sublayer % 2 ? mixed(b.mlp_res, "mlp_res.weights", trace)
+                                   : mixed(b.attn_res, "attn_res.weights", trace);
+  if (sublayer % m_.config.attn_res_block == 0) {  // the partial becomes a finished block
     if (ar_->blocks.size() <= size_t(blocks_)) ar_->blocks.resize(size_t(blocks_ + 1));
     float* dst = ar_->blocks[size_t(blocks_)].get(size_t(n_ * d_));
     std::memcpy(dst, x_, size_t(n_ * d_) * sizeof(float));

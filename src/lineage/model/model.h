@@ -61,7 +61,8 @@ struct ModelConfig {
   bool tied_lm_head = true;
   std::optional<int32_t> bos_token_id, eos_token_id;
   ResidualKind residual = ResidualKind::Plain;
-  // BlockAttention: decoder layers per block (K3's attn_res_block_size; fla's attnres_block_size / 2).
+  // BlockAttention: sublayers per block (2 per decoder layer: fla's attnres_block_size; K3's
+  // attn_res_block_size counts decoder layers, twice this).
   int64_t attn_res_block = 0;
   // Parameters the checkpoint holds beyond the text model (K3's vision tower and projector): bound
   // nowhere, reported by `info`.
@@ -182,12 +183,12 @@ struct Workspace {
 // The residual wiring of one forward over N rows of width D (ResidualKind). x holds the embedding
 // to begin with and is the stream (plain) or the current partial block (BlockAttention) after.
 //   Plain: a sublayer reads x and its output is added to x.
-//   BlockAttention (spec §6.3, block size B decoder layers): the attention sublayer of layer i reads
-//   the mix of [finished blocks, partial] (the partial alone while no block is finished); at
-//   i % B == 0 the partial is then pushed as a finished block (layer 0 pushes the embedding) and the
-//   attention's output starts the next; the ffn sublayer reads the mix of [finished blocks,
-//   partial]; outputs add to the partial; the model's output is the mix of [finished blocks,
-//   partial] under the model-level query. Traces attn_res.weights, mlp_res.weights and
+//   BlockAttention (spec §6.3, block size B sublayers): sublayer s (2i: layer i's attention, 2i + 1
+//   its ffn) reads the mix of [finished blocks, partial] (the partial alone while no block is
+//   finished); at s % B == 0 the partial is then pushed as a finished block (sublayer 0 pushes the
+//   embedding) and s's output starts the next; outputs add to the partial; the model's output is
+//   the mix of [finished blocks, partial] under the model-level query. K3's blocks of n decoder
+//   layers are B = 2n; fla's attnres_block_size is B (1: every sublayer's output its own source). Traces attn_res.weights, mlp_res.weights and
 //   output_res.weights, [N, sources].
 class ResidualStream {
  public:

@@ -16,8 +16,6 @@ using layers::DeltaRule;
 void refuse_unsupported(const ConfigFields& c) {
   if (c.has("attn"))
     c.fail("attn", "null (fla's hybrid softmax-attention layers are not supported yet)");
-  if (c.has("attnres_block_size"))
-    c.fail("attnres_block_size", "null (attention residuals are not supported yet for fla models)");
   if (c.string("hidden_act", "swish") != "swish") c.fail("hidden_act", "\"swish\" (fla's GatedMLP accepts nothing else)");
 }
 
@@ -95,6 +93,23 @@ Model build_fla(const ArchInput& in, const std::string& type, const DeltaRule::C
   layers::GatedMlp mlp;
   mlp.config = {D, F};
   b.ffn = std::move(mlp);
+  // Block Attention Residuals (fla's attnres_block_size, in sublayers: 1 makes every sublayer's
+  // output its own source, an even B blocks of B / 2 layers); pseudo-queries and their norms at
+  // norm_eps, and the model-level mix before model.norm.
+  if (c.has("attnres_block_size")) {
+    const auto& v = c.json()["attnres_block_size"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || (v.get<int64_t>() > 1 && v.get<int64_t>() % 2) ||
+        v.get<int64_t>() > 2 * L)
+      c.fail("attnres_block_size", cat("null, 1, or an even number of sublayers in [2, ", 2 * L, "] (2 per layer)"));
+    m.config.residual = ResidualKind::BlockAttention;
+    m.config.attn_res_block = v.get<int64_t>();
+    const layers::AttnRes mix{D, eps, {}, {}, {}};
+    m.output_res = b.attn_res = b.mlp_res = mix;
+    m.names.output_res_norm = "model.res_norm", m.names.output_res_proj = "model.res_proj";
+    b.names.attn_res_norm = "attn_res_norm", b.names.attn_res_proj = "attn_res_proj";
+    b.names.mlp_res_norm = "mlp_res_norm", b.names.mlp_res_proj = "mlp_res_proj";
+    m.config.description += cat(", AttnRes blocks of ", m.config.attn_res_block, " sublayers");
+  }
   m.blocks.assign(size_t(L), b);
   return m;
 }

@@ -111,18 +111,16 @@ layers::Mla mla_layer(const ConfigFields& c, int64_t D) {
 }
 
 // Marks `m` (named `name`, "….weight") as an MXFP4 pair where the checkpoint holds it packed, or
-// without a checkpoint where `config_packed` says so; packed rows must hold whole 32-value blocks.
-void mark_packed(kernels::Matrix& m, const std::string& name, int64_t in, const Source& src, bool config_packed) {
+// without a checkpoint where `config_packed` says so (layers::visit_matrix checks its rows are
+// whole 32-value blocks).
+void mark_packed(kernels::Matrix& m, const std::string& name, const Source& src, bool config_packed) {
   m.packed = src.checkpoint() ? src.has(name + "_packed") : config_packed;
-  if (m.packed && in % 32)
-    throw Error(cat(src.prefix, name, "_packed: an MXFP4 matrix needs rows of whole 32-value blocks (one scale each); "
-                                      "this one's rows hold ", in, " values"));
 }
 
-void mark_mlp(layers::GatedMlp& g, const std::string& name, int64_t in, int64_t hidden, const Source& src, bool cfg) {
-  mark_packed(g.weights.gate_proj, name + "." + g.names.gate + ".weight", in, src, cfg);
-  mark_packed(g.weights.up_proj, name + "." + g.names.up + ".weight", in, src, cfg);
-  mark_packed(g.weights.down_proj, name + "." + g.names.down + ".weight", hidden, src, cfg);
+void mark_mlp(layers::GatedMlp& g, const std::string& name, const Source& src, bool cfg) {
+  for (auto [m, part] : {std::pair{&g.weights.gate_proj, &g.names.gate}, {&g.weights.up_proj, &g.names.up},
+                         {&g.weights.down_proj, &g.names.down}})
+    mark_packed(*m, name + "." + *part + ".weight", src, cfg);
 }
 
 // The vision tower and projector of K3's published checkpoint (MoonViT + patchmergerv2), counted
@@ -261,7 +259,7 @@ Model build_kimi(const ConfigFields& c, const Source& src) {
   const layers::AttnRes mix{D, eps, {}, {}, {}};
   if (attn_res) {
     m.config.residual = ResidualKind::BlockAttention;
-    m.config.attn_res_block = attn_res;
+    m.config.attn_res_block = 2 * attn_res;  // in sublayers
     m.output_res = mix;
     m.names.output_res_norm = P + "model.output_attn_res_norm";
     m.names.output_res_proj = P + "model.output_attn_res_proj";
@@ -282,23 +280,22 @@ Model build_kimi(const ConfigFields& c, const Source& src) {
       // MXFP4: the routed experts as the config's quantization says (the published K3); the shared
       // experts and latent projections too where a checkpoint holds them packed.
       e.weights.experts.resize(size_t(E));
-      const int64_t X = e.expert_width();
       for (int64_t j = 0; j < E; ++j) {
         layers::GatedMlp& g = e.weights.experts[size_t(j)];
         g.names = e.expert_names;
-        mark_mlp(g, cat(fp, ".experts.", j), X, moe.hidden, src, config_mxfp4);
+        mark_mlp(g, cat(fp, ".experts.", j), src, config_mxfp4);
       }
-      if (moe.shared_hidden > 0) mark_mlp(e.weights.shared, fp + ".shared_experts", D, moe.shared_hidden, src, false);
+      if (moe.shared_hidden > 0) mark_mlp(e.weights.shared, fp + ".shared_experts", src, false);
       if (moe.latent > 0) {
-        mark_packed(e.weights.latent_down, fp + ".routed_expert_down_proj.weight", D, src, false);
-        mark_packed(e.weights.latent_up, fp + ".routed_expert_up_proj.weight", moe.latent, src, false);
+        mark_packed(e.weights.latent_down, fp + ".routed_expert_down_proj.weight", src, false);
+        mark_packed(e.weights.latent_up, fp + ".routed_expert_up_proj.weight", src, false);
       }
       b.ffn = std::move(e);
       ++n_moe;
     } else {
       layers::GatedMlp mlp;
       mlp.config = {D, dense_width, mlp_act, situ_beta, situ_linear_beta};
-      mark_mlp(mlp, fp, D, dense_width, src, false);
+      mark_mlp(mlp, fp, src, false);
       b.ffn = std::move(mlp);
     }
     b.names = {"input_layernorm", "self_attn", "post_attention_layernorm", ffn, "", "", "", ""};
