@@ -37,6 +37,12 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   return t;
 }
 
+std::string fmt_sci(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1e", v);
+  return buf;
+}
+
 Row measure(const std::string& label, const model::Model& m, uint64_t seed) {
   Row r;
   r.preset = label;
@@ -76,7 +82,16 @@ Row measure(const std::string& label, const model::Model& m, uint64_t seed) {
   }
   r.prefill_tok_s = prefilled / std::max(prefill_s, 1e-9);
   const int64_t checked = limit ? std::min<int64_t>(48, limit) : 48;
-  r.split_rel_rms = runtime::prefill_decode_rel_rms(m, runtime::split_check_tokens(m.config.vocab_size, checked));
+  const auto split_tokens = runtime::split_check_tokens(m.config.vocab_size, checked);
+  r.split_rel_rms = runtime::prefill_decode_rel_rms(m, split_tokens);
+  if (!runtime::prefill_equals_decode(r.split_rel_rms)) {  // say where, and whether it is a routing tie
+    const runtime::Divergence d = runtime::first_divergence(m, split_tokens);
+    if (d.routing_flip)
+      r.note = cat("a near tie among the router's scores picks other experts at ", d.name.substr(0, d.name.find('.')),
+                   " (router logits agree to ", fmt_sci(d.router_rel_rms), ")") + (r.note.empty() ? "" : "; " + r.note);
+    else if (!d.name.empty())
+      r.note = cat("first differs at ", d.name, " (", fmt_sci(d.rel_rms), ")") + (r.note.empty() ? "" : "; " + r.note);
+  }
   return r;
 }
 

@@ -1,6 +1,7 @@
 #include "lineage/runtime/split_check.h"
 
 #include <cmath>
+#include <map>
 
 #include "lineage/core/error.h"
 #include "lineage/core/rng.h"
@@ -37,6 +38,44 @@ double prefill_decode_rel_rms(const model::Model& m, std::span<const int32_t> to
     decoded.insert(decoded.end(), l.begin(), l.end());
   }
   return relative_rms(decoded, all);
+}
+
+Divergence first_divergence(const model::Model& m, std::span<const int32_t> tokens) {
+  // Per-token intermediates ([T, width]: embeddings, activations, router outputs) of both runs, by
+  // name; the decode's rows appended token after token.
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<float>> whole_out, step_out;
+  Session whole(m), step(m);
+  const int64_t T = int64_t(tokens.size());
+  whole.set_trace(layers::Trace{[&](const std::string& n, const float* d, const Shape& s) {
+    if (s.size() != 2 || s[0] != T) return;
+    order.push_back(n);
+    whole_out[n].assign(d, d + shape_numel(s));
+  }, ""});
+  step.set_trace(layers::Trace{[&](const std::string& n, const float* d, const Shape& s) {
+    if (s.size() == 2 && s[0] == 1) step_out[n].insert(step_out[n].end(), d, d + shape_numel(s));
+  }, ""});
+  whole.prefill(tokens, true);
+  for (int32_t t : tokens) step.decode(t);
+  Divergence d;
+  for (const std::string& n : order) {
+    const auto& a = whole_out[n];
+    const auto& b = step_out[n];
+    if (a.size() != b.size()) continue;
+    const double r = relative_rms(b, a);
+    if (r <= kPrefillDecodeTolerance) continue;
+    d.name = n, d.rel_rms = r;
+    const std::string ids = "moe.expert_ids";
+    if (n.size() > ids.size() && n.ends_with(ids)) {
+      const std::string logits = n.substr(0, n.size() - ids.size()) + "moe.router_logits";
+      if (whole_out.count(logits) && whole_out[logits].size() == step_out[logits].size()) {
+        d.router_rel_rms = relative_rms(step_out[logits], whole_out[logits]);
+        d.routing_flip = d.router_rel_rms <= kPrefillDecodeTolerance;
+      }
+    }
+    break;
+  }
+  return d;
 }
 
 }  // namespace lineage::runtime

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "lineage/model/model.h"
@@ -19,6 +20,18 @@ double relative_rms(std::span<const float> got, std::span<const float> want);
 // Relative RMS of the logits [T, vocab] of `tokens` decoded one at a time in one session against
 // those of a single prefill of all of them in another.
 double prefill_decode_rel_rms(const model::Model& m, std::span<const int32_t> tokens);
+
+// Where the two first part: the first traced intermediate [T, ·] whose prefill and decode rows
+// differ by more than kPrefillDecodeTolerance (relative RMS), in forward order; `name` empty when
+// none does. routing_flip: it is a MoE layer's expert_ids while that layer's router logits still
+// agree within the tolerance (`router_rel_rms`): a near tie among the scores picked another
+// expert, the two summation orders' last bits deciding it, not a wrong cache or state.
+struct Divergence {
+  std::string name;
+  double rel_rms = 0, router_rel_rms = 0;
+  bool routing_flip = false;
+};
+Divergence first_divergence(const model::Model& m, std::span<const int32_t> tokens);
 
 // Float rounding of the two summation orders stays orders of magnitude below this; a wrong cache,
 // state or position does not.
