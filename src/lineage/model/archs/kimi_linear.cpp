@@ -133,10 +133,14 @@ int64_t vision_params(const ConfigFields& v) {
   const int64_t p = v.integer("patch_size", 14, 1024);
   const int64_t Hp = v.integer("init_pos_emb_height", 64, 1 << 14), Wp = v.integer("init_pos_emb_width", 64, 1 << 14);
   const int64_t C = v.integer("text_hidden_size", limits::kWidth), mm = v.integer("mm_hidden_size", D, limits::kWidth);
-  int64_t merge = 4;
-  if (v.has("merge_kernel_size") && v.json()["merge_kernel_size"].is_array() && v.json()["merge_kernel_size"].size() == 2 &&
-      v.json()["merge_kernel_size"][0].is_number_integer() && v.json()["merge_kernel_size"][1].is_number_integer())
-    merge = v.json()["merge_kernel_size"][0].get<int64_t>() * v.json()["merge_kernel_size"][1].get<int64_t>();
+  int64_t merge = 4;  // patches merged into one projector input: kh · kw
+  if (v.has("merge_kernel_size")) {
+    const auto& k = v.json()["merge_kernel_size"];
+    const auto side = [&](size_t i) { return k[i].is_number_integer() && k[i].get<int64_t>() >= 1 && k[i].get<int64_t>() <= 64; };
+    if (!k.is_array() || k.size() != 2 || !side(0) || !side(1))
+      v.fail("merge_kernel_size", "two integers in [1, 64] (the patches merged per projector input)");
+    merge = k[0].get<int64_t>() * k[1].get<int64_t>();
+  }
   const int64_t M = mm * merge;
   const int64_t tower = 3 * p * p * D + Hp * Wp * D + L * (2 * D + 4 * Q * D + 2 * I * D) + D;
   return tower + M * M + M * C + C;
