@@ -139,8 +139,10 @@ TEST(KimiK3, DamagedCheckpointsNameTheTensorOrField) {
                     {"weight_packed", "whole 32-value blocks", "40"});
   // Layer lists that disagree with the tensors: layer 3 (one-based) holds KDA, layer 4 MLA.
   expect_load_error(rewritten([](auto&, json& c) {
-                      c["text_config"]["linear_attn_config"]["kda_layers"] = {1, 2, 4};
-                      c["text_config"]["linear_attn_config"]["full_attn_layers"] = {3, 5};
+                      // [1, 2, 3] and [4, 5] become [1, 2, 4] and [3, 5] (elements set in place: replacing
+                      // a whole array this way leaks it in nlohmann-json 3.11.2 under LeakSanitizer).
+                      c["text_config"]["linear_attn_config"]["kda_layers"][2] = 4;
+                      c["text_config"]["linear_attn_config"]["full_attn_layers"][0] = 3;
                     }),
                     {"full_attn_layers", "layer 3 (one-based) has KDA tensors"});
   // A quantization format lineage does not run.
