@@ -145,8 +145,11 @@ TEST(Cli, LogitsMatchGoldenForEveryChunkSize) {
   }
 }
 
-TEST(Cli, DeltaFamilyLogitsMatchGoldenForEveryChunkSize) {
-  for (const char* c : {"linear_attn/f32_elu_normalized", "delta_net/f32", "gated_deltanet/f32_gva", "kda/f32_gva", "kda/bf16"}) {
+// The delta family, and Kimi K3 (MXFP4 experts, AttnRes, latent MoE; the published layout and the
+// 0.40B one) through `lineage logits`.
+TEST(Cli, RecurrentFamilyLogitsMatchGoldenForEveryChunkSize) {
+  for (const char* c : {"linear_attn/f32_elu_normalized", "delta_net/f32", "gated_deltanet/f32_gva", "kda/f32_gva", "kda/bf16",
+                        "kimi_k3/mxfp4_routed", "kimi_k3/all_packed"}) {
     const fs::path dir = test::testdata() / c;
     const Tensor want = io::load_npy(dir / "golden" / "logits.npy");
     for (const char* chunk : {"", " --chunk 1", " --chunk 3", " --chunk 64", " --no-mmap --chunk 3"}) {

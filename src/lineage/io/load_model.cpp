@@ -12,6 +12,7 @@
 
 #include "lineage/core/error.h"
 #include "lineage/io/json_read.h"
+#include "lineage/kernels/matrix.h"
 #include "lineage/model/archs/arch.h"
 
 namespace lineage::io {
@@ -205,10 +206,8 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
 void check_mxfp4_scales(model::Model& m, const std::string& where) {
   m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape&, layers::Init) {
     if (!ends_with(name, ".weight_scale") || !t.defined()) return;
-    const auto* b = static_cast<const uint8_t*>(t.raw());
-    const void* bad = std::memchr(b, 0xFF, t.nbytes());
-    if (!bad) return;
-    const int64_t i = static_cast<const uint8_t*>(bad) - b, cols = t.ndim() == 2 ? t.dim(1) : 1;
+    const int64_t i = kernels::first_nan_scale(t), cols = t.ndim() == 2 ? t.dim(1) : 1;
+    if (i < 0) return;
     throw Error(cat(where, ": tensor \"", name, "\" ", shape_str(t.shape()), ": the MXFP4 block scale of row ", i / cols,
                     ", columns ", 32 * (i % cols), " .. ", 32 * (i % cols) + 31,
                     " is 255, which E8M0 reserves for NaN (expected an exponent 0 .. 254); the checkpoint is damaged"));

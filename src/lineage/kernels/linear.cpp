@@ -487,9 +487,14 @@ Weight Matrix::view(bool bf16_dot) const {
 
 int64_t first_nan_scale(const Matrix& W) {
   if (!W.scales.defined() || W.format() != MatrixFormat::MXFP4) return -1;
-  const auto* s = static_cast<const uint8_t*>(W.scales.raw());
-  const uint8_t* bad = std::find(s, s + W.scales.numel(), uint8_t(255));
-  return bad == s + W.scales.numel() ? -1 : int64_t(bad - s);
+  return first_nan_scale(W.scales);
+}
+
+int64_t first_nan_scale(const Tensor& scales) {
+  if (!scales.defined() || scales.dtype() != DType::U8) return -1;
+  const auto* s = static_cast<const uint8_t*>(scales.raw());
+  const uint8_t* bad = std::find(s, s + scales.numel(), uint8_t(255));
+  return bad == s + scales.numel() ? -1 : int64_t(bad - s);
 }
 
 void linear(const float* x, int64_t T, const Matrix& W, const Tensor* bias, float* y, std::optional<Activation> act,

@@ -41,6 +41,8 @@ void linear(const float* x, int64_t T, const Matrix& W, const Tensor* bias, floa
 // for every other format). The loader rejects such a matrix, naming row index / (in/32), block
 // index % (in/32).
 int64_t first_nan_scale(const Matrix& W);
+// The same over one weight_scale tensor (U8): the flat index of its first 255, or -1.
+int64_t first_nan_scale(const Tensor& scales);
 
 // W in [out, in] layout, owned: a no-op where it already is; the GPT-2 Conv1D [in, out] matrices of
 // owned weights are transposed once (model::prepare).

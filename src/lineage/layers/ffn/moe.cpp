@@ -6,6 +6,7 @@
 
 #include "lineage/core/error.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/norm.h"
 
 namespace lineage::layers {
 
@@ -41,10 +42,6 @@ void Moe::prepare() {
   Prepared p;
   p.bias.assign(size_t(config.n_experts), 0.0f);
   if (weights.bias.defined()) kernels::widen_row(weights.bias, 0, config.n_experts, p.bias.data());
-  if (config.latent > 0) {
-    p.latent_norm.assign(size_t(config.latent), 1.0f);
-    if (weights.latent_norm.defined()) kernels::widen_row(weights.latent_norm, 0, config.latent, p.latent_norm.data());
-  }
   p.ready = true;
   prepared = std::move(p);
 }
@@ -187,16 +184,7 @@ void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buff
     }
   }
   if (c.latent > 0) {  // RMSNorm of the aggregate (once), then back up to the full width
-    if (c.latent_norm) {
-      const float* nw = m.prepared.latent_norm.data();
-      for (int64_t t = 0; t < N; ++t) {
-        float* a = acc + t * X;
-        double ss = 0;
-        for (int64_t d = 0; d < X; ++d) ss += double(a[d]) * a[d];
-        const float inv = float(1.0 / std::sqrt(ss / double(X) + double(c.latent_eps)));
-        for (int64_t d = 0; d < X; ++d) a[d] = a[d] * inv * nw[d];
-      }
-    }
+    if (c.latent_norm) kernels::rms_norm(acc, N, X, &m.weights.latent_norm, c.latent_eps, acc);
     kernels::linear(acc, N, m.weights.latent_up, nullptr, y, std::nullopt, dot);
     trace("moe.routed", y, {N, D});
   }

@@ -51,7 +51,6 @@ struct Moe {
   };
   struct Prepared {
     std::vector<float> bias;      // [E], widened once
-    std::vector<float> latent_norm;  // [L_a], widened once (ones without the norm)
     bool ready = false;
   };
   // A step's activations: router logits [N, E], the chosen experts and weights [N, k], the tokens
