@@ -22,6 +22,8 @@ from typing import Optional
 
 import torch
 
+from golden_io import recorder
+
 MODEL_TYPES = ("linear_attn", "delta_net", "gated_deltanet", "kda")
 
 ARCHITECTURES = {
@@ -556,10 +558,7 @@ def fla_forward(cfg: FlaConfig, w: dict, tokens: torch.Tensor, record: Optional[
     the state after them; None starts from zeros. If record is a dict, every named intermediate is
     stored in it in forward order. A Linear whose weight is named in bf16_inputs (bf16_weight_names:
     the engine's bf16 dot products) rounds its input to bf16 first; all else stays in w's dtype."""
-    def rec(name, x):
-        if record is not None:
-            record[name] = x
-        return x
+    rec = recorder(record)
 
     w = Weights(w, bf16_inputs)
     dtype = w["model.embeddings.weight"].dtype

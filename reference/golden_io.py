@@ -80,3 +80,13 @@ def write_golden(golden_dir: str, tokens: np.ndarray, intermediates: dict, manif
     with open(os.path.join(golden_dir, "manifest.json"), "w") as f:
         f.write(f'{head},\n  "tokens": {json.dumps(token_entry)},\n'
                 f'  "intermediates": [\n{body}\n  ]\n}}\n')
+
+
+def recorder(record):
+    """rec(name, t) for a forward's named intermediates: stores t under name when record is a dict (in
+    forward order) and returns t."""
+    def rec(name, t):
+        if record is not None:
+            record[name] = t
+        return t
+    return rec

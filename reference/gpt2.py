@@ -11,6 +11,8 @@ from typing import Optional
 
 import torch
 
+from golden_io import recorder
+
 
 @dataclass(frozen=True)
 class GPT2Config:
@@ -142,10 +144,7 @@ def gpt2_forward(cfg: GPT2Config, w: dict, tokens: torch.Tensor, record: Optiona
     If record is a dict, every named intermediate is stored in it in forward order. A linear whose
     weight is named in bf16_inputs (bf16_weight_names: the engine's bf16 dot products) rounds its input
     to bf16 first; its products and sums stay in w's dtype."""
-    def rec(name, x):
-        if record is not None:
-            record[name] = x
-        return x
+    rec = recorder(record)
 
     def linear(x, name, transposed=False):
         """x [T, in] @ W, W = w[name] [in, out] (Conv1D), or its transpose if stored [out, in]."""

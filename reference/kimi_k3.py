@@ -58,6 +58,7 @@ from typing import Optional
 import torch
 
 from delta_family import attn_res_mix
+from golden_io import recorder
 from kimi_linear import (KimiConfig, Weights, _swiglu_specs, glu, initial_cache, kda_mixer,  # noqa: F401
                          low_rank_output_gate, mixer_shapes, mla_mixer, rms_norm, router, routed_experts,
                          shared_experts, softplus_log_decay)
@@ -376,10 +377,7 @@ def k3_forward(cfg: K3Config, w: dict, tokens: torch.Tensor, record: Optional[di
                routing: Optional[list] = None) -> torch.Tensor:
     """tokens [T] int -> logits [T, vocab], in the dtype of w (from canonical_weights); the arguments as
     kimi_linear.kimi_forward (cache from kimi_linear.initial_cache: AttnRes keeps no state across tokens)."""
-    def rec(name, t):
-        if record is not None:
-            record[name] = t
-        return t
+    rec = recorder(record)
 
     w = Weights(w, bf16_inputs)
     dtype = w["model.embed_tokens.weight"].dtype

@@ -64,6 +64,7 @@ import torch
 
 from delta_family import (Weights, bf16_weight_names, gated_delta_recurrent, l2_normalize, rms_norm,  # noqa: F401
                           short_conv, silu, softplus)
+from golden_io import recorder
 
 MODEL_TYPE = "kimi_linear"
 ARCHITECTURE = "KimiLinearForCausalLM"
@@ -551,10 +552,7 @@ def kimi_forward(cfg: KimiConfig, w: dict, tokens: torch.Tensor, record: Optiona
     state after them; None starts from zeros. record: a dict that receives every named intermediate in
     forward order. bf16_inputs: weight names whose Linear rounds its input to bf16. mla_form "explicit" or
     "absorbed". routing: a list that receives (layer index, Routing) per MoE layer."""
-    def rec(name, t):
-        if record is not None:
-            record[name] = t
-        return t
+    rec = recorder(record)
 
     w = Weights(w, bf16_inputs)
     dtype = w["model.embed_tokens.weight"].dtype
