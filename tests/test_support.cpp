@@ -133,4 +133,23 @@ fs::path tiny_gpt2_dir(DType dtype, const std::function<void(std::vector<std::pa
   return dir;
 }
 
+fs::path tiny_model_with_tokenizer(const std::function<void(nlohmann::json&)>& edit_config,
+                                   const std::function<void(TensorList&)>& edit_tensors) {
+  const fs::path dir = temp_dir();
+  const fs::path tok = testdata() / "tokenizer" / "gpt2";
+  fs::copy_file(tok / "vocab.json", dir / "vocab.json");
+  fs::copy_file(tok / "merges.txt", dir / "merges.txt");
+  nlohmann::json cfg = {{"model_type", "gpt2"}, {"vocab_size", 50257}, {"n_positions", 64}, {"n_embd", 16},
+                        {"n_layer", 1},         {"n_head", 2},         {"eos_token_id", 50256}};
+  if (edit_config) edit_config(cfg);
+  write_text(dir / "config.json", cfg.dump());
+  model::Model m = model::build_gpt2({model::ConfigFields(cfg, "tiny"), [](const std::string&) { return false; }});
+  model::init_random(m, 11, DType::F32);
+  TensorList tensors;
+  m.for_each_tensor([&](const std::string& n, Tensor& t, const Shape&, layers::Init) { tensors.emplace_back(n, t); });
+  if (edit_tensors) edit_tensors(tensors);
+  write_safetensors(dir / "model.safetensors", tensors);
+  return dir;
+}
+
 }  // namespace lineage::test

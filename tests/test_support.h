@@ -39,6 +39,8 @@ std::string shell_quote(const std::string& s);
 
 #include <utility>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "lineage/core/tensor.h"
 
 namespace lineage::test {
@@ -54,5 +56,12 @@ std::filesystem::path tiny_gpt2_dir(
     DType dtype = DType::F32,
     const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit = nullptr);
 void write_text(const std::filesystem::path& path, const std::string& text);
+
+using TensorList = std::vector<std::pair<std::string, Tensor>>;
+// A GPT-2-vocabulary model (1 layer, width 16, 64 positions, EOS 50256) next to the real GPT-2
+// tokenizer files; `edit_config` and `edit_tensors` may change config.json and the weights before
+// they are written.
+std::filesystem::path tiny_model_with_tokenizer(const std::function<void(nlohmann::json&)>& edit_config = {},
+                                                const std::function<void(TensorList&)>& edit_tensors = {});
 
 }  // namespace lineage::test

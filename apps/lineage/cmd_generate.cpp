@@ -9,6 +9,7 @@
 #include "lineage/io/json_read.h"
 #include "lineage/runtime/batch_generate.h"
 #include "lineage/runtime/generate.h"
+#include "lineage/runtime/state_file.h"
 
 namespace lineage::app {
 
@@ -22,6 +23,8 @@ struct Opts {
   int top_k = 0;
   bool ignore_eos = false;
   int64_t batch = 8, ctx = 0;
+  std::string state_in, state_out;
+  bool seed_given = false;
 };
 
 std::vector<int32_t> encode_prompt(const io::Tokenizer& tok, const std::string& text) {
@@ -132,12 +135,31 @@ void run_many(const Opts& o) {
 void run_one(const Opts& o) {
   io::LoadedModel m = load(o.src, true);
   const io::Tokenizer& tok = require_tokenizer(m, "generate");
-  const std::vector<int32_t> prompt = encode_prompt(tok, o.prompt);
   runtime::Session session(m.model);
-  const auto st = runtime::generate(session, tok, prompt, default_options(o, m, tok), [](std::string_view text) {
+  runtime::GenerateOptions opt = default_options(o, m, tok);
+  std::vector<float> logits;  // a state file's, to continue from without a prompt
+  std::vector<int32_t> prompt;
+  if (!o.state_in.empty()) {
+    runtime::SavedState saved = runtime::load_state(o.state_in, m.model);
+    session.restore(saved.state, saved.tokens);
+    logits = std::move(saved.logits);
+    // The saved sampler stream continues unless --seed asks for a new one.
+    if (saved.rng && !o.seed_given) opt.rng = saved.rng;
+    prompt = tok.encode(o.prompt);  // continues the sequence: no BOS
+    if (prompt.empty() && logits.empty())
+      throw Error(cat(o.state_in, ": holds no logits after its last token; pass --prompt to continue it"));
+  } else {
+    prompt = encode_prompt(tok, o.prompt);
+  }
+  opt.feed_last = !o.state_out.empty();
+  const auto st = runtime::generate(session, tok, prompt, opt, [](std::string_view text) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
-  });
+  }, logits);
+  if (!o.state_out.empty())
+    runtime::save_state(o.state_out, m.model,
+                        {session.state().clone(), {session.tokens().begin(), session.tokens().end()}, st.last_logits,
+                         st.rng});
   std::printf("\n");
   std::fprintf(stderr,
                "lineage: prompt %lld tokens, generated %lld tokens%s; prefill %.1f tok/s, decode %.1f tok/s\n",
@@ -174,8 +196,18 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--top-k", o.top_k, "keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", o.top_p, "nucleus sampling mass (1 = off)")->check(CLI::Range(0.0f, 1.0f));
   cmd->add_flag("--ignore-eos", o.ignore_eos, "do not stop at the end-of-sequence token");
-  cmd->callback([one, many] {
-    if (!one->count() && !many->count()) throw Error("generate needs --prompt TEXT or --prompts FILE");
+  auto* in = cmd->add_option("--state-in", o.state_in,
+                             "continue the sequence saved in this state file (--state-out): --prompt, if given, "
+                             "follows its last token; the saved sampler stream continues unless --seed is given");
+  auto* out = cmd->add_option("--state-out", o.state_out,
+                              "write the sequence's whole state (prompt and generated tokens) to this file at the end "
+                              "(docs/state-files.md)");
+  in->excludes(many);
+  out->excludes(many);
+  cmd->callback([cmd, one, many, in] {
+    o.seed_given = cmd->count("--seed") > 0;
+    if (!one->count() && !many->count() && !in->count())
+      throw Error("generate needs --prompt TEXT, --prompts FILE or --state-in FILE");
     if (!o.prompts_file.empty()) run_many(o);
     else run_one(o);
   });

@@ -5,6 +5,7 @@
 #include "lineage/core/error.h"
 #include "lineage/io/npy.h"
 #include "lineage/runtime/session.h"
+#include "lineage/runtime/state_file.h"
 
 namespace lineage::app {
 
@@ -13,6 +14,7 @@ void add_logits(CLI::App& app) {
     ModelSource src;
     std::string tokens, prompt, out;
     int64_t chunk = 0;
+    std::string state_in, state_out;
   };
   static Opts o;
   auto* cmd = app.add_subcommand("logits", "write float32 logits [T, vocab] of a token sequence to a .npy file");
@@ -25,27 +27,41 @@ void add_logits(CLI::App& app) {
   cmd->add_option("--out", o.out, "output .npy file")->required();
   cmd->add_option("--chunk", o.chunk, "feed the sequence in pieces of N tokens (1 = token-by-token decode)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--state-in", o.state_in,
+                  "continue the sequence saved in this state file (--state-out): the tokens follow its last one");
+  cmd->add_option("--state-out", o.state_out,
+                  "write the sequence's whole state after the last token to this file (docs/state-files.md)");
   cmd->callback([] {
     if (o.tokens.empty() && o.prompt.empty()) throw Error("logits: one of --tokens or --prompt is required");
     io::LoadedModel m = load(o.src, !o.prompt.empty());
     std::vector<int32_t> ids;
+    runtime::Session s(m.model);
+    if (!o.state_in.empty()) {
+      const runtime::SavedState saved = runtime::load_state(o.state_in, m.model);
+      s.restore(saved.state, saved.tokens);
+    }
     if (!o.tokens.empty()) {
       ids = parse_ids(o.tokens, "--tokens");
     } else {
       const io::Tokenizer& tok = require_tokenizer(m, "--prompt");
       ids = tok.encode(o.prompt);
-      if (tok.adds_bos() && tok.bos_id()) ids.insert(ids.begin(), *tok.bos_id());
+      // A continued sequence has its BOS already.
+      if (tok.adds_bos() && tok.bos_id() && s.position() == 0) ids.insert(ids.begin(), *tok.bos_id());
     }
     const int64_t T = int64_t(ids.size()), V = m.model.config.vocab_size;
+    if (T == 0) throw Error("logits: the prompt encodes to no tokens");
     const int64_t chunk = o.chunk > 0 ? o.chunk : T;
     std::vector<float> all(size_t(T) * V);
-    runtime::Session s(m.model);
     for (int64_t i = 0; i < T; i += chunk) {
       const int64_t n = std::min(chunk, T - i);
       const auto logits = s.prefill(std::span<const int32_t>(ids.data() + i, n), true);
       std::copy(logits.begin(), logits.end(), all.begin() + i * V);
     }
     io::save_npy(o.out, all.data(), {T, V});
+    if (!o.state_out.empty())
+      runtime::save_state(o.state_out, m.model,
+                          {s.state().clone(), {s.tokens().begin(), s.tokens().end()},
+                           {all.end() - V, all.end()}, std::nullopt});
   });
 }
 

@@ -10,6 +10,14 @@ namespace lineage {
 class Rng {
  public:
   explicit Rng(uint64_t seed) : state_(seed) {}
+  // The whole generator state, to continue a stream elsewhere (a state file) exactly.
+  struct Snapshot {
+    uint64_t state = 0;
+    float spare = 0.0f;
+    bool has_spare = false;
+  };
+  explicit Rng(const Snapshot& s) : state_(s.state), spare_(s.spare), has_spare_(s.has_spare) {}
+  Snapshot snapshot() const { return {state_, spare_, has_spare_}; }
   uint64_t next_u64() {
     uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

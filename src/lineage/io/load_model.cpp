@@ -11,6 +11,7 @@
 #include <set>
 
 #include "lineage/core/error.h"
+#include "lineage/core/hash.h"
 #include "lineage/io/json_read.h"
 #include "lineage/kernels/matrix.h"
 #include "lineage/model/archs/arch.h"
@@ -230,7 +231,10 @@ model::Model build_from_config(const nlohmann::json& cfg, const std::string& cfg
                     model::known_model_types()));
   model::ArchInput in{model::ConfigFields(cfg, cfg_path), has_tensor};
   if (tensor_shape) in.tensor_shape = tensor_shape;
-  return (*build)(in);
+  model::Model m = (*build)(in);
+  // The parsed document, dumped with sorted keys: whitespace and key order do not change it.
+  m.config.config_hash = hash64(cfg.dump());
+  return m;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "lineage/core/error.h"
+#include "lineage/core/hash.h"
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/linear.h"
 
@@ -68,6 +69,80 @@ SequenceState Model::new_state(int64_t positions) const {
   for (const auto& b : blocks)
     s.layers.push_back(std::visit([&](const auto& m) { return MixerState(m.new_state(positions)); }, b.mixer));
   return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// State views, lengths and the model's identity.
+
+int64_t StateArray::elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+namespace {
+
+StateArray contiguous(std::string name, Tensor& t) {
+  StateArray a{std::move(name), t.shape(), std::vector<int64_t>(t.shape().size(), 1), t.data<float>()};
+  for (size_t i = a.shape.size() - 1; i-- > 0;) a.strides[i] = a.strides[i + 1] * a.shape[i + 1];
+  return a;
+}
+
+}  // namespace
+
+std::vector<StateArray> state_arrays(const Model& m, SequenceState& s, size_t layer) {
+  LINEAGE_CHECK(layer < m.blocks.size() && layer < s.layers.size(), "layer index out of range");
+  std::vector<StateArray> out;
+  const auto& mixer = m.blocks[layer].mixer;
+  if (const auto* a = std::get_if<layers::Attention>(&mixer)) {
+    auto& st = std::get<layers::Attention::State>(s.layers[layer]);
+    const int64_t H = a->config.n_heads, hd = a->config.head_dim, L = st.length, cap = st.capacity;
+    for (auto [name, t] : {std::pair<const char*, Tensor*>{"k", &st.k}, {"v", &st.v}})
+      out.push_back({name, {H, L, hd}, {cap * hd, hd, 1}, L ? t->data<float>() : nullptr});
+  } else if (const auto* l = std::get_if<layers::Mla>(&mixer)) {
+    auto& st = std::get<layers::Mla::State>(s.layers[layer]);
+    const int64_t w = l->config.latent(), L = st.length;
+    out.push_back({"kv", {L, w}, {w, 1}, L ? st.kv.data<float>() : nullptr});
+  } else {
+    auto& st = std::get<layers::DeltaRule::State>(s.layers[layer]);
+    out.push_back(contiguous("S", st.S));
+    if (st.z.defined()) out.push_back(contiguous("z", st.z));
+    if (st.conv_tail.defined()) out.push_back(contiguous("conv_tail", st.conv_tail));
+  }
+  return out;
+}
+
+void set_length(const Model& m, SequenceState& s, int64_t length) {
+  LINEAGE_CHECK(length >= 0 && s.layers.size() == m.blocks.size(), "set_length: a state of another model");
+  for (size_t i = 0; i < m.blocks.size(); ++i) {
+    if (const auto* a = std::get_if<layers::Attention>(&m.blocks[i].mixer)) {
+      auto& st = std::get<layers::Attention::State>(s.layers[i]);
+      st.reserve(a->config.n_heads, a->config.head_dim, length);
+      st.length = length;
+    } else if (const auto* l = std::get_if<layers::Mla>(&m.blocks[i].mixer)) {
+      auto& st = std::get<layers::Mla::State>(s.layers[i]);
+      st.reserve(l->config.latent(), length);
+      st.length = length;
+    }
+  }
+  s.position = length;
+}
+
+bool truncatable(const Model& m) {
+  return std::none_of(m.blocks.begin(), m.blocks.end(),
+                      [](const Block& b) { return std::holds_alternative<layers::DeltaRule>(b.mixer); });
+}
+
+std::string Identity::str() const { return cat("config:", hex64(config_hash), " tensors:", hex64(tensors_hash)); }
+
+Identity identity(const Model& m) {
+  Hasher h;
+  // for_each_tensor hands out mutable tensors; this visitor reads only names and shapes.
+  const_cast<Model&>(m).for_each_tensor([&](const std::string& name, Tensor&, const Shape& shape, layers::Init) {
+    h.add(name).add("\0", 1);
+    for (int64_t d : shape) h.add(&d, sizeof d);
+  });
+  return {m.config.config_hash, h.value()};
 }
 
 // ---------------------------------------------------------------------------------------------

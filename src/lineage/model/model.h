@@ -68,6 +68,10 @@ struct ModelConfig {
   // nowhere, reported by `info`.
   int64_t extra_params = 0;
   std::string extra_params_label;
+  // Where the configuration came from, for a state file's model identity (identity() below): the
+  // hash of config.json's bytes as loaded, or of a preset's name, seed and dtype; 0 for a model
+  // built in code.
+  uint64_t config_hash = 0;
 };
 
 // Per-sequence memory: position plus one state per layer. Copy only through clone(). A StatePool
@@ -88,6 +92,15 @@ struct SequenceState {
 
  private:
   SequenceState(const SequenceState&) = default;
+};
+
+// One array of a layer's state: a strided f32 view into the state's own buffers (row-major
+// `shape`, `strides` in elements), for state files and for study.
+struct StateArray {
+  std::string name;
+  std::vector<int64_t> shape, strides;
+  float* data = nullptr;  // null when the array is empty (a cache that holds no position yet)
+  int64_t elements() const;
 };
 
 struct Model {
@@ -116,6 +129,27 @@ struct Model {
   SequenceState new_state(int64_t positions = 0) const;
   int64_t n_layers() const { return int64_t(blocks.size()); }
 };
+
+// Layer `layer`'s arrays in s, views into its buffers: softmax attention "k", "v" [H, length, hd];
+// MLA "kv" [length, kv_lora_rank + rope dims] (the latents ĉ | k_r); delta rule "S" [HV, K, V], "z"
+// [HV, K] (normalized linear attention only) and "conv_tail" [W − 1, C] (with a short conv).
+std::vector<StateArray> state_arrays(const Model& m, SequenceState& s, size_t layer);
+// Sets s to `length` positions: every growing layer (KV caches, MLA latents) holds that many rows,
+// room reserved where it had less (the new rows uninitialized, for a state file's to fill), the rows
+// past `length` dropped where it had more. Recurrent layers are left as they are, so shortening a
+// state is exact only for a model without them (the prefix cache's use).
+void set_length(const Model& m, SequenceState& s, int64_t length);
+// Whether every layer's state can be cut back to an earlier position (only KV caches and latents).
+bool truncatable(const Model& m);
+// The model's identity for state files: its config_hash and the hash of every tensor's name and
+// shape, "config:<16 hex> tensors:<16 hex>". Two models with the same identity hold states of the
+// same layout and meaning.
+struct Identity {
+  uint64_t config_hash = 0, tensors_hash = 0;
+  std::string str() const;
+  bool operator==(const Identity&) const = default;
+};
+Identity identity(const Model& m);
 
 // Per-sequence memory of many sequences by slot: every layer's KV rows, recurrent S (+ z) and conv
 // tails and MLA latents. Slots are acquired and released without touching the others;

@@ -17,6 +17,11 @@ struct GenerateOptions {
   int max_tokens = 64;
   SamplingParams sampling;
   std::optional<int32_t> eos;  // stop when sampled (not printed)
+  // The sampler's stream to continue (a state file's) instead of a fresh one from sampling.seed.
+  std::optional<Rng::Snapshot> rng;
+  // Decode the last sampled token too (EOS included), so the session's state holds every token and
+  // GenerateStats::last_logits the next one's distribution: what a saved state needs to continue.
+  bool feed_last = false;
 };
 
 struct GenerateStats {
@@ -24,9 +29,14 @@ struct GenerateStats {
   double prefill_seconds = 0, decode_seconds = 0;
   bool stopped_at_eos = false;
   std::vector<int32_t> tokens;  // generated ids
+  std::vector<float> last_logits;  // feed_last: the logits after the session's last token (empty if none)
+  Rng::Snapshot rng;               // the sampler's stream after the last draw
 };
 
+// An empty prompt continues a restored session from `logits`, the distribution after its last
+// token (a state file's).
 GenerateStats generate(Session& session, const io::Tokenizer& tok, std::span<const int32_t> prompt,
-                       const GenerateOptions& opt, const std::function<void(std::string_view)>& on_text);
+                       const GenerateOptions& opt, const std::function<void(std::string_view)>& on_text,
+                       std::span<const float> logits = {});
 
 }  // namespace lineage::runtime

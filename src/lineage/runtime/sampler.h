@@ -22,6 +22,7 @@ class Sampler {
   // Keeps the top-k, then the smallest set of most likely tokens whose probability reaches top_p,
   // renormalizes, and draws one.
   int32_t sample(std::span<const float> logits);
+  Rng& rng() { return rng_; }  // to save and continue the random stream (state files)
 
  private:
   SamplingParams params_;

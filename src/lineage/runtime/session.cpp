@@ -24,16 +24,23 @@ std::span<const float> Session::prefill(std::span<const int32_t> tokens, bool al
                     logits_[size_t(bad)], " for token ", bad % V, ": a weight or an activation is not finite; ",
                     "run with --check-tensors to find a damaged weight"));
   }
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
   return logits_;
 }
 
 std::span<const float> Session::decode(int32_t token) { return prefill(std::span<const int32_t>(&token, 1)); }
 
-void Session::restore(const model::SequenceState& snapshot) {
+void Session::restore(const model::SequenceState& snapshot, std::span<const int32_t> tokens) {
   LINEAGE_CHECK(snapshot.layers.size() == model_.blocks.size(), "snapshot of a different model");
+  LINEAGE_CHECK(tokens.empty() || int64_t(tokens.size()) == snapshot.position,
+                "restore: the snapshot's tokens must be one per position");
   pool_.state(slot_).assign(snapshot);
+  tokens_.assign(tokens.begin(), tokens.end());
 }
 
-void Session::reset() { pool_.clear(slot_); }
+void Session::reset() {
+  pool_.clear(slot_);
+  tokens_.clear();
+}
 
 }  // namespace lineage::runtime

@@ -20,11 +20,14 @@ class Session {
   std::span<const float> decode(int32_t token);
 
   int64_t position() const { return pool_.position(slot_); }
+  // Every token fed since the start (or the restored snapshot's tokens), oldest first.
+  std::span<const int32_t> tokens() const { return tokens_; }
   const model::SequenceState& state() const { return pool_.state(slot_); }
   // Continues from a snapshot taken with state().clone() (on this model). The snapshot is copied
   // into the session's own buffers where they are large enough (a KV cache that already held that
-  // many positions), so restoring touches no new pages; the snapshot stays as it was.
-  void restore(const model::SequenceState& snapshot);
+  // many positions), so restoring touches no new pages; the snapshot stays as it was. `tokens`: the
+  // ids the snapshot was fed (tokens() after), when known.
+  void restore(const model::SequenceState& snapshot, std::span<const int32_t> tokens = {});
   void reset();  // an empty sequence again; buffers are kept, so no page is faulted in twice
   void set_trace(layers::Trace trace) { trace_ = std::move(trace); }
   // The numerics of this session's forwards (the model's options by default).
@@ -41,6 +44,7 @@ class Session {
   layers::Step step_;
   model::Workspace ws_;
   std::vector<float> logits_;
+  std::vector<int32_t> tokens_;
   layers::Trace trace_;
 };
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "lineage/core/error.h"
+#include "lineage/core/hash.h"
 #include "lineage/core/parallel.h"
 #include "lineage/core/rng.h"
 #include "lineage/model/archs/arch.h"
@@ -268,6 +269,7 @@ Model preset_skeleton(const std::string& name) {
 Model make_preset(const std::string& name, uint64_t seed, DType dtype) {
   Model m = preset_skeleton(name);
   init_random(m, seed, dtype);
+  m.config.config_hash = hash64(cat("preset ", name, " seed ", seed, " dtype ", dtype_name(dtype)));
   prepare(m, true);  // owned, as --no-mmap's
   return m;
 }
