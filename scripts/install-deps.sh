@@ -6,9 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ cmake ninja-build pkg-config libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev
-          libgtest-dev libbenchmark-dev python3-torch python3-numpy)
+          libgtest-dev libbenchmark-dev python3-torch python3-numpy libcpp-httplib-dev pybind11-dev
+          python3-dev)
 # --test and --fuzz: clang with libFuzzer and LLVM's OpenMP for the sanitizer + fuzz tree (build-asan).
 case "${1:-}" in --test|--fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;; esac
+# --test: pytest for the Python bindings, Chromium for the web page's test.
+case "${1:-}" in --test) packages+=(python3-pytest chromium) ;; esac
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 

@@ -1,0 +1,378 @@
+// The `lineage` Python module: models (loaded or preset), sessions over them, their per-layer state
+// as NumPy arrays, state files and generation (docs/python.md). A thin layer over io::load_model,
+// runtime::Session, model::state_arrays, runtime::save_state / load_state and runtime::generate.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include "lineage/core/dtype.h"
+#include "lineage/core/error.h"
+#include "lineage/core/parallel.h"
+#include "lineage/io/load_model.h"
+#include "lineage/kernels/threads.h"
+#include "lineage/model/archs/presets.h"
+#include "lineage/runtime/generate.h"
+#include "lineage/runtime/session.h"
+#include "lineage/runtime/state_file.h"
+
+namespace py = pybind11;
+
+namespace lineage::python {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// A Python Model is a shared LoadedModel: every Session made from it holds a reference, since a
+// runtime::Session borrows its model and must not outlive it. Presets have no checkpoint and no
+// tokenizer (unless one is given); `source` names the directory or preset in messages.
+struct ModelHandle {
+  io::LoadedModel loaded;
+  std::string source;
+
+  const model::Model& model() const { return loaded.model; }
+  const io::Tokenizer& tokenizer(const char* what) const {
+    if (!loaded.tokenizer)
+      throw Error(cat(source, ": ", what, " needs a tokenizer, and this model has none (a model directory "
+                      "holds tokenizer.json, vocab.json + merges.txt or tiktoken.model; a preset takes "
+                      "tokenizer=DIR)"));
+    return *loaded.tokenizer;
+  }
+};
+using ModelPtr = std::shared_ptr<ModelHandle>;
+
+const char* kind_name(const model::TokenMixer& mixer) {
+  return std::visit(
+      [](const auto& m) -> const char* {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, layers::Attention>) return "attention";
+        else if constexpr (std::is_same_v<T, layers::Mla>) return "mla";
+        else return "delta_rule";
+      },
+      mixer);
+}
+
+py::object optional_int(const std::optional<int32_t>& v) { return v ? py::object(py::int_(*v)) : py::none(); }
+
+py::dict config_dict(const ModelHandle& h) {
+  const model::ModelConfig& c = h.model().config;
+  const model::StateCost cost = model::state_cost(h.model());
+  py::dict d;
+  d["model_type"] = c.model_type;
+  d["description"] = c.description;
+  d["vocab_size"] = c.vocab_size;
+  d["d_model"] = c.d_model;
+  d["n_layers"] = h.model().n_layers();
+  d["max_positions"] = c.max_positions;  // 0: no limit (recurrent models)
+  d["tied_lm_head"] = c.tied_lm_head;
+  d["bos_token_id"] = optional_int(c.bos_token_id);
+  d["eos_token_id"] = optional_int(c.eos_token_id);
+  d["state_bytes_per_token"] = cost.per_token;
+  d["state_bytes_fixed"] = cost.fixed;
+  d["identity"] = model::identity(h.model()).str();
+  return d;
+}
+
+// Logits as a fresh array ([V], or [T, V]): a copy, so the engine may reuse its buffer on the next call.
+py::array_t<float> logits_array(std::span<const float> logits, int64_t rows, int64_t V, bool as_rows) {
+  py::array_t<float> a = as_rows ? py::array_t<float>({rows, V}) : py::array_t<float>({V});
+  std::memcpy(a.mutable_data(), logits.data(), logits.size() * sizeof(float));
+  return a;
+}
+
+// Copies a strided view (StateArray: row-major shape, strides in elements) into contiguous `dst`.
+void copy_strided(const float* src, const model::StateArray& a, size_t dim, float*& dst) {
+  if (dim + 1 == a.shape.size()) {
+    for (int64_t i = 0; i < a.shape[dim]; ++i) *dst++ = src[i * a.strides[dim]];
+    return;
+  }
+  for (int64_t i = 0; i < a.shape[dim]; ++i) copy_strided(src + i * a.strides[dim], a, dim + 1, dst);
+}
+
+py::array_t<float> state_array(const model::StateArray& a) {
+  py::array_t<float> out(a.shape);
+  float* dst = out.mutable_data();
+  if (a.data == nullptr || a.elements() == 0)
+    std::fill(dst, dst + a.elements(), 0.0f);  // a cache that holds no position yet
+  else
+    copy_strided(a.data, a, 0, dst);
+  return out;
+}
+
+// One sequence over a model. The engine's calls run without the GIL, so two Python threads may
+// drive two sessions at once; one session used from two threads at once is refused (Error) rather
+// than left to race on its buffers.
+class PySession {
+ public:
+  explicit PySession(ModelPtr m) : model_(std::move(m)), session_(model_->model()) {}
+
+  py::array_t<float> prefill(const std::vector<int32_t>& tokens, bool all_positions) {
+    std::unique_lock lock = claim();
+    std::span<const float> logits;
+    {
+      py::gil_scoped_release release;
+      logits = session_.prefill(tokens, all_positions);
+    }
+    remember(logits, all_positions ? int64_t(tokens.size()) : 1, all_positions);
+    return logits_array(logits, last_rows_, vocab(), all_positions);
+  }
+
+  py::array_t<float> decode(int32_t token) {
+    std::unique_lock lock = claim();
+    std::span<const float> logits;
+    {
+      py::gil_scoped_release release;
+      logits = session_.decode(token);
+    }
+    remember(logits, 1, false);
+    return logits_array(logits, 1, vocab(), false);
+  }
+
+  // The text generated, sampled from the last logits on: the prompt continues the session's
+  // sequence (a text prompt on an empty session gets the tokenizer's BOS where it adds one). Every
+  // sampled token, the EOS that stopped it included, is fed, so the state, tokens and logits
+  // afterwards are those of the whole sequence and a saved state continues it.
+  std::string generate(const std::variant<std::string, std::vector<int32_t>>& prompt, const runtime::GenerateOptions& opt) {
+    std::unique_lock lock = claim();
+    const io::Tokenizer& tok = model_->tokenizer("generate");
+    std::vector<int32_t> ids;
+    if (const auto* text = std::get_if<std::string>(&prompt)) {
+      ids = tok.encode(*text);
+      if (session_.position() == 0 && tok.adds_bos() && tok.bos_id()) ids.insert(ids.begin(), *tok.bos_id());
+    } else {
+      ids = std::get<std::vector<int32_t>>(prompt);
+    }
+    const std::span<const float> previous = last_token_logits();
+    std::string text;
+    runtime::GenerateStats st;
+    {
+      py::gil_scoped_release release;
+      st = runtime::generate(session_, tok, ids, opt, [&](std::string_view piece) { text += piece; }, previous);
+    }
+    // Without last_logits the context limit stopped it before the last token was fed: the logits
+    // after the session's last token are then not at hand.
+    last_.clear();
+    if (!st.last_logits.empty()) remember(st.last_logits, 1, false);
+    return text;
+  }
+
+  int64_t position() const {
+    std::unique_lock lock = claim();
+    return session_.position();
+  }
+  std::vector<int32_t> tokens() const {
+    std::unique_lock lock = claim();
+    return {session_.tokens().begin(), session_.tokens().end()};
+  }
+  size_t state_bytes() const {
+    std::unique_lock lock = claim();
+    return session_.state().bytes();
+  }
+
+  void reset() {
+    std::unique_lock lock = claim();
+    session_.reset();
+    last_.clear();
+  }
+
+  py::object logits() const {
+    std::unique_lock lock = claim();
+    if (last_.empty()) return py::none();
+    return logits_array(last_, last_rows_, vocab(), last_as_rows_);
+  }
+
+  py::list state() {
+    std::unique_lock lock = claim();
+    // state_arrays hands out writable views (state files fill them); these are only read and copied.
+    auto& s = const_cast<model::SequenceState&>(session_.state());
+    const model::Model& m = model_->model();
+    py::list out;
+    for (size_t i = 0; i < m.blocks.size(); ++i) {
+      py::dict arrays;
+      for (const model::StateArray& a : model::state_arrays(m, s, i)) arrays[py::str(a.name)] = state_array(a);
+      py::dict layer;
+      layer["kind"] = kind_name(m.blocks[i].mixer);
+      layer["arrays"] = arrays;
+      out.append(layer);
+    }
+    return out;
+  }
+
+  void save(const fs::path& path) {
+    std::unique_lock lock = claim();
+    const std::span<const float> logits = last_token_logits();
+    runtime::SavedState saved{session_.state().clone(),
+                              {session_.tokens().begin(), session_.tokens().end()},
+                              {logits.begin(), logits.end()},
+                              std::nullopt};
+    py::gil_scoped_release release;
+    runtime::save_state(path, model_->model(), saved);
+  }
+
+  void load(const fs::path& path) {
+    std::unique_lock lock = claim();
+    runtime::SavedState saved;
+    {
+      py::gil_scoped_release release;
+      saved = runtime::load_state(path, model_->model());
+      session_.restore(saved.state, saved.tokens);
+    }
+    last_.clear();
+    if (!saved.logits.empty()) remember(saved.logits, 1, false);
+  }
+
+  const ModelPtr& model() const { return model_; }
+
+ private:
+  int64_t vocab() const { return model_->model().config.vocab_size; }
+
+  std::unique_lock<std::mutex> claim() const {
+    std::unique_lock lock(busy_, std::try_to_lock);
+    if (!lock.owns_lock()) throw Error("this Session is in use by another thread; give each thread its own Session");
+    return lock;
+  }
+
+  void remember(std::span<const float> logits, int64_t rows, bool as_rows) {
+    last_.assign(logits.begin(), logits.end());
+    last_rows_ = rows;
+    last_as_rows_ = as_rows;
+  }
+
+  // The distribution after the session's last token (the last row of what was last returned).
+  std::span<const float> last_token_logits() const {
+    if (last_.empty()) return {};
+    return std::span<const float>(last_).subspan(last_.size() - size_t(vocab()));
+  }
+
+  ModelPtr model_;  // declared before session_, which borrows its model
+  runtime::Session session_;
+  std::vector<float> last_;  // the last logits returned: [last_rows_, V]
+  int64_t last_rows_ = 0;
+  bool last_as_rows_ = false;  // returned as [T, V] (prefill with all_positions)
+  mutable std::mutex busy_;  // held by the call in progress (claim)
+};
+
+ModelPtr load(const fs::path& dir, bool mmap) {
+  auto h = std::make_shared<ModelHandle>();
+  {
+    py::gil_scoped_release release;
+    h->loaded = io::load_model(dir, true, mmap ? io::WeightStorage::Mapped : io::WeightStorage::Owned);
+  }
+  h->source = dir.string();
+  return h;
+}
+
+ModelPtr preset(const std::string& name, uint64_t seed, const std::string& dtype,
+                const std::optional<fs::path>& tokenizer) {
+  const std::optional<DType> dt = dtype_from_user(dtype);
+  if (!dt) throw Error(cat("preset dtype \"", dtype, "\": expected f32, f16 or bf16"));
+  auto h = std::make_shared<ModelHandle>();
+  {
+    py::gil_scoped_release release;
+    h->loaded.model = model::make_preset(name, seed, *dt);
+    if (tokenizer) h->loaded.tokenizer = io::Tokenizer::load(*tokenizer);
+  }
+  h->source = cat("preset ", name);
+  return h;
+}
+
+runtime::GenerateOptions generate_options(const ModelHandle& h, int max_tokens, float temperature, int top_k,
+                                          float top_p, uint64_t seed, bool stop_at_eos) {
+  if (max_tokens < 0) throw Error(cat("generate: max_tokens ", max_tokens, ": expected >= 0"));
+  if (!(temperature >= 0)) throw Error(cat("generate: temperature ", temperature, ": expected >= 0"));
+  if (top_k < 0) throw Error(cat("generate: top_k ", top_k, ": expected >= 0 (0 = off)"));
+  if (!(top_p > 0 && top_p <= 1)) throw Error(cat("generate: top_p ", top_p, ": expected in (0, 1]"));
+  runtime::GenerateOptions opt;
+  opt.max_tokens = max_tokens;
+  opt.sampling = {temperature, top_k, top_p, seed};
+  opt.feed_last = true;
+  // As the CLI: the config's EOS, else the tokenizer's.
+  if (stop_at_eos) opt.eos = h.model().config.eos_token_id ? h.model().config.eos_token_id : h.tokenizer("generate").eos_id();
+  return opt;
+}
+
+}  // namespace
+
+}  // namespace lineage::python
+
+PYBIND11_MODULE(lineage, m) {
+  using namespace lineage;
+  using namespace lineage::python;
+  m.doc() = "lineage: a CPU inference engine for GPT-2, linear attention, DeltaNet, KDA and Kimi Linear";
+
+  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+  // As the CLI does at start: all cores, OpenBLAS single-threaded inside the engine's threads.
+  kernels::set_threads(0);
+  m.def("set_threads", &kernels::set_threads, py::arg("n"), "Worker threads for every model (n <= 0: all cores).");
+  m.def("num_threads", &num_threads);
+
+  py::class_<ModelHandle, ModelPtr>(m, "Model", "A model: its weights, configuration and tokenizer, if any.")
+      .def_static("load", &load, py::arg("dir"), py::arg("mmap") = true,
+                  "Loads a Hugging Face model directory (config.json, safetensors, tokenizer files). "
+                  "mmap=False copies the weights into memory instead of mapping the files.")
+      .def_static("preset", &preset, py::arg("name"), py::arg("seed") = 0, py::arg("dtype") = "f32",
+                  py::arg("tokenizer") = py::none(),
+                  "A built-in architecture with seeded random weights; tokenizer: a directory of tokenizer files.")
+      .def_static("presets", [] {
+        py::dict d;
+        for (const model::Preset& p : model::presets()) d[py::str(p.name)] = p.summary;
+        return d;
+      }, "Preset names and their one-line summaries.")
+      .def_property_readonly("config", &config_dict)
+      .def_property_readonly("layer_kinds", [](const ModelHandle& h) {
+        std::vector<std::string> kinds;
+        for (const model::Block& b : h.model().blocks) kinds.emplace_back(kind_name(b.mixer));
+        return kinds;
+      }, "\"attention\", \"mla\" or \"delta_rule\" per layer.")
+      .def_property_readonly("has_tokenizer", [](const ModelHandle& h) { return h.loaded.tokenizer.has_value(); })
+      .def("encode", [](const ModelHandle& h, const std::string& text, bool allow_special) {
+        return h.tokenizer("encode").encode(text, allow_special);
+      }, py::arg("text"), py::arg("allow_special") = true, "Token ids of text (no BOS added).")
+      .def("decode", [](const ModelHandle& h, const std::vector<int32_t>& ids) {
+        // The tokens' raw bytes may end mid-character; invalid UTF-8 becomes U+FFFD.
+        const std::string bytes = h.tokenizer("decode").decode(ids);
+        PyObject* text = PyUnicode_DecodeUTF8(bytes.data(), py::ssize_t(bytes.size()), "replace");
+        if (!text) throw py::error_already_set();
+        return py::reinterpret_steal<py::str>(text);
+      }, py::arg("ids"))
+      .def("__repr__", [](const ModelHandle& h) {
+        const model::ModelConfig& c = h.model().config;
+        return cat("<lineage.Model ", c.model_type, " from ", h.source, ": ", h.model().n_layers(), " layers, d_model ",
+                   c.d_model, ", vocab ", c.vocab_size, ">");
+      });
+
+  py::class_<PySession>(m, "Session", "One sequence over a model: logits, state, state files, generation.")
+      .def(py::init<ModelPtr>(), py::arg("model"))
+      .def("prefill", &PySession::prefill, py::arg("tokens"), py::arg("all_positions") = false,
+           "Feeds tokens; returns float32 logits of the last one [V], or of every one [T, V].")
+      .def("decode", &PySession::decode, py::arg("token"), "Feeds one token; returns its logits [V].")
+      .def("generate", [](PySession& s, const std::variant<std::string, std::vector<int32_t>>& prompt, int max_tokens,
+                          float temperature, int top_k, float top_p, uint64_t seed, bool stop_at_eos) {
+        return s.generate(prompt, generate_options(*s.model(), max_tokens, temperature, top_k, top_p, seed, stop_at_eos));
+      }, py::arg("prompt"), py::arg("max_tokens") = 64, py::arg("temperature") = 0.0f, py::arg("top_k") = 0,
+         py::arg("top_p") = 1.0f, py::arg("seed") = 0, py::arg("stop_at_eos") = true,
+         "Generates text after the prompt (a string, or token ids as given); temperature 0 is greedy. "
+         "The prompt continues the session's sequence; \"\" or [] continues from the last logits.")
+      .def_property_readonly("position", &PySession::position)
+      .def_property_readonly("tokens", &PySession::tokens)
+      .def_property_readonly("logits", &PySession::logits, "The last logits returned (a copy), or None.")
+      .def_property_readonly("state_bytes", &PySession::state_bytes)
+      .def_property_readonly("model", &PySession::model)
+      .def("state", &PySession::state,
+           "Per layer {\"kind\", \"arrays\": {name: float32 copy}}: attention k, v [H, T, hd]; mla kv "
+           "[T, kv_lora_rank + rope dims]; delta_rule S [HV, K, V] (with z [HV, K], conv_tail [W - 1, C]).")
+      .def("reset", &PySession::reset)
+      .def("save", &PySession::save, py::arg("path"), "Writes the state, tokens and last logits to a state file.")
+      .def("load", &PySession::load, py::arg("path"), "Continues from a state file of this model.")
+      .def("__repr__", [](const PySession& s) { return cat("<lineage.Session at position ", s.position(), ">"); });
+}

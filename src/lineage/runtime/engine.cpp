@@ -1,0 +1,243 @@
+#include "lineage/runtime/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "lineage/core/error.h"
+
+namespace lineage::runtime {
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+// A request in a slot: how much of its prompt is in the state, the token to feed next, every token
+// fed (for the prefix cache), its sampler and the checkpoints its prefill left.
+struct Engine::Live {
+  uint64_t id;
+  EngineRequest request;
+  int32_t slot;
+  double submitted;
+  Sampler sampler;
+  int64_t fed = 0;  // prompt tokens in the state
+  std::optional<int32_t> next;
+  std::vector<int32_t> history;
+  PrefixCache::Checkpoints checkpoints;
+  EngineResult result;
+};
+
+Engine::Engine(const model::Model& m, EngineOptions options)
+    : model_(m),
+      options_(options),
+      limit_(options.ctx > 0 ? options.ctx : m.config.max_positions),
+      pool_(m, {.slots = options.slots, .ctx = options.ctx}),
+      cache_(m, options.cache) {
+  if (options.slots < 1) throw Error(cat("--slots: expected at least 1, found ", options.slots));
+  if (options.prefill_chunk < 1) throw Error(cat("prefill chunk: expected at least 1, found ", options.prefill_chunk));
+  stats_.slots = options.slots;
+  thread_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+std::optional<uint64_t> Engine::submit(EngineRequest request) {
+  const int64_t n = int64_t(request.prompt.size());
+  if (n == 0) throw Error("the prompt is empty; generation needs at least one token");
+  if (limit_ > 0 && (n > limit_ || (n == limit_ && !options_.allow_full_prompt)))
+    throw Error(cat("the prompt has ", n, " tokens; the context holds ", limit_, " (prompt and completion)"));
+  if (request.options.max_tokens < 1) throw Error(cat("max_tokens must be at least 1, found ", request.options.max_tokens));
+  for (int32_t t : request.prompt)
+    if (t < 0 || t >= model_.config.vocab_size)
+      throw Error(cat("token id ", t, " is outside the vocabulary of ", model_.config.vocab_size));
+  std::lock_guard lock(mu_);
+  if (int64_t(queue_.size()) >= options_.queue) {
+    ++stats_.rejected;
+    return std::nullopt;
+  }
+  const uint64_t id = next_id_++;
+  queue_.push_back({id, std::move(request), now()});
+  ++stats_.requests;
+  stats_.queued = int64_t(queue_.size());
+  wake_.notify_all();
+  return id;
+}
+
+void Engine::cancel(uint64_t id) {
+  std::unique_lock lock(mu_);
+  for (auto it = queue_.begin(); it != queue_.end(); ++it)
+    if (it->id == id) {
+      Waiting w = std::move(*it);
+      queue_.erase(it);
+      stats_.queued = int64_t(queue_.size());
+      ++stats_.finished;
+      lock.unlock();
+      EngineResult r;
+      r.prompt_tokens = int64_t(w.request.prompt.size());
+      r.finish_reason = "cancelled";
+      r.seconds = r.queued_seconds = now() - w.submitted;
+      if (w.request.on_done) w.request.on_done(std::move(r));
+      return;
+    }
+  cancelled_.insert(id);
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void Engine::finish(std::vector<Live>& live, size_t k, const char* reason, std::string error) {
+  Live& l = live[k];
+  l.result.finish_reason = reason;
+  l.result.error = std::move(error);
+  l.result.seconds = now() - l.submitted;
+  model::SequenceState& s = pool_.state(l.slot);
+  l.result.state_bytes = s.bytes();
+  if (l.history.size() == size_t(s.position)) cache_.commit(l.history, s, std::move(l.checkpoints));
+  pool_.release(l.slot);
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.finished;
+    stats_.active = int64_t(live.size()) - 1;  // before on_done: a caller woken by it sees the slot free
+    stats_.generated_tokens += int64_t(l.result.tokens.size());
+    cancelled_.erase(l.id);
+  }
+  if (l.request.on_done) l.request.on_done(std::move(l.result));
+  live.erase(live.begin() + int64_t(k));
+}
+
+void Engine::run() {
+  std::vector<Live> live;
+  live.reserve(size_t(options_.slots));
+  while (true) {
+    std::vector<Waiting> admitted;
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !live.empty(); });
+      if (stopping_) break;
+      while (!queue_.empty() && int64_t(live.size() + admitted.size()) < options_.slots) {
+        admitted.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      stats_.queued = int64_t(queue_.size());
+    }
+    for (Waiting& w : admitted) {
+      Sampler sampler(w.request.options.sampling);
+      Live l{w.id, std::move(w.request), pool_.acquire(), w.submitted, std::move(sampler), 0, {}, {}, {}, {}};
+      l.result.prompt_tokens = int64_t(l.request.prompt.size());
+      l.result.queued_seconds = now() - w.submitted;
+      l.fed = cache_.restore(l.request.prompt, pool_.state(l.slot));
+      l.result.cached_tokens = l.fed;
+      l.history.assign(l.request.prompt.begin(), l.request.prompt.begin() + l.fed);
+      std::lock_guard lock(mu_);
+      stats_.prompt_tokens += l.result.prompt_tokens;
+      stats_.cached_tokens += l.fed;
+      live.push_back(std::move(l));
+      stats_.active = int64_t(live.size());
+    }
+    step(live);
+  }
+  // Stopping: every request still here ends cancelled.
+  while (!live.empty()) finish(live, live.size() - 1, "cancelled");
+  std::deque<Waiting> rest;
+  {
+    std::lock_guard lock(mu_);
+    rest.swap(queue_);
+  }
+  for (Waiting& w : rest) {
+    EngineResult r;
+    r.finish_reason = "cancelled";
+    if (w.request.on_done) w.request.on_done(std::move(r));
+  }
+}
+
+void Engine::step(std::vector<Live>& live) {
+  std::vector<size_t> gone;
+  {
+    std::lock_guard lock(mu_);
+    for (size_t k = live.size(); k-- > 0;)
+      if (cancelled_.count(live[k].id)) gone.push_back(k);  // last first: the indices before stay valid
+  }
+  for (size_t k : gone) finish(live, k, "cancelled");
+  if (live.empty()) return;
+  const int64_t V = model_.config.vocab_size, every = cache_.checkpoint_every();
+  step_.clear();
+  for (Live& l : live) {
+    const int64_t pos = pool_.position(l.slot), n = int64_t(l.request.prompt.size());
+    if (l.fed < n) {
+      // A prefill piece, cut at the next checkpoint position so the recurrent layers can be kept there.
+      int64_t piece = std::min(options_.prefill_chunk, n - l.fed);
+      if (cache_.keeps_checkpoints()) piece = std::min(piece, (pos / every + 1) * every - pos);
+      step_.add(l.slot, pos, {l.request.prompt.data() + l.fed, size_t(piece)});
+      l.history.insert(l.history.end(), l.request.prompt.begin() + l.fed, l.request.prompt.begin() + l.fed + piece);
+      l.fed += piece;
+    } else {
+      step_.add(l.slot, pos, {&*l.next, 1});
+      l.history.push_back(*l.next);
+    }
+  }
+  logits_.resize(size_t(step_.n_seqs() * V));
+  const double t0 = now();
+  try {
+    model::forward(model_, step_, pool_, model::LogitRows::Last, logits_.data(), ws_);
+  } catch (const Error& e) {  // every request of the step ends: its state is no longer known
+    for (Live& l : live) l.history.clear();
+    while (!live.empty()) finish(live, live.size() - 1, "error", e.what());
+    return;
+  }
+  const double dt = now() - t0;
+  int64_t decoded = 0;
+  for (size_t b = live.size(); b-- > 0;) {
+    Live& l = live[b];
+    const int64_t n = int64_t(l.request.prompt.size()), pos = pool_.position(l.slot);
+    const GenerateOptions& o = l.request.options;
+    if (l.fed < n || !l.next) {  // a prefill piece
+      if (l.request.on_progress) l.request.on_progress(l.fed, n);
+      if (cache_.wants_checkpoint(pos) && l.fed < n) cache_.checkpoint(pool_.state(l.slot), l.checkpoints);
+      if (l.fed < n) continue;
+    } else {
+      ++decoded;
+    }
+    const float* row = logits_.data() + int64_t(b) * V;
+    const int64_t bad = first_non_finite(DType::F32, row, V);
+    if (bad >= 0) {
+      finish(live, b, "error", cat("the logits at position ", pos - 1, " hold ", row[bad], " for token ", bad,
+                                   ": a weight or an activation is not finite"));
+      continue;
+    }
+    const int32_t next = l.sampler.sample({row, size_t(V)});
+    if (l.result.tokens.empty()) l.result.first_token_seconds = now() - l.submitted;
+    if (o.eos && next == *o.eos) {
+      finish(live, b, "stop");
+      continue;
+    }
+    l.result.tokens.push_back(next);
+    l.next = next;
+    if (l.request.on_token && !l.request.on_token(next)) finish(live, b, "cancelled");
+    else if (int64_t(l.result.tokens.size()) >= o.max_tokens) finish(live, b, "length");
+    else if (limit_ > 0 && pos >= limit_) finish(live, b, "context");
+  }
+  std::lock_guard lock(mu_);
+  ++stats_.steps;
+  stats_.busy_seconds += dt;
+  if (decoded > 0) stats_.decode_tokens_per_second = 0.8 * stats_.decode_tokens_per_second + 0.2 * (decoded / dt);
+  stats_.most_together = std::max(stats_.most_together, step_.n_seqs());
+  stats_.active = int64_t(live.size());
+  stats_.state_bytes = pool_.bytes();
+  const PrefixCacheStats& c = cache_.stats();
+  stats_.cache_lookups = c.lookups, stats_.cache_hits = c.hits, stats_.cache_entries = c.entries;
+  stats_.cache_bytes = c.bytes;
+}
+
+}  // namespace lineage::runtime

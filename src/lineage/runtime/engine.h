@@ -1,0 +1,117 @@
+// The serving engine: continuous batching over a state pool on a thread of its own, with the prefix
+// cache. Requests are queued from any thread; between steps the engine admits waiting requests into
+// free slots (each first restored from the longest cached prefix of its prompt), and every step
+// holds one prefill piece or one decode token of every active request. A request that ends (EOS,
+// max_tokens, the context, a caller's stop or cancel) frees its slot at once and leaves its state in
+// the prefix cache for the next request that shares its prefix.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "lineage/model/model.h"
+#include "lineage/runtime/generate.h"
+#include "lineage/runtime/prefix_cache.h"
+
+namespace lineage::runtime {
+
+struct EngineResult {
+  std::vector<int32_t> tokens;  // generated ids (EOS not included)
+  int64_t prompt_tokens = 0, cached_tokens = 0;
+  // "stop" (EOS), "length" (max_tokens), "context" (the context limit), "cancelled" (cancel() or
+  // on_token returned false), "error" (error says why).
+  std::string finish_reason, error;
+  double queued_seconds = 0, first_token_seconds = 0, seconds = 0;  // from submit()
+  size_t state_bytes = 0;  // the sequence's state at its end
+};
+
+// Called on the engine's thread; they must not block for long (every request waits on them).
+struct EngineRequest {
+  std::vector<int32_t> prompt;  // at least one token
+  GenerateOptions options;      // max_tokens, sampling (its own seeded sampler), eos
+  // Each generated token (not EOS); returning false ends the request (finish_reason "cancelled"):
+  // the caller found a stop sequence, or its client went away.
+  std::function<bool(int32_t token)> on_token;
+  // After each prefill piece: prompt tokens in the state so far (cached ones included), of total.
+  std::function<void(int64_t done, int64_t total)> on_progress;
+  std::function<void(EngineResult&&)> on_done;
+};
+
+struct EngineOptions {
+  int64_t slots = 4;            // requests decoding together at most
+  int64_t ctx = 0;              // positions per slot: 0 = the model's limit, caches grow on demand
+  int64_t prefill_chunk = 256;  // prompt tokens one request feeds per step at most
+  int64_t queue = 64;           // requests waiting for a slot at most; submit() refuses beyond
+  // Admit a prompt that fills the whole context (it generates its one token and ends "context");
+  // a server refuses those, as they leave no room for a completion.
+  bool allow_full_prompt = false;
+  PrefixCacheOptions cache;
+};
+
+struct EngineStats {
+  int64_t requests = 0, finished = 0, active = 0, queued = 0, slots = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0, steps = 0, rejected = 0;
+  int64_t most_together = 0;  // sequences in one step at most
+  int64_t cache_lookups = 0, cache_hits = 0, cache_entries = 0;
+  size_t cache_bytes = 0, state_bytes = 0;  // the prefix cache; the active sequences' states
+  double busy_seconds = 0;                  // time spent in steps
+  double decode_tokens_per_second = 0;      // the last steps' generated tokens over their time
+};
+
+class Engine {
+ public:
+  Engine(const model::Model& m, EngineOptions options);
+  ~Engine();  // finishes nothing: active and queued requests end "cancelled"
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request and returns its id, or nothing when the queue is full. Throws Error for a
+  // request that can never run: no prompt, a prompt longer than the context, max_tokens < 1.
+  std::optional<uint64_t> submit(EngineRequest request);
+  // Ends a request at the next step boundary (or takes it out of the queue); its slot is free for
+  // the next step. Unknown or finished ids are ignored.
+  void cancel(uint64_t id);
+  EngineStats stats() const;
+  // Positions a request may hold: the prompt and the generated tokens.
+  int64_t context() const { return limit_; }
+  const model::Model& model() const { return model_; }
+
+ private:
+  struct Waiting {
+    uint64_t id;
+    EngineRequest request;
+    double submitted;
+  };
+  struct Live;
+  void run();
+  void step(std::vector<Live>& live);
+  void finish(std::vector<Live>& live, size_t k, const char* reason, std::string error = {});
+
+  const model::Model& model_;
+  EngineOptions options_;
+  int64_t limit_;
+  model::StatePool pool_;
+  PrefixCache cache_;
+  model::Workspace ws_;
+  layers::Step step_;
+  std::vector<float> logits_;
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<Waiting> queue_;
+  std::unordered_set<uint64_t> cancelled_;
+  uint64_t next_id_ = 1;
+  bool stopping_ = false;
+  EngineStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace lineage::runtime

@@ -1,0 +1,281 @@
+// The prefix cache and the serving engine: a cached prefix resumes to the logits a fresh run gives
+// (KV layers at the exact common prefix, recurrent layers at the nearest checkpoint), least recently
+// used entries go first, and requests served together, with the cache warm, give the tokens each
+// gives alone.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <future>
+#include <mutex>
+
+#include "lineage/io/load_model.h"
+#include "lineage/runtime/engine.h"
+#include "lineage/runtime/prefix_cache.h"
+#include "lineage/runtime/session.h"
+#include "test_support.h"
+
+namespace lineage::runtime {
+namespace {
+
+std::vector<int32_t> ids(int64_t n, int64_t vocab, int64_t salt) {
+  std::vector<int32_t> v;
+  for (int64_t i = 0; i < n; ++i) v.push_back(int32_t((i * 7 + salt * 13 + 3 + i * i * salt) % vocab));
+  return v;
+}
+
+// Logits of `tokens`' last position from a state that holds the first `from` (fresh when from = 0).
+std::vector<float> last_logits(const model::Model& m, const model::SequenceState* from, std::span<const int32_t> tokens) {
+  Session s(m);
+  int64_t start = 0;
+  if (from) s.restore(*from), start = from->position;
+  const auto l = s.prefill(tokens.subspan(size_t(start)));
+  return {l.begin(), l.end()};
+}
+
+struct CacheCase {
+  const char* dir;
+  bool recurrent;
+};
+
+class Cache : public ::testing::TestWithParam<CacheCase> {};
+
+TEST_P(Cache, ResumesFromTheLongestUsablePrefix) {
+  const io::LoadedModel lm = io::load_model(test::testdata() / GetParam().dir, false);
+  const model::Model& m = lm.model;
+  const int64_t V = m.config.vocab_size;
+  PrefixCache cache(m, {.budget_bytes = size_t(64) << 20, .checkpoint_every = 8});
+  EXPECT_EQ(cache.keeps_checkpoints(), GetParam().recurrent);
+
+  // A 30-token sequence fed as the engine feeds it: pieces cut at multiples of 8, checkpoints there.
+  const std::vector<int32_t> a = ids(30, V, 1);
+  Session s(m);
+  PrefixCache::Checkpoints cps;
+  for (int64_t at = 0; at < 30;) {
+    const int64_t n = std::min<int64_t>(8, 30 - at);
+    s.prefill(std::span(a).subspan(size_t(at), size_t(n)));
+    at += n;
+    if (cache.wants_checkpoint(at)) cache.checkpoint(s.state(), cps);
+  }
+  cache.commit(a, s.state(), std::move(cps));
+  EXPECT_EQ(cache.stats().entries, 1);
+
+  // A request that shares 21 tokens, then diverges: KV-only models resume at 21, recurrent ones at
+  // the checkpoint at 16.
+  std::vector<int32_t> b(a.begin(), a.begin() + 21);
+  for (int32_t t : ids(9, V, 5)) b.push_back(t);
+  b[21] = (a[21] + 1) % int32_t(V);
+  model::SequenceState st = m.new_state();
+  const int64_t got = cache.restore(b, st);
+  EXPECT_EQ(got, GetParam().recurrent ? 16 : 21);
+  EXPECT_EQ(st.position, got);
+  const std::vector<float> resumed = last_logits(m, &st, b), fresh = last_logits(m, nullptr, b);
+  EXPECT_LT(test::rel_rms(resumed.data(), fresh.data(), V), 1e-5);
+
+  // The whole sequence again plus more: resumes at its end (30), one token short of a repeat.
+  std::vector<int32_t> c = a;
+  c.push_back(4);
+  EXPECT_EQ(cache.restore(c, st), 30);
+  EXPECT_EQ(cache.restore(a, st), GetParam().recurrent ? 24 : 29) << "at least one token is left to feed";
+  EXPECT_EQ(cache.restore(ids(12, V, 9), st), 0);
+  EXPECT_EQ(cache.stats().hits, 3);
+}
+
+TEST_P(Cache, FoldsExtendedEntriesAndEvictsLeastRecentlyUsed) {
+  const io::LoadedModel lm = io::load_model(test::testdata() / GetParam().dir, false);
+  const model::Model& m = lm.model;
+  const int64_t V = m.config.vocab_size;
+  const auto sequence = [&](std::span<const int32_t> t) {
+    Session s(m);
+    s.prefill(t);
+    return s.state().clone();
+  };
+  const std::vector<int32_t> turn1 = ids(12, V, 2);
+  std::vector<int32_t> turn2 = turn1;
+  for (int32_t t : ids(6, V, 3)) turn2.push_back(t);
+  const model::SequenceState s1 = sequence(turn1), s2 = sequence(turn2);
+  const std::vector<int32_t> x = ids(18, V, 7), y = ids(18, V, 8), z = ids(18, V, 11);
+  // The budget holds the chat's entry and two others of 18 tokens, not three.
+  size_t chat_bytes = 0, other_bytes = 0;
+  {
+    PrefixCache probe(m, {.budget_bytes = size_t(1) << 30, .checkpoint_every = 256});
+    probe.commit(turn1, s1, {});
+    probe.commit(turn2, s2, {});
+    chat_bytes = probe.stats().bytes;
+    probe.commit(x, sequence(x), {});
+    other_bytes = probe.stats().bytes - chat_bytes;
+  }
+  const size_t budget = chat_bytes + 2 * other_bytes + other_bytes / 2;
+  // A chat: turn 2 extends turn 1, so turn 1's entry folds into it (its end kept as a checkpoint).
+  PrefixCache cache(m, {.budget_bytes = budget, .checkpoint_every = 256});
+  cache.commit(turn1, s1, {});
+  cache.commit(turn2, s2, {});
+  EXPECT_EQ(cache.stats().entries, 1);
+  std::vector<int32_t> other = turn1;
+  other.push_back(int32_t((turn2[12] + 1) % V));
+  other.push_back(1);
+  model::SequenceState st = m.new_state();
+  EXPECT_EQ(cache.restore(other, st), 12) << "turn 1's end is still a place to resume";
+  const std::vector<float> resumed = last_logits(m, &st, other), fresh = last_logits(m, nullptr, other);
+  EXPECT_LT(test::rel_rms(resumed.data(), fresh.data(), V), 1e-5);
+
+  // Unrelated sequences fill the budget: the least recently used goes first.
+  cache.commit(x, sequence(x), {});
+  cache.commit(y, sequence(y), {});
+  EXPECT_GT(cache.restore(turn2, st), 0);  // the chat is now the most recent
+  cache.commit(z, sequence(z), {});
+  EXPECT_GE(cache.stats().evictions, 1);
+  EXPECT_LE(cache.stats().bytes, budget);
+  EXPECT_EQ(cache.restore(x, st), 0) << "x was the least recently used";
+  EXPECT_GT(cache.restore(turn2, st), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Cache,
+                         ::testing::Values(CacheCase{"gpt2/f32_defaults", false}, CacheCase{"kimi_linear/f32", true},
+                                           CacheCase{"kda/f32", true}),
+                         [](const auto& info) {
+                           const std::string d = info.param.dir;
+                           return d.substr(0, d.find('/'));
+                         });
+
+// Runs a request through the engine and waits for it.
+EngineResult run(Engine& e, std::vector<int32_t> prompt, int max_tokens) {
+  std::promise<EngineResult> done;
+  EngineRequest r;
+  r.prompt = std::move(prompt);
+  r.options.max_tokens = max_tokens;
+  r.options.sampling.temperature = 0;
+  r.on_done = [&](EngineResult&& res) { done.set_value(std::move(res)); };
+  EXPECT_TRUE(e.submit(std::move(r)));
+  return done.get_future().get();
+}
+
+std::vector<int32_t> alone(const model::Model& m, std::span<const int32_t> prompt, int max_tokens) {
+  Session s(m);
+  auto l = s.prefill(prompt);
+  std::vector<int32_t> out;
+  for (int i = 0; i < max_tokens; ++i) {
+    const int32_t t = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+    out.push_back(t);
+    if (i + 1 < max_tokens) l = s.decode(t);
+  }
+  return out;
+}
+
+TEST(Engine, TogetherAndCachedEqualsAlone) {
+  const io::LoadedModel lm = io::load_model(test::testdata() / "kimi_linear/f32", false);
+  const model::Model& m = lm.model;
+  const int64_t V = m.config.vocab_size;
+  EngineOptions eo;
+  eo.slots = 3;
+  eo.prefill_chunk = 5;
+  eo.cache.checkpoint_every = 8;
+  Engine engine(m, eo);
+  std::vector<std::vector<int32_t>> prompts;
+  const std::vector<int32_t> shared = ids(20, V, 3);
+  for (int i = 0; i < 7; ++i) {
+    std::vector<int32_t> p = i % 2 ? shared : ids(4 + 3 * i, V, i);
+    for (int32_t t : ids(2 + i, V, 10 + i)) p.push_back(t);
+    prompts.push_back(p);
+  }
+  std::mutex mu;
+  std::vector<EngineResult> results(prompts.size());
+  std::condition_variable cv;
+  int done = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EngineRequest r;
+    r.prompt = prompts[i];
+    r.options.max_tokens = 6;
+    r.options.sampling.temperature = 0;
+    r.on_done = [&, i](EngineResult&& res) {
+      std::lock_guard lock(mu);
+      results[i] = std::move(res);
+      ++done;
+      cv.notify_all();
+    };
+    ASSERT_TRUE(engine.submit(std::move(r)));
+  }
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done == int(prompts.size()); });
+  }
+  int64_t cached = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(results[i].tokens, alone(m, prompts[i], 6)) << "request " << i;
+    EXPECT_EQ(results[i].finish_reason, "length");
+    cached += results[i].cached_tokens;
+  }
+  // Prompt 3 again (25 tokens): its own prefill left a checkpoint at 24.
+  const EngineResult again = run(engine, prompts[3], 6);
+  EXPECT_EQ(again.cached_tokens, 24);
+  EXPECT_EQ(again.tokens, alone(m, prompts[3], 6));
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.finished, 8);
+  EXPECT_EQ(st.active, 0);
+  EXPECT_GE(st.cache_hits, 1);
+  EXPECT_LE(st.most_together, 3);
+  EXPECT_GE(cached + again.cached_tokens, 16);
+}
+
+TEST(Engine, CancelFreesTheSlotAndTheQueueIsBounded) {
+  const io::LoadedModel lm = io::load_model(test::testdata() / "gpt2/f32_defaults", false);
+  const model::Model& m = lm.model;
+  EngineOptions eo;
+  eo.slots = 1;
+  eo.queue = 1;
+  Engine engine(m, eo);
+  // A request whose caller stops it after 3 tokens (a client gone, a stop string).
+  std::promise<EngineResult> first;
+  EngineRequest r;
+  r.prompt = {1, 2, 3};
+  r.options.max_tokens = 30;
+  int seen = 0;
+  r.on_token = [&](int32_t) { return ++seen < 3; };
+  r.on_done = [&](EngineResult&& res) { first.set_value(std::move(res)); };
+  ASSERT_TRUE(engine.submit(std::move(r)));
+  const EngineResult a = first.get_future().get();
+  EXPECT_EQ(a.finish_reason, "cancelled");
+  EXPECT_EQ(a.tokens.size(), 3u);
+  EXPECT_EQ(engine.stats().active, 0);
+
+  // The context: a prompt that leaves no room is refused; one that fills it ends "context".
+  EXPECT_THROW(engine.submit({std::vector<int32_t>(40, 1), {}, {}, {}, {}}), Error);
+  const EngineResult full = run(engine, std::vector<int32_t>(38, 1), 10);
+  EXPECT_EQ(full.finish_reason, "context");
+  EXPECT_EQ(full.tokens.size(), 3u) << "38 + 2 fed, and the last one sampled";
+
+  // With the slot busy, one request waits and the next is refused; cancel takes one out of the queue.
+  std::promise<void> hold_release;
+  std::shared_future<void> hold = hold_release.get_future().share();
+  std::promise<EngineResult> busy_done, queued_done;
+  std::promise<void> started;
+  EngineRequest busy;
+  busy.prompt = {5, 6};
+  busy.options.max_tokens = 20;
+  bool first_token = true;
+  busy.on_token = [&, hold](int32_t) {
+    if (std::exchange(first_token, false)) started.set_value();
+    hold.wait();  // the engine's thread waits here: the slot stays taken
+    return true;
+  };
+  busy.on_done = [&](EngineResult&& res) { busy_done.set_value(std::move(res)); };
+  ASSERT_TRUE(engine.submit(std::move(busy)));
+  started.get_future().wait();
+  EngineRequest queued;
+  queued.prompt = {7};
+  queued.on_done = [&](EngineResult&& res) { queued_done.set_value(std::move(res)); };
+  const auto qid = engine.submit(std::move(queued));
+  EngineRequest extra;
+  extra.prompt = {8};
+  EXPECT_FALSE(engine.submit(std::move(extra))) << "the queue holds one";
+  if (qid) {
+    engine.cancel(*qid);
+    EXPECT_EQ(queued_done.get_future().get().finish_reason, "cancelled");
+  }
+  hold_release.set_value();
+  ASSERT_TRUE(qid);
+  EXPECT_EQ(busy_done.get_future().get().finish_reason, "length");
+  EXPECT_EQ(engine.stats().rejected, 1);
+}
+
+}  // namespace
+}  // namespace lineage::runtime
