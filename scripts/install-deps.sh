@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what lineage needs on Debian 12 when it is missing: the toolchain and libraries for the
-# build, PyTorch + NumPy for the reference, Node.js + the npm packages of the tokenizer reference,
+# build, PyTorch + NumPy for the reference, Node.js + the npm packages of the tokenizer and
+# chat-template references,
 # and (--test, --fuzz) clang for the sanitizer + fuzz tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,4 +33,8 @@ fi
 if [ "${1:-}" = "--test" ] && { [ ! -d tests/tokenizer/node_modules/js-tiktoken ] ||
                                 [ ! -d tests/tokenizer/node_modules/tiktoken ]; }; then
   (cd tests/tokenizer && npm ci --no-audit --no-fund --loglevel=error)
+fi
+# @huggingface/jinja, the reference renders of the chat-template tests.
+if [ "${1:-}" = "--test" ] && [ ! -d tests/chat_template/node_modules/@huggingface/jinja ]; then
+  (cd tests/chat_template && npm ci --no-audit --no-fund --loglevel=error)
 fi

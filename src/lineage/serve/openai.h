@@ -1,0 +1,62 @@
+// The OpenAI-compatible request bodies `lineage serve` accepts (POST /v1/completions and
+// /v1/chat/completions), checked field by field, and the error objects it answers with.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lineage/io/chat_template.h"
+
+namespace lineage::serve {
+
+// An error as the OpenAI API reports it: HTTP status, and {"error": {"message", "type", "param",
+// "code"}} in the body.
+struct ApiError {
+  int status = 400;
+  std::string message, type = "invalid_request_error", param, code;
+  std::string body() const;
+};
+
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;
+  std::string prompt;                         // /v1/completions: the text, or
+  std::optional<std::vector<int32_t>> prompt_ids;  // the token ids (a prompt given as integers)
+  std::vector<io::ChatMessage> messages;      // /v1/chat/completions
+  std::optional<int64_t> max_tokens;          // max_tokens (or max_completion_tokens); none: up to the context
+  float temperature = 1.0f, top_p = 1.0f;     // OpenAI's defaults
+  int top_k = 0;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;              // up to 4 sequences; the text ends before the first found
+  bool stream = false, include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;                    // llama-server's: keep going past EOS
+  bool return_progress = false;               // llama-server's: prefill progress events while streaming
+};
+
+// Parses a request body. Throws ApiError (400) for a body that is not a JSON object, a missing
+// prompt or messages, a known field of the wrong type or out of range (naming the field), n other
+// than 1. Fields it does not know (frequency_penalty, user, ...) are ignored, as OpenAI clients send
+// many; the ones that would change the result and cannot be honored are refused.
+CompletionRequest parse_request(std::string_view body, bool chat);
+
+// Holds back text that may be the start of a stop sequence until the next tokens tell, so a stream
+// never shows a stop sequence or a piece of one.
+class StopFilter {
+ public:
+  explicit StopFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Appends text; returns what may be shown now. stopped() turns true once a stop sequence is
+  // complete (the text before it is returned, nothing after).
+  std::string push(std::string_view text);
+  std::string flush();  // the held-back rest at the end (no stop sequence found)
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+}  // namespace lineage::serve

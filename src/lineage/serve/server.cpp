@@ -1,0 +1,389 @@
+#include "lineage/serve/server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "lineage/core/error.h"
+#include "lineage/serve/page_html.h"  // kChatPage, generated from page.html
+
+namespace lineage::serve {
+
+using nlohmann::json;
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// What the engine's thread hands to the HTTP thread of one request: text ready to send, prefill
+// progress, and the result at the end. `gone` is set by the HTTP side when its client went away.
+struct Channel {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string text;
+  std::vector<json> progress;
+  bool done = false, stop_found = false;
+  runtime::EngineResult result;
+  std::atomic<bool> gone{false};
+  uint64_t id = 0;
+};
+
+std::string finish_reason(const Channel& ch) {
+  const std::string& r = ch.result.finish_reason;
+  if (ch.stop_found || r == "stop") return "stop";
+  if (r == "length" || r == "context") return "length";
+  return r;  // "cancelled", "error"
+}
+
+json usage(const runtime::EngineResult& r) {
+  const int64_t n = int64_t(r.tokens.size());
+  return {{"prompt_tokens", r.prompt_tokens},
+          {"completion_tokens", n},
+          {"total_tokens", r.prompt_tokens + n},
+          {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}}}};
+}
+
+// lineage's own numbers for a finished request (the chat page shows them).
+json extension(const runtime::EngineResult& r) {
+  const int64_t n = int64_t(r.tokens.size());
+  const double decode = r.seconds - r.first_token_seconds;
+  return {{"cached_tokens", r.cached_tokens},
+          {"state_bytes", r.state_bytes},
+          {"first_token_ms", r.first_token_seconds * 1e3},
+          {"tokens_per_second", n > 1 && decode > 0 ? double(n - 1) / decode : 0.0},
+          {"seconds", r.seconds}};
+}
+
+json choice(bool chat, bool stream, const std::string& text, const json& finish) {
+  json c = {{"index", 0}, {"finish_reason", finish}};
+  if (!chat) c["text"] = text, c["logprobs"] = nullptr;
+  else if (stream) c["delta"] = text.empty() ? json::object() : json{{"content", text}};
+  else c["message"] = {{"role", "assistant"}, {"content", text}};
+  return c;
+}
+
+}  // namespace
+
+Server::Server(const io::LoadedModel& model, ServerOptions options) : model_(model), options_(std::move(options)) {
+  if (!model_.tokenizer)
+    throw Error(cat(model_.dir.empty() ? std::string("the model") : model_.dir.string(),
+                    ": serve needs the model's tokenizer files (tokenizer.json, or vocab.json and merges.txt)"));
+  if (!model_.dir.empty()) template_ = io::ChatTemplate::from_model_dir(model_.dir);
+  if (options_.model_name.empty()) {
+    std::filesystem::path p = model_.dir;
+    if (p.filename().empty()) p = p.parent_path();
+    options_.model_name = p.empty() ? "lineage" : p.filename().string();
+  }
+  engine_ = std::make_unique<runtime::Engine>(model_.model, options_.engine);
+  http_ = std::make_unique<httplib::Server>();
+  const int threads = options_.threads > 0 ? options_.threads
+                                           : int(options_.engine.slots + options_.engine.queue + 16);
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  http_->set_payload_max_length(options_.max_body_bytes);
+  http_->set_read_timeout(options_.read_timeout_seconds, 0);
+  http_->set_write_timeout(10, 0);
+  http_->set_keep_alive_timeout(5);
+  routes();
+}
+
+Server::~Server() { stop(); }
+
+int Server::bind() {
+  port_ = options_.port == 0 ? http_->bind_to_any_port(options_.host)
+                             : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
+  if (port_ < 0)
+    throw Error(cat("--host ", options_.host, " --port ", options_.port,
+                    ": cannot listen there (the port is taken, or the address is not this machine's)"));
+  return port_;
+}
+
+void Server::listen() { http_->listen_after_bind(); }
+
+void Server::stop() {
+  stopping_ = true;
+  if (http_) http_->stop();
+}
+
+std::vector<int32_t> Server::prompt_tokens(const CompletionRequest& r) const {
+  const io::Tokenizer& tok = *model_.tokenizer;
+  std::vector<int32_t> ids;
+  if (r.prompt_ids) return *r.prompt_ids;
+  bool bos = tok.adds_bos() && tok.bos_id();
+  if (r.chat) {
+    // A template writes its own BOS (bos_token) where the model wants one.
+    if (template_) ids = tok.encode(template_->render(r.messages, true)), bos = false;
+    else ids = tok.encode(io::render_plain_chat(r.messages, true));
+  } else {
+    ids = tok.encode(r.prompt);
+  }
+  if (bos) ids.insert(ids.begin(), *tok.bos_id());
+  if (ids.empty()) throw ApiError{400, "the prompt encodes to no tokens", "invalid_request_error", r.chat ? "messages" : "prompt", "empty_prompt"};
+  return ids;
+}
+
+void Server::routes() {
+  const auto error = [this](httplib::Response& res, const ApiError& e) {
+    res.status = e.status;
+    res.set_content(e.body(), "application/json");
+  };
+
+  const auto completion = [this, error](bool chat) {
+    return [this, error, chat](const httplib::Request& req, httplib::Response& res) {
+      try {
+        const CompletionRequest r = parse_request(req.body, chat);
+        const std::vector<int32_t> prompt = prompt_tokens(r);
+        const int64_t n = int64_t(prompt.size()), ctx = engine_->context();
+        if (ctx > 0 && n >= ctx)
+          throw ApiError{400, cat("the prompt has ", n, " tokens; the context holds ", ctx, " (prompt and completion)"),
+                         "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"};
+        runtime::EngineRequest er;
+        er.prompt = prompt;
+        er.options.max_tokens = int(std::min<int64_t>(r.max_tokens.value_or(ctx > 0 ? ctx - n : options_.default_max_tokens),
+                                                      int64_t(1) << 30));
+        static std::atomic<uint64_t> seeds{std::random_device{}()};
+        er.options.sampling = {r.temperature, r.top_k, r.top_p, r.seed ? *r.seed : seeds.fetch_add(0x9e3779b97f4a7c15ull)};
+        if (!r.ignore_eos)
+          er.options.eos = model_.model.config.eos_token_id ? model_.model.config.eos_token_id : model_.tokenizer->eos_id();
+        auto ch = std::make_shared<Channel>();
+        auto decoder = std::make_shared<io::StreamDecoder>(*model_.tokenizer);
+        auto filter = std::make_shared<StopFilter>(r.stop);
+        er.on_token = [ch, decoder, filter](int32_t t) {
+          std::string s = filter->push(decoder->push(t));
+          {
+            std::lock_guard lock(ch->mu);
+            ch->text += s;
+            ch->stop_found = filter->stopped();
+          }
+          ch->cv.notify_all();
+          return !filter->stopped() && !ch->gone;
+        };
+        const double t0 = now();
+        if (r.stream && r.return_progress)
+          er.on_progress = [ch, t0](int64_t done, int64_t total) {
+            {
+              std::lock_guard lock(ch->mu);
+              ch->progress.push_back({{"total", total}, {"processed", done}, {"time_ms", (now() - t0) * 1e3}});
+            }
+            ch->cv.notify_all();
+          };
+        er.on_done = [ch, decoder, filter](runtime::EngineResult&& result) {
+          const std::string tail = filter->stopped() ? "" : filter->push(decoder->flush()) + filter->flush();
+          {
+            std::lock_guard lock(ch->mu);
+            ch->text += tail;
+            ch->result = std::move(result);
+            ch->done = true;
+          }
+          ch->cv.notify_all();
+        };
+        const std::optional<uint64_t> id = engine_->submit(std::move(er));
+        if (!id)
+          throw ApiError{503, "the server is busy: every slot and the whole queue are taken; retry later", "server_error",
+                         "", "overloaded"};
+        ch->id = *id;
+        ++completions_;
+        const std::string cid = cat(chat ? "chatcmpl-" : "cmpl-", *id);
+        const int64_t created = std::time(nullptr);
+        const std::string object = chat ? "chat.completion" : "text_completion";
+        const json head = {{"id", cid}, {"created", created}, {"model", options_.model_name}};
+        // A client that went away: its request ends at the next step, its slot free for the next.
+        const auto gone = [this, ch] {
+          ch->gone = true;
+          engine_->cancel(ch->id);
+          ++disconnects_;
+          return false;
+        };
+        if (!r.stream) {
+          res.set_chunked_content_provider("application/json", [=, this](size_t, httplib::DataSink& sink) {
+            std::unique_lock lock(ch->mu);
+            double beat = now();
+            while (!ch->done) {
+              ch->cv.wait_for(lock, std::chrono::milliseconds(100));
+              // JSON allows leading whitespace: a space now and then finds a client that left.
+              if (!ch->done && (now() - beat > 0.25 || stopping_)) {
+                lock.unlock();
+                const bool ok = !stopping_ && sink.write(" ", 1);
+                lock.lock();
+                if (!ok) return gone();
+                beat = now();
+              }
+            }
+            json body = head;
+            body["object"] = object;
+            if (ch->result.finish_reason == "error") {
+              body = json::parse(ApiError{500, ch->result.error, "server_error", "", "engine_error"}.body());
+            } else {
+              body["choices"] = json::array({choice(chat, false, ch->text, finish_reason(*ch))});
+              body["usage"] = usage(ch->result);
+              body["lineage"] = extension(ch->result);
+            }
+            lock.unlock();
+            const std::string s = dump(body);
+            sink.write(s.data(), s.size());
+            sink.done();
+            return true;
+          });
+          return;
+        }
+        ++streams_;
+        res.set_header("Cache-Control", "no-cache");
+        res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink& sink) {
+          const auto send = [&](const json& j) {
+            const std::string s = "data: " + dump(j) + "\n\n";
+            return sink.write(s.data(), s.size());
+          };
+          const auto chunk = [&](const std::string& text, const json& finish) {
+            json j = head;
+            j["object"] = chat ? "chat.completion.chunk" : "text_completion";
+            j["choices"] = json::array({choice(chat, true, text, finish)});
+            return j;
+          };
+          if (chat) {
+            json first = chunk("", nullptr);
+            first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
+            if (!send(first)) return gone();
+          }
+          std::unique_lock lock(ch->mu);
+          while (true) {
+            ch->cv.wait_for(lock, std::chrono::milliseconds(250),
+                            [&] { return ch->done || !ch->text.empty() || !ch->progress.empty(); });
+            std::string text;
+            text.swap(ch->text);
+            std::vector<json> progress;
+            progress.swap(ch->progress);
+            const bool done = ch->done;
+            lock.unlock();
+            bool ok = !stopping_;
+            for (const json& p : progress) {
+              json j = head;
+              j["object"] = chat ? "chat.completion.chunk" : "text_completion";
+              j["choices"] = json::array();
+              j["prompt_progress"] = p;
+              ok = ok && send(j);
+            }
+            if (!text.empty()) ok = ok && send(chunk(text, nullptr));
+            else if (progress.empty() && !done) ok = ok && sink.write(": ping\n\n", 8);  // an SSE comment
+            if (!ok) return gone();
+            if (done) {
+              if (ch->result.finish_reason == "error") {
+                send(json::parse(ApiError{500, ch->result.error, "server_error", "", "engine_error"}.body()));
+              } else {
+                json last = chunk("", finish_reason(*ch));
+                last["lineage"] = extension(ch->result);
+                send(last);
+                if (r.include_usage) {
+                  json u = chunk("", nullptr);
+                  u["choices"] = json::array();
+                  u["usage"] = usage(ch->result);
+                  send(u);
+                }
+              }
+              sink.write("data: [DONE]\n\n", 14);
+              sink.done();
+              return true;
+            }
+            lock.lock();
+          }
+        });
+      } catch (const ApiError& e) {
+        error(res, e);
+      } catch (const Error& e) {
+        error(res, ApiError{400, e.what(), "invalid_request_error", "", "invalid_value"});
+      }
+    };
+  };
+  http_->Post("/v1/completions", completion(false));
+  http_->Post("/v1/chat/completions", completion(true));
+  http_->Post("/completions", completion(false));
+  http_->Post("/chat/completions", completion(true));
+
+  http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    const auto& c = model_.model.config;
+    const json m = {{"id", options_.model_name},
+                    {"object", "model"},
+                    {"created", 0},
+                    {"owned_by", "lineage"},
+                    {"meta",
+                     {{"model_type", c.model_type},
+                      {"vocab_size", c.vocab_size},
+                      {"n_ctx", engine_->context()},
+                      {"n_layers", model_.model.n_layers()},
+                      {"chat_template", template_ ? template_->where() : std::string("none (plain role: content)")}}}};
+    res.set_content(dump({{"object", "list"}, {"data", json::array({m})}}), "application/json");
+  });
+  http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const runtime::EngineStats s = engine_->stats();
+    res.set_content(dump({{"status", "ok"}, {"slots_idle", s.slots - s.active}, {"slots_processing", s.active},
+                          {"queued", s.queued}}),
+                    "application/json");
+  });
+  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics(), "text/plain; version=0.0.4");
+  });
+  http_->Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content(kChatPage, "text/html; charset=utf-8"); });
+
+  // Errors httplib answers itself (no route, a body over the limit, a malformed request) get an
+  // OpenAI-style body too; every status >= 400 is counted for /metrics.
+  http_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    ApiError e{res.status, "", res.status >= 500 ? "server_error" : "invalid_request_error", "", ""};
+    if (res.status == 404) e.message = cat("no such endpoint: ", req.method, " ", req.path), e.code = "not_found";
+    else if (res.status == 413) e.message = "the request body is larger than the server accepts", e.code = "body_too_large";
+    else e.message = cat("the request is malformed (HTTP ", res.status, ")");
+    res.set_content(e.body(), "application/json");
+  });
+  http_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    res.status = 500;
+    res.set_content(ApiError{500, what, "server_error", "", "internal"}.body(), "application/json");
+  });
+  http_->set_logger([this](const httplib::Request&, const httplib::Response& res) {
+    if (res.status < 400) return;
+    std::lock_guard lock(mu_);
+    ++http_errors_[res.status];
+  });
+}
+
+std::string Server::metrics() const {
+  const runtime::EngineStats s = engine_->stats();
+  std::string out;
+  const auto metric = [&](const char* name, const char* type, const char* help, double v) {
+    out += cat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ", v, "\n");
+  };
+  metric("lineage_requests_total", "counter", "Completion requests admitted to the queue.", double(s.requests));
+  metric("lineage_requests_finished_total", "counter", "Completion requests finished (any reason).", double(s.finished));
+  metric("lineage_requests_rejected_total", "counter", "Requests refused with 503 (queue full).", double(s.rejected));
+  metric("lineage_streams_total", "counter", "Streamed (SSE) completions.", double(streams_.load()));
+  metric("lineage_disconnects_total", "counter", "Requests whose client went away before the end.", double(disconnects_.load()));
+  metric("lineage_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", double(s.prompt_tokens));
+  metric("lineage_cached_tokens_total", "counter", "Prompt tokens served from the prefix cache.", double(s.cached_tokens));
+  metric("lineage_generated_tokens_total", "counter", "Tokens generated.", double(s.generated_tokens));
+  metric("lineage_steps_total", "counter", "Batched forward steps.", double(s.steps));
+  metric("lineage_busy_seconds_total", "counter", "Seconds spent in forward steps.", s.busy_seconds);
+  metric("lineage_decode_tokens_per_second", "gauge", "Generated tokens per second over the recent steps.", s.decode_tokens_per_second);
+  metric("lineage_slots", "gauge", "State slots (requests decoding together at most).", double(s.slots));
+  metric("lineage_slots_used", "gauge", "State slots in use.", double(s.active));
+  metric("lineage_queue_length", "gauge", "Requests waiting for a slot.", double(s.queued));
+  metric("lineage_state_bytes", "gauge", "Bytes of state the active sequences hold.", double(s.state_bytes));
+  metric("lineage_cache_lookups_total", "counter", "Prefix cache lookups.", double(s.cache_lookups));
+  metric("lineage_cache_hits_total", "counter", "Prefix cache lookups that resumed a prefix.", double(s.cache_hits));
+  metric("lineage_cache_entries", "gauge", "Sequences in the prefix cache.", double(s.cache_entries));
+  metric("lineage_cache_bytes", "gauge", "Bytes the prefix cache holds.", double(s.cache_bytes));
+  out += "# HELP lineage_http_errors_total Responses with status >= 400, by status.\n# TYPE lineage_http_errors_total counter\n";
+  std::lock_guard lock(mu_);
+  for (const auto& [status, n] : http_errors_) out += cat("lineage_http_errors_total{status=\"", status, "\"} ", n, "\n");
+  return out;
+}
+
+}  // namespace lineage::serve
