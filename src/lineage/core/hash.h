@@ -22,7 +22,7 @@ class Hasher {
       if (fill_ == 8) word(pending_), fill_ = 0;
     }
     for (; n >= 8; p += 8, n -= 8) word(p);
-    std::memcpy(pending_, p, n);
+    if (n > 0) std::memcpy(pending_, p, n);  // p may be null when n is 0 (an empty vector's data())
     fill_ = n;
     return *this;
   }

@@ -124,6 +124,7 @@ void write_state(const model::Model& m, const SavedState& s, const std::function
   Hasher h;
   int64_t written = 0;
   const auto out = [&](const void* p, size_t n) {
+    if (n == 0) return;  // an empty section's data() may be null
     h.add(p, n);
     sink(p, n);
     written += int64_t(n);
@@ -252,7 +253,7 @@ SavedState decode_state(const model::Model& m, std::string_view bytes, const std
       throw Error(cat(where, ": header field \"", key, "\": count ", n, ", expected ", allowed_a, " or ", allowed_b));
     const char* p = section(payload, offset, n * 4, key, where);
     dst.resize(size_t(n));
-    std::memcpy(dst.data(), p, size_t(n) * 4);
+    if (n > 0) std::memcpy(dst.data(), p, size_t(n) * 4);
   };
   vector_section("tokens", out.tokens, 0, position);
   vector_section("logits", out.logits, 0, m.config.vocab_size);
