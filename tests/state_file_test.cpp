@@ -21,16 +21,12 @@ namespace {
 namespace fs = std::filesystem;
 using test::run_lineage;
 using test::shell_quote;
+using test::slurp;
 
 std::vector<int32_t> ids(int64_t n, int64_t vocab, int64_t salt) {
   std::vector<int32_t> v;
   for (int64_t i = 0; i < n; ++i) v.push_back(int32_t((i * 7 + salt * 13 + 3) % vocab));
   return v;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
 }
 
 std::string error_of(const std::function<void()>& f) {

@@ -22,13 +22,15 @@ std::string env_or_fail(const char* name) {
   }
   return v;
 }
+
+}  // namespace
+
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
-}  // namespace
 
 fs::path testdata() {
   const fs::path p = env_or_fail("LINEAGE_TESTDATA");

@@ -15,6 +15,8 @@ std::filesystem::path testdata();
 // $LINEAGE_BIN, the built lineage executable.
 std::string lineage_bin();
 std::filesystem::path source_dir();
+// A file's whole contents ("" when it cannot be read).
+std::string slurp(const std::filesystem::path& p);
 // A fresh empty directory under the system temp dir, unique per test.
 std::filesystem::path temp_dir();
 

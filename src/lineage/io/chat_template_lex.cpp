@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "lineage/core/error.h"
+#include "lineage/io/bpe_model.h"  // append_utf8
 
 namespace lineage::io::jinja {
 
@@ -13,24 +14,8 @@ bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' |
 bool is_name_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp >= 0xD800 && cp <= 0xDFFF) cp = 0xFFFD;  // a lone surrogate cannot be encoded
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
+// A string literal's escaped code point; a lone surrogate cannot be encoded.
+void append_escaped(std::string& out, uint32_t cp) { append_utf8(out, cp >= 0xD800 && cp <= 0xDFFF ? 0xFFFD : cp); }
 
 class Lexer {
  public:
@@ -262,14 +247,14 @@ class Lexer {
             if (cp > 0x10FFFF) fail(line, "\\U escape past U+10FFFF in a string literal");
           }
           k += n;
-          append_utf8(value, cp);
+          append_escaped(value, cp);
           break;
         }
         default:
           if (e >= '0' && e <= '7') {
             uint32_t cp = uint32_t(e - '0');
             for (int j = 0; j < 2 && k < src_.size() && src_[k] >= '0' && src_[k] <= '7'; ++j) cp = cp * 8 + uint32_t(src_[k++] - '0');
-            append_utf8(value, cp);
+            append_escaped(value, cp);
           } else {
             value += '\\';
             value += e;

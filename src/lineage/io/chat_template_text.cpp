@@ -1,5 +1,6 @@
 #include "lineage/io/chat_template_text.h"
 
+#include "lineage/io/bpe_model.h"  // append_utf8
 #include "lineage/io/chat_template_value.h"
 
 namespace lineage::io::jinja {
@@ -88,23 +89,7 @@ std::vector<uint32_t> decode_utf8(std::string_view s) {
 std::string encode_utf8(const std::vector<uint32_t>& cps) {
   std::string out;
   out.reserve(cps.size());
-  for (uint32_t cp : cps) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xC0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += char(0xE0 | (cp >> 12));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    } else {
-      out += char(0xF0 | (cp >> 18));
-      out += char(0x80 | ((cp >> 12) & 0x3F));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    }
-  }
+  for (uint32_t cp : cps) append_utf8(out, cp);
   return out;
 }
 

@@ -127,7 +127,7 @@ std::vector<int32_t> Server::prompt_tokens(const CompletionRequest& r) const {
 }
 
 void Server::routes() {
-  const auto error = [this](httplib::Response& res, const ApiError& e) {
+  const auto error = [](httplib::Response& res, const ApiError& e) {
     res.status = e.status;
     res.set_content(e.body(), "application/json");
   };
@@ -186,7 +186,6 @@ void Server::routes() {
           throw ApiError{503, "the server is busy: every slot and the whole queue are taken; retry later", "server_error",
                          "", "overloaded"};
         ch->id = *id;
-        ++completions_;
         const std::string cid = cat(chat ? "chatcmpl-" : "cmpl-", *id);
         const int64_t created = std::time(nullptr);
         const std::string object = chat ? "chat.completion" : "text_completion";

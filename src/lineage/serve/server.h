@@ -62,7 +62,7 @@ class Server {
   int port_ = 0;
   mutable std::mutex mu_;
   std::map<int, int64_t> http_errors_;  // status → count
-  std::atomic<int64_t> completions_{0}, streams_{0}, disconnects_{0};
+  std::atomic<int64_t> streams_{0}, disconnects_{0};
   std::atomic<bool> stopping_{false};
 };
 
