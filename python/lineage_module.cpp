@@ -214,7 +214,8 @@ class PySession {
     runtime::SavedState saved{session_.state().clone(),
                               {session_.tokens().begin(), session_.tokens().end()},
                               {logits.begin(), logits.end()},
-                              std::nullopt};
+                              std::nullopt,
+                              {}};
     py::gil_scoped_release release;
     runtime::save_state(path, model_->model(), saved);
   }

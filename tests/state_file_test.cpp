@@ -52,7 +52,7 @@ TEST_P(StateFile, ContinuesBitForBitAfterSaveAndLoad) {
   const auto la = whole.prefill(a);
   const std::vector<float> last_a(la.begin(), la.end());
   const fs::path file = test::temp_dir() / "s.state";
-  runtime::save_state(file, m, {whole.state().clone(), {whole.tokens().begin(), whole.tokens().end()}, last_a, {}});
+  runtime::save_state(file, m, {whole.state().clone(), {whole.tokens().begin(), whole.tokens().end()}, last_a, {}, {}});
   const auto lb = whole.prefill(b, true);
   const std::vector<float> want(lb.begin(), lb.end());
 
@@ -73,8 +73,8 @@ TEST_P(StateFile, ContinuesBitForBitAfterSaveAndLoad) {
 
   // The file of the resumed session equals the file of the session that never stopped.
   const fs::path f1 = test::temp_dir() / "1.state", f2 = test::temp_dir() / "2.state";
-  runtime::save_state(f1, m, {whole.state().clone(), {whole.tokens().begin(), whole.tokens().end()}, {}, {}});
-  runtime::save_state(f2, m, {resumed.state().clone(), {resumed.tokens().begin(), resumed.tokens().end()}, {}, {}});
+  runtime::save_state(f1, m, {whole.state().clone(), {whole.tokens().begin(), whole.tokens().end()}, {}, {}, {}});
+  runtime::save_state(f2, m, {resumed.state().clone(), {resumed.tokens().begin(), resumed.tokens().end()}, {}, {}, {}});
   EXPECT_TRUE(slurp(f1) == slurp(f2));
 }
 

@@ -159,7 +159,7 @@ void run_one(const Opts& o) {
   if (!o.state_out.empty())
     runtime::save_state(o.state_out, m.model,
                         {session.state().clone(), {session.tokens().begin(), session.tokens().end()}, st.last_logits,
-                         st.rng});
+                         st.rng, {}});
   std::printf("\n");
   std::fprintf(stderr,
                "lineage: prompt %lld tokens, generated %lld tokens%s; prefill %.1f tok/s, decode %.1f tok/s\n",

@@ -61,7 +61,7 @@ void add_logits(CLI::App& app) {
     if (!o.state_out.empty())
       runtime::save_state(o.state_out, m.model,
                           {s.state().clone(), {s.tokens().begin(), s.tokens().end()},
-                           {all.end() - V, all.end()}, std::nullopt});
+                           {all.end() - V, all.end()}, std::nullopt, {}});
   });
 }
 

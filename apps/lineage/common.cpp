@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -118,6 +119,20 @@ std::optional<long long> parse_integer(const std::string& s) {
   } catch (...) {
   }
   return std::nullopt;
+}
+
+size_t parse_bytes(const std::string& text, const std::string& flag) {
+  std::string digits = text;
+  double unit = 1;
+  if (!digits.empty() && std::string("KMGkmg").find(digits.back()) != std::string::npos) {
+    const char c = char(std::toupper(digits.back()));
+    unit = c == 'K' ? 1024.0 : c == 'M' ? 1024.0 * 1024 : 1024.0 * 1024 * 1024;
+    digits.pop_back();
+  }
+  const auto v = parse_integer(digits);
+  if (!v || *v < 0 || double(*v) * unit > 1e15)
+    throw Error(cat(flag, ": \"", text, "\" is not a size (expected bytes as an integer >= 0, or with K, M or G: 256M)"));
+  return size_t(double(*v) * unit);
 }
 
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag) {

@@ -52,6 +52,9 @@ std::string mapped_label(const io::MappedPages& p);
 
 // The whole string as a base-10 integer, or nothing (no partial parses, no exceptions).
 std::optional<long long> parse_integer(const std::string& s);
+// "268435456", "256M", "64K", "2G" → bytes (K, M, G are powers of 1024); anything else is an Error
+// naming the flag.
+size_t parse_bytes(const std::string& text, const std::string& flag);
 // "12 5 7" → ids; a non-integer is an Error naming the flag.
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag);
 const io::Tokenizer& require_tokenizer(const io::LoadedModel& m, const std::string& why);
@@ -66,5 +69,7 @@ void add_tokenize(CLI::App& app);
 void add_info(CLI::App& app);
 void add_tour(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_serve(CLI::App& app);
+void add_chat(CLI::App& app);
 
 }  // namespace lineage::app

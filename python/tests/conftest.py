@@ -2,9 +2,7 @@
 # reference_goldens and reference_tokenizer fixtures of tests/CMakeLists.txt) and a tiny GPT-2 with
 # the real 50257-token vocabulary, written here as config.json + safetensors + tokenizer files.
 import json
-import os
-import shutil
-import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,14 +10,8 @@ import pytest
 
 import lineage
 
-
-def data_root() -> Path:
-    # Missing data is a failure, not a skip: the ctest entry requires the fixtures that write it.
-    root = os.environ.get("LINEAGE_TESTDATA")
-    assert root, "LINEAGE_TESTDATA is not set (run through ctest -R python_bindings)"
-    path = Path(root)
-    assert path.is_dir(), f"LINEAGE_TESTDATA={root} does not exist; run reference/make_goldens.py --out {root}"
-    return path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "pyutil"))
+from tiny_checkpoints import GPT2_EOS, GPT2_VOCAB, data_root, write_safetensors, write_tiny_gpt2  # noqa: E402
 
 
 class Golden:
@@ -53,56 +45,6 @@ def assert_close_to_golden(got, golden: Golden, name: str, want=None):
         worst = np.unravel_index(np.argmax(np.abs(np.asarray(got, np.float64) - want)), want.shape)
         pytest.fail(f"{golden.dir.name}: {name}: relative RMS {err:.3g} > tolerance {tol:.3g}; worst element "
                     f"{worst}: lineage {got[worst]} vs reference {want[worst]}")
-
-
-def write_safetensors(path: Path, tensors: dict):
-    """safetensors: an 8-byte little-endian header length, a JSON header, then the raw data."""
-    header, blobs, offset = {}, [], 0
-    for name, array in tensors.items():
-        data = np.ascontiguousarray(array, dtype="<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for data in blobs:
-            f.write(data)
-
-
-GPT2_VOCAB, GPT2_EOS = 50257, 50256
-
-
-def write_tiny_gpt2(dir: Path, seed: int, always_eos: bool = False) -> Path:
-    """A 2-layer GPT-2 of width 16 over GPT-2's vocabulary, with the tokenizer files beside it.
-    always_eos: the final norm outputs a constant along a long <|endoftext|> embedding, so the tied
-    head's argmax is EOS whatever the input."""
-    D, L, P = 16, 2, 64
-    rng = np.random.default_rng(seed)
-    normal = lambda *shape: rng.normal(0.0, 0.02, shape).astype(np.float32)
-    t = {"wte.weight": normal(GPT2_VOCAB, D), "wpe.weight": normal(P, D),
-         "ln_f.weight": np.ones(D, np.float32), "ln_f.bias": np.zeros(D, np.float32)}
-    for i in range(L):
-        p = f"h.{i}."
-        t |= {p + "ln_1.weight": np.ones(D, np.float32), p + "ln_1.bias": np.zeros(D, np.float32),
-              p + "attn.c_attn.weight": normal(D, 3 * D), p + "attn.c_attn.bias": normal(3 * D),
-              p + "attn.c_proj.weight": normal(D, D), p + "attn.c_proj.bias": normal(D),
-              p + "ln_2.weight": np.ones(D, np.float32), p + "ln_2.bias": np.zeros(D, np.float32),
-              p + "mlp.c_fc.weight": normal(D, 4 * D), p + "mlp.c_fc.bias": normal(4 * D),
-              p + "mlp.c_proj.weight": normal(4 * D, D), p + "mlp.c_proj.bias": normal(D)}
-    if always_eos:
-        t["wte.weight"][GPT2_EOS] *= 50
-        t["ln_f.weight"][:] = 0
-        t["ln_f.bias"][:] = t["wte.weight"][GPT2_EOS]
-    dir.mkdir(parents=True, exist_ok=True)
-    config = {"model_type": "gpt2", "vocab_size": GPT2_VOCAB, "n_positions": P, "n_embd": D, "n_layer": L, "n_head": 2}
-    (dir / "config.json").write_text(json.dumps(config))
-    write_safetensors(dir / "model.safetensors", t)
-    for name in ("vocab.json", "merges.txt"):
-        shutil.copy(data_root() / "tokenizer" / "gpt2" / name, dir / name)
-    return dir
 
 
 @pytest.fixture(scope="session")

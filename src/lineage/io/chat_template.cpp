@@ -6,6 +6,7 @@
 #include "lineage/io/chat_template_ast.h"
 #include "lineage/io/chat_template_eval.h"
 #include "lineage/io/json_read.h"
+#include "lineage/io/tokenizer.h"
 
 namespace lineage::io {
 
@@ -104,6 +105,14 @@ std::string render_plain_chat(const std::vector<ChatMessage>& messages, bool add
   for (const ChatMessage& m : messages) out += m.role + ": " + m.content + "\n\n";
   if (add_generation_prompt) out += "assistant:";
   return out;
+}
+
+std::vector<int32_t> encode_chat(const Tokenizer& tok, const ChatTemplate* tmpl, const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt) {
+  if (tmpl) return tok.encode(tmpl->render(messages, add_generation_prompt));
+  std::vector<int32_t> ids = tok.encode(render_plain_chat(messages, add_generation_prompt));
+  if (tok.adds_bos() && tok.bos_id()) ids.insert(ids.begin(), *tok.bos_id());
+  return ids;
 }
 
 }  // namespace lineage::io

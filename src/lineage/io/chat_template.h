@@ -18,6 +18,8 @@ struct ChatMessage {
   std::string role, content;
 };
 
+class Tokenizer;
+
 namespace jinja {
 struct Program;  // chat_template_ast.h
 }
@@ -66,5 +68,11 @@ class ChatTemplate {
 // The plain format for a model without a template (GPT-2): each message as "role: content\n\n",
 // then "assistant:" when add_generation_prompt is set.
 std::string render_plain_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt);
+
+// A conversation's prompt ids: rendered with `tmpl` (which writes the BOS token itself where its
+// model wants one), or with render_plain_chat when there is none, and then the tokenizer's BOS in
+// front if it adds one.
+std::vector<int32_t> encode_chat(const Tokenizer& tok, const ChatTemplate* tmpl, const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt);
 
 }  // namespace lineage::io

@@ -33,14 +33,16 @@ GenerateStats generate(Session& session, const io::Tokenizer& tok, std::span<con
     const int32_t next = sampler.sample(logits);
     fed = false;
     const bool eos = opt.eos && next == *opt.eos;
+    bool stop = eos;
     if (eos) {
       st.stopped_at_eos = true;
     } else {
       st.tokens.push_back(next);
       ++st.generated_tokens;
       on_text(stream.push(next));
+      stop = opt.stop && opt.stop();
     }
-    const bool last = eos || i + 1 == opt.max_tokens;
+    const bool last = stop || i + 1 == opt.max_tokens;
     if (!room() || (last && !opt.feed_last)) break;
     logits = session.decode(next);
     fed = true;

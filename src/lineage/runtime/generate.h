@@ -22,6 +22,9 @@ struct GenerateOptions {
   // Decode the last sampled token too (EOS included), so the session's state holds every token and
   // GenerateStats::last_logits the next one's distribution: what a saved state needs to continue.
   bool feed_last = false;
+  // Asked after each token's text is passed on: true ends generation there (that token is the last;
+  // fed when feed_last is set), as a stop sequence found in the text does.
+  std::function<bool()> stop;
 };
 
 struct GenerateStats {

@@ -111,6 +111,7 @@ Layout layout(const model::Model& m, const SavedState& s) {
               {"tokens", {{"offset", L.tokens_offset}, {"count", s.tokens.size()}}},
               {"logits", {{"offset", L.logits_offset}, {"count", s.logits.size()}}},
               {"rng", rng},
+              {"meta", s.meta},
               {"layers", std::move(layers)},
               {"payload_bytes", L.payload}};
   return L;
@@ -274,6 +275,8 @@ SavedState decode_state(const model::Model& m, std::string_view bytes, const std
     snap.has_spare = field(r, "has_spare", &json::is_boolean, "true or false", where).get<bool>();
     out.rng = snap;
   }
+
+  if (header.contains("meta")) out.meta = header["meta"];
 
   // Every layer, against the layout this model gives a state of that position. Each array's bytes
   // are checked to lie within the file before the state is sized, so a crafted position cannot

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,6 +25,9 @@ struct SavedState {
   std::vector<int32_t> tokens;     // every token fed, oldest first: empty, or state.position of them
   std::vector<float> logits;       // [V] after the last token, or empty
   std::optional<Rng::Snapshot> rng;  // the sampler's stream after the last draw, or none
+  // The application's own data, kept as given in the header ("meta"): `lineage chat` keeps the
+  // conversation's messages there. Null when there is none.
+  nlohmann::json meta;
 };
 
 // Writes the file through `sink` in pieces (the state is not copied whole first). `s.state` must be

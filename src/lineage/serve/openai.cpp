@@ -64,7 +64,7 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number out of range (1e999)
     throw ApiError{400, cat("the body is not valid JSON: ", e.what()), "invalid_request_error", "", "invalid_json"};
   }
   if (!j.is_object())

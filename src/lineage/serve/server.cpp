@@ -111,17 +111,14 @@ void Server::stop() {
 
 std::vector<int32_t> Server::prompt_tokens(const CompletionRequest& r) const {
   const io::Tokenizer& tok = *model_.tokenizer;
-  std::vector<int32_t> ids;
   if (r.prompt_ids) return *r.prompt_ids;
-  bool bos = tok.adds_bos() && tok.bos_id();
+  std::vector<int32_t> ids;
   if (r.chat) {
-    // A template writes its own BOS (bos_token) where the model wants one.
-    if (template_) ids = tok.encode(template_->render(r.messages, true)), bos = false;
-    else ids = tok.encode(io::render_plain_chat(r.messages, true));
+    ids = io::encode_chat(tok, template_ ? &*template_ : nullptr, r.messages, true);
   } else {
     ids = tok.encode(r.prompt);
+    if (tok.adds_bos() && tok.bos_id()) ids.insert(ids.begin(), *tok.bos_id());
   }
-  if (bos) ids.insert(ids.begin(), *tok.bos_id());
   if (ids.empty()) throw ApiError{400, "the prompt encodes to no tokens", "invalid_request_error", r.chat ? "messages" : "prompt", "empty_prompt"};
   return ids;
 }

@@ -1,0 +1,97 @@
+// lineage serve: the OpenAI-compatible HTTP server (src/lineage/serve) over one model, until SIGINT
+// or SIGTERM.
+#include <pthread.h>
+
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "common.h"
+#include "lineage/core/error.h"
+#include "lineage/serve/server.h"
+
+namespace lineage::app {
+
+namespace {
+
+struct Opts {
+  ModelSource src;
+  serve::ServerOptions server;
+  std::string cache_bytes = "256M";
+};
+
+void run(Opts& o) {
+  // SIGINT / SIGTERM are taken by a thread of their own (sigwait), which stops the server; every
+  // other thread, the HTTP workers and the engine's among them, inherits the blocked mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that goes away mid-write is an error return, not a kill
+
+  io::LoadedModel m = load(o.src, true);
+  require_tokenizer(m, "serve");
+  o.server.engine.cache.budget_bytes = parse_bytes(o.cache_bytes, "--cache-bytes");
+  serve::Server server(m, o.server);
+  const int port = server.bind();
+  const runtime::Engine& e = server.engine();
+  std::fprintf(stderr,
+               "lineage serve: %s on http://%s:%d (%lld slots, context %lld, queue %lld, prefix cache %s, "
+               "checkpoints every %lld)\n",
+               o.src.dir.c_str(), o.server.host.c_str(), port, (long long)o.server.engine.slots,
+               (long long)e.context(), (long long)o.server.engine.queue,
+               format_bytes(double(o.server.engine.cache.budget_bytes)).c_str(),
+               (long long)o.server.engine.cache.checkpoint_every);
+  std::fflush(stderr);
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "lineage serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    server.stop();
+  });
+  server.listen();
+  // listen() also returns when the socket fails; the waiter then still waits for a signal.
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app) {
+  static Opts o;
+  auto* cmd = app.add_subcommand("serve", "an OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions "
+                                          "(streamed with \"stream\": true), /v1/models, /health, /metrics and a "
+                                          "chat page at / (docs/serve.md)");
+  add_model_options(*cmd, o.src, false);
+  add_threads_option(*cmd);
+  add_bf16_options(*cmd, o.src);
+  serve::ServerOptions& s = o.server;
+  cmd->add_option("--host", s.host, "address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)");
+  cmd->add_option("--port", s.port, "port to listen on (default 8080; 0: any free port, printed at start)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--slots", s.engine.slots, "requests decoding together at most, each in its own state slot (default 4)")
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
+  cmd->add_option("--ctx", s.engine.ctx,
+                  "positions per slot, prompt and completion (default: the model's limit, caches grown on demand)")
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 31));
+  cmd->add_option("--queue", s.engine.queue, "requests waiting for a slot at most; beyond, 503 (default 64)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+  cmd->add_option("--prefill-chunk", s.engine.prefill_chunk, "prompt tokens one request feeds per step at most (default 256)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  cmd->add_option("--cache-bytes", o.cache_bytes,
+                  "prefix cache budget in bytes, or with K, M, G (default 256M; 0 turns the cache off)");
+  cmd->add_option("--checkpoint-every", s.engine.cache.checkpoint_every,
+                  "recurrent layers' prefix-cache checkpoint interval in tokens (default 256)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  cmd->add_option("--max-body", s.max_body_bytes, "request body limit in bytes; larger ones get 413 (default 4 MiB)")
+      ->check(CLI::Range(size_t(1024), size_t(1) << 30));
+  cmd->add_option("--timeout", s.read_timeout_seconds, "seconds a client may take to send its request (default 10)")
+      ->check(CLI::Range(1, 3600));
+  cmd->add_option("--http-threads", s.threads, "HTTP worker threads (default: slots + queue + 16)")
+      ->check(CLI::Range(1, 65536));
+  cmd->add_option("--name", s.model_name, "model id in /v1/models and responses (default: the directory's name)");
+  cmd->callback([] { run(o); });
+}
+
+}  // namespace lineage::app

@@ -1,0 +1,216 @@
+# `lineage serve` through its HTTP API: the completions agree with `lineage generate` (a session of
+# its own, no engine, no cache), streaming, usage and the prefix cache's cached tokens, the other
+# endpoints, and every error a client can cause, after which the server still serves.
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from conftest import Server, run_lineage
+
+
+def generate_cli(model_dir, prompt: str, max_tokens: int) -> str:
+    """What `lineage generate` writes for the prompt at temperature 0 (its trailing newline dropped)."""
+    out = run_lineage("generate", "--model", str(model_dir), "--prompt", prompt, "--temperature", "0",
+                      "--max-tokens", str(max_tokens), "--threads", "1").stdout
+    assert out.endswith("\n")
+    return out[:-1]
+
+
+@pytest.mark.parametrize("which", ["gpt2", "hybrid"])
+def test_completion_equals_generate(which, request):
+    server, model_dir = request.getfixturevalue(f"{which}_server"), request.getfixturevalue(f"{which}_dir")
+    for prompt, n in [("The quick brown fox", 12), ("Hello", 5), ("A longer prompt about the lineage of models, " * 3, 9)]:
+        status, body = server.post("/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0})
+        assert status == 200, body
+        want = generate_cli(model_dir, prompt, n)
+        assert body["choices"][0]["text"] == want, f"{which}: {prompt!r}"
+        assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+        u = body["usage"]
+        assert u["completion_tokens"] <= n and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+        assert body["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_stream_equals_plain(hybrid_server):
+    req = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a state?"}],
+           "max_tokens": 16, "temperature": 0}
+    status, plain = hybrid_server.post("/v1/chat/completions", req)
+    assert status == 200, plain
+    assert plain["object"] == "chat.completion" and plain["choices"][0]["message"]["role"] == "assistant"
+    events = hybrid_server.stream("/v1/chat/completions", {**req, "stream_options": {"include_usage": True}})
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(e["object"] == "chat.completion.chunk" for e in events)
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+    assert text == plain["choices"][0]["message"]["content"]
+    finals = [e for e in events if e["choices"] and e["choices"][0]["finish_reason"]]
+    assert len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]
+    assert finals[0]["lineage"]["state_bytes"] > 0
+
+
+def test_prefix_cache_reports_cached_tokens(hybrid_server, hybrid_dir):
+    # A long shared prefix, then two different endings: the second request resumes from the
+    # recurrent layers' checkpoint (every 16 tokens here) at or before where they part.
+    base = "In the beginning the engine kept one state per sequence and wrote it token by token. " * 4
+    first = base + "The first ending."
+    status, a = hybrid_server.post("/v1/completions", {"prompt": first, "max_tokens": 6, "temperature": 0})
+    assert status == 200
+    second = base + "Another ending, longer."
+    status, b = hybrid_server.post("/v1/completions", {"prompt": second, "max_tokens": 6, "temperature": 0})
+    assert status == 200
+    cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0 and cached % 16 == 0, f"expected a checkpoint's prefix, found {cached} cached tokens"
+    assert cached <= b["usage"]["prompt_tokens"] - 1
+    # The cache changes the work, not the result.
+    assert b["choices"][0]["text"] == generate_cli(hybrid_dir, second, 6)
+    # The same request again: all but the last prompt token come from the cache (its end is a checkpoint).
+    status, c = hybrid_server.post("/v1/completions", {"prompt": second, "max_tokens": 6, "temperature": 0})
+    assert c["usage"]["prompt_tokens_details"]["cached_tokens"] >= cached
+    assert c["choices"][0]["text"] == b["choices"][0]["text"]
+    m = hybrid_server.metrics()
+    assert m["lineage_cache_hits_total"] >= 2 and m["lineage_cached_tokens_total"] >= 2 * cached
+
+
+def test_progress_events(hybrid_server):
+    prompt = "word " * 300  # more than one prefill piece (256 tokens)
+    events = hybrid_server.stream("/v1/completions", {"prompt": prompt, "max_tokens": 2, "temperature": 0,
+                                                      "return_progress": True})
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    assert len(progress) >= 2, events[:3]
+    total = progress[0]["total"]
+    assert [p["total"] for p in progress] == [total] * len(progress)
+    done = [p["processed"] for p in progress]
+    assert done == sorted(done) and done[-1] == total
+
+
+def test_stop_sequences(gpt2_server):
+    status, full = gpt2_server.post("/v1/completions", {"prompt": "Hello", "max_tokens": 12, "temperature": 0})
+    text = full["choices"][0]["text"]
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    assert stop.strip(), f"pick a stop string inside {text!r}"
+    cut = text[:text.index(stop)]
+    status, body = gpt2_server.post("/v1/completions", {"prompt": "Hello", "max_tokens": 12, "temperature": 0,
+                                                        "stop": [stop]})
+    assert body["choices"][0]["text"] == cut and body["choices"][0]["finish_reason"] == "stop"
+    events = gpt2_server.stream("/v1/completions", {"prompt": "Hello", "max_tokens": 12, "temperature": 0, "stop": stop})
+    assert "".join(e["choices"][0]["text"] for e in events if e.get("choices")) == cut
+
+
+def test_seeded_sampling_repeats(gpt2_server):
+    req = {"prompt": "Once", "max_tokens": 10, "temperature": 1.0, "top_k": 40, "top_p": 0.9, "seed": 1234}
+    a = gpt2_server.post("/v1/completions", req)[1]["choices"][0]["text"]
+    b = gpt2_server.post("/v1/completions", req)[1]["choices"][0]["text"]
+    assert a == b
+
+
+def test_models_health_metrics(gpt2_server):
+    models = gpt2_server.get_json("/v1/models")
+    assert models["object"] == "list" and models["data"][0]["object"] == "model"
+    assert models["data"][0]["meta"]["n_ctx"] == 64 and models["data"][0]["meta"]["vocab_size"] == 50257
+    h = gpt2_server.wait_idle()
+    assert h["status"] == "ok" and h["slots_idle"] == 4
+    before = gpt2_server.metrics()
+    gpt2_server.post("/v1/completions", {"prompt": "Count", "max_tokens": 3, "temperature": 0})
+    after = gpt2_server.metrics()
+    assert after["lineage_requests_total"] == before["lineage_requests_total"] + 1
+    assert after["lineage_generated_tokens_total"] >= before["lineage_generated_tokens_total"] + 1
+    assert after["lineage_slots"] == 4 and after["lineage_slots_used"] == 0
+    for name in ("lineage_prompt_tokens_total", "lineage_cache_hits_total", "lineage_decode_tokens_per_second",
+                 "lineage_steps_total"):
+        assert name in after
+
+
+def error_of(server, path, body, status, code=None, param=None, raw=False):
+    got, _, data = server.request("POST", path, body if raw else json.dumps(body))
+    assert got == status, data
+    e = json.loads(data)["error"]
+    assert e["message"] and e["type"]
+    if code:
+        assert e["code"] == code, e
+    if param:
+        assert e["param"] == param, e
+    return e
+
+
+def test_errors_keep_serving(gpt2_server):
+    s = gpt2_server
+    error_of(s, "/v1/completions", "{not json", 400, raw=True)
+    error_of(s, "/v1/completions", "[1, 2]", 400, raw=True)
+    error_of(s, "/v1/completions", {"max_tokens": 4}, 400, param="prompt")
+    error_of(s, "/v1/chat/completions", {"messages": "hi"}, 400, param="messages")
+    error_of(s, "/v1/completions", {"prompt": "x", "max_tokens": "four"}, 400, param="max_tokens")
+    error_of(s, "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, param="max_tokens")
+    error_of(s, "/v1/completions", {"prompt": "x", "max_tokens": -3}, 400, param="max_tokens")
+    error_of(s, "/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, param="temperature")
+    error_of(s, "/v1/completions", {"prompt": "x", "top_p": 7}, 400, param="top_p")
+    error_of(s, "/v1/completions", {"prompt": "x", "stream": "yes"}, 400, param="stream")
+    error_of(s, "/v1/completions", {"prompt": "x", "n": 2}, 400, param="n")
+    error_of(s, "/v1/completions", {"prompt": "x", "stop": [1]}, 400, param="stop")
+    error_of(s, "/v1/completions", {"prompt": "word " * 80}, 400, code="context_length_exceeded")
+    error_of(s, "/v1/completions", {"prompt": "x" * (5 << 20)}, 413)
+    status, _, data = s.request("GET", "/v1/nothing")
+    assert status == 404 and json.loads(data)["error"]["code"] == "not_found"
+    # Unknown fields are ignored, as OpenAI clients send many.
+    status, body = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2, "frequency_penalty": 0, "user": "u"})
+    assert status == 200, body
+    assert s.metrics()['lineage_http_errors_total{status="400"}'] >= 13
+    assert s.wait_idle()["status"] == "ok"
+
+
+def test_eos_and_ignore_eos(tmp_path):
+    from tiny_checkpoints import write_tiny_gpt2
+    s = Server(write_tiny_gpt2(tmp_path / "eos", seed=2, always_eos=True), "--ctx", "64")
+    try:
+        status, body = s.post("/v1/completions", {"prompt": "Hi", "max_tokens": 5, "temperature": 0})
+        assert body["choices"][0]["finish_reason"] == "stop" and body["usage"]["completion_tokens"] == 0
+        status, body = s.post("/v1/completions", {"prompt": "Hi", "max_tokens": 5, "temperature": 0, "ignore_eos": True})
+        assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 5
+    finally:
+        s.stop()
+
+
+def test_queue_bound_503_and_disconnect_frees_slot(hybrid_dir):
+    # One slot and a queue of one: a third request while the first decodes and the second waits gets
+    # 503. A client that goes away frees its slot at once, and the waiting request takes it.
+    s = Server(hybrid_dir, "--slots", "1", "--queue", "1", "--ctx", "200000")
+    try:
+        long_req = json.dumps({"prompt": "Long", "max_tokens": 150000, "temperature": 0, "ignore_eos": True,
+                               "stream": True}).encode()
+
+        def open_stream():
+            sock = socket.create_connection(("127.0.0.1", s.port))
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(long_req) + long_req)
+            return sock
+
+        a = open_stream()
+        assert a.recv(4096).startswith(b"HTTP/1.1 200"), "the first stream starts"
+        b = open_stream()
+        deadline = time.time() + 10
+        while s.get_json("/health")["queued"] != 1:
+            assert time.time() < deadline, "the second request is not queued"
+            time.sleep(0.01)
+        e = error_of(s, "/v1/completions", {"prompt": "x", "max_tokens": 2}, 503, code="overloaded")
+        assert "busy" in e["message"]
+        assert s.metrics()["lineage_requests_rejected_total"] == 1
+        a.close()  # the first client goes away: the second request gets the slot
+        deadline = time.time() + 5
+        while (h := s.get_json("/health"))["queued"] != 0 or h["slots_processing"] != 1:
+            assert time.time() < deadline, f"the waiting request did not get the freed slot: {h}"
+            time.sleep(0.01)
+        got = b""
+        while b'"text":"' not in got.replace(b'"text":""', b""):
+            chunk = b.recv(65536)
+            assert chunk, "the second stream ended early"
+            got += chunk
+        b.close()
+        h = s.wait_idle(seconds=5)
+        assert h["slots_idle"] == 1
+        m = s.metrics()
+        assert m["lineage_disconnects_total"] == 2 and m["lineage_slots_used"] == 0
+        status, body = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2, "temperature": 0})
+        assert status == 200, body
+    finally:
+        s.stop()
