@@ -38,3 +38,7 @@ fi
 if [ "${1:-}" = "--test" ] && [ ! -d tests/chat_template/node_modules/@huggingface/jinja ]; then
   (cd tests/chat_template && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# puppeteer-core, which drives Debian's chromium through the chat page test (no browser download).
+if [ "${1:-}" = "--test" ] && [ ! -d tests/web/node_modules/puppeteer-core ]; then
+  (cd tests/web && PUPPETEER_SKIP_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+fi
