@@ -103,7 +103,7 @@ TEST(StateFileErrors, NameTheFileAndTheMismatch) {
   runtime::Session s(gpt2.model);
   const auto l = s.prefill(ids(9, gpt2.model.config.vocab_size, 0));
   const std::string good = runtime::encode_state(
-      gpt2.model, {s.state().clone(), {s.tokens().begin(), s.tokens().end()}, {l.begin(), l.end()}, Rng::Snapshot{7, 0.5f, true}});
+      gpt2.model, {s.state().clone(), {s.tokens().begin(), s.tokens().end()}, {l.begin(), l.end()}, Rng::Snapshot{7, 0.5f, true}, {}});
   const auto decode = [&](const model::Model& m, std::string bytes) {
     return error_of([&] { runtime::decode_state(m, bytes, "x.state"); });
   };

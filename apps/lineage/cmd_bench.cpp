@@ -194,15 +194,6 @@ Row bench_decode_batch(runtime::Session& s, const Opts& o, int64_t depth, int64_
 }
 
 // The dtype holding most of the weight bytes ("bf16"), which picks the peak FLOP/s.
-DType main_dtype(model::Model& m) {
-  const model::ParamCount pc = model::count_params(m);
-  DType best = DType::F32;
-  size_t most = 0;
-  for (const auto& [dt, bytes] : pc.bytes_by_dtype)
-    if (bytes > most) most = bytes, best = dt;
-  return best;
-}
-
 std::string lower(std::string_view s) {
   std::string r(s);
   for (auto& c : r) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -386,12 +377,14 @@ void run(const Opts& o) {
       // A step of B sequences reads the weights once and each sequence's state: B tokens for
       // weights + B·state bytes. It also does B tokens' FLOPs; whichever ceiling binds first.
       const double context = runtime::mean_decode_context(r.depth, o.gen), B = double(r.batch);
-      r.bytes = runtime::decode_bytes_per_token(m, context, DType::F32, B);
-      r.decode_flops = runtime::prefill_flops_per_token(m, 1, int64_t(context) - 1);
-      const double step_bytes = r.bytes.weights + B * r.bytes.state;
-      const auto bound = [&](double bandwidth) { return std::min(B * bandwidth / step_bytes, c.ceil.peak / r.decode_flops.total()); };
-      r.roofline = bound(c.ceil.bandwidth);
-      r.compute_bound = c.ceil.peak / r.decode_flops.total() < B * c.ceil.bandwidth / step_bytes;
+      const auto bound = [&](double bandwidth) {
+        return runtime::decode_roofline(m, context, B, bandwidth, c.ceil.peak).tokens_per_second;
+      };
+      const runtime::DecodeRoofline best = runtime::decode_roofline(m, context, B, c.ceil.bandwidth, c.ceil.peak);
+      r.bytes = best.bytes;
+      r.decode_flops = best.flops;
+      r.roofline = best.tokens_per_second;
+      r.compute_bound = best.compute_bound;
       r.roofline_paired = bound(mean(r.bandwidth));
       std::vector<double> shares;
       for (size_t i = 0; i < r.samples.size(); ++i) shares.push_back(r.samples[i] / bound(r.bandwidth[i]));

@@ -121,6 +121,15 @@ std::optional<long long> parse_integer(const std::string& s) {
   return std::nullopt;
 }
 
+DType main_dtype(model::Model& m) {
+  const model::ParamCount pc = model::count_params(m);
+  DType best = DType::F32;
+  size_t most = 0;
+  for (const auto& [dt, bytes] : pc.bytes_by_dtype)
+    if (bytes > most) most = bytes, best = dt;
+  return best;
+}
+
 size_t parse_bytes(const std::string& text, const std::string& flag) {
   std::string digits = text;
   double unit = 1;

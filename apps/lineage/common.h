@@ -59,6 +59,9 @@ size_t parse_bytes(const std::string& text, const std::string& flag);
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag);
 const io::Tokenizer& require_tokenizer(const io::LoadedModel& m, const std::string& why);
 
+// The dtype that holds most of the model's parameter bytes (the one its roofline peak is taken for).
+DType main_dtype(model::Model& m);
+
 // Human-readable bytes: "1.50 MiB".
 std::string format_bytes(double bytes);
 
@@ -70,6 +73,7 @@ void add_info(CLI::App& app);
 void add_tour(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_serve(CLI::App& app);
+void add_bench_serve(CLI::App& app);
 void add_chat(CLI::App& app);
 
 }  // namespace lineage::app

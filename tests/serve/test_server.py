@@ -214,3 +214,16 @@ def test_queue_bound_503_and_disconnect_frees_slot(hybrid_dir):
         assert status == 200, body
     finally:
         s.stop()
+
+
+def test_bench_serve_runs_every_concurrency(gpt2_dir):
+    # The benchmark's numbers are for reading, not asserting; here: every request it sends is served
+    # in full at each concurrency, and the roofline beside it is measured.
+    rows = json.loads(run_lineage("bench-serve", "--model", str(gpt2_dir), "--clients", "1,3", "--requests", "2",
+                                  "--prompt", "8", "--gen", "5", "--json").stdout)
+    assert [r["clients"] for r in rows] == [1, 3]
+    for r in rows:
+        assert r["failed"] == 0 and r["requests"] == 2 * r["clients"]
+        assert r["generated_tokens"] == 5 * r["requests"]
+        assert r["roofline_tokens_per_second"] > 0 and r["bandwidth_bytes_per_s"] > 1e9
+        assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] and 0 < r["per_token_p50_ms"] <= r["per_token_p99_ms"]

@@ -1,5 +1,6 @@
 #include "lineage/runtime/cost.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 #include <unordered_set>
@@ -72,6 +73,17 @@ PrefillFlops prefill_flops_per_token(model::Model& m, int64_t tokens, int64_t de
   });
   p.mixers = mixer_flops_per_token(m, double(depth) + (n + 1.0) / 2.0);
   return p;
+}
+
+DecodeRoofline decode_roofline(model::Model& m, double context, double batch, double bandwidth, double peak) {
+  DecodeRoofline r;
+  r.bytes = decode_bytes_per_token(m, context, DType::F32, batch);
+  r.flops = prefill_flops_per_token(m, 1, int64_t(context) - 1);
+  const double memory = batch * bandwidth / (r.bytes.weights + batch * r.bytes.state);
+  const double compute = peak / r.flops.total();
+  r.compute_bound = compute < memory;
+  r.tokens_per_second = std::min(memory, compute);
+  return r;
 }
 
 }  // namespace lineage::runtime

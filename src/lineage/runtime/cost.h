@@ -47,4 +47,15 @@ double mixer_flops_per_token(const model::Model& m, double context);
 // attends depth + i + 1 positions, so the mean is depth + (gen + 1) / 2.
 inline double mean_decode_context(int64_t depth, int64_t gen) { return double(depth) + double(gen + 1) / 2.0; }
 
+// The decode roofline of B sequences stepping together at `context`: a step reads the weights once
+// (the experts B tokens choose) and each sequence's state, and does B tokens' FLOPs; tokens/s is
+// bounded by B · bandwidth / (weights + B · state) and by peak / FLOPs per token, whichever binds.
+struct DecodeRoofline {
+  double tokens_per_second = 0;
+  bool compute_bound = false;
+  DecodeBytes bytes;  // per token, the step's weights whole
+  PrefillFlops flops;  // per token
+};
+DecodeRoofline decode_roofline(model::Model& m, double context, double batch, double bandwidth, double peak);
+
 }  // namespace lineage::runtime

@@ -20,7 +20,9 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) {}
   // Keeps the top-k, then the smallest set of most likely tokens whose probability reaches top_p,
-  // renormalizes, and draws one.
+  // renormalizes, and draws one. Only the top-k or the nucleus is sorted, never the whole
+  // vocabulary (but for a distribution flatter than 1e-9 everywhere): a plain temperature draw
+  // walks the weights in id order.
   int32_t sample(std::span<const float> logits);
   Rng& rng() { return rng_; }  // to save and continue the random stream (state files)
 
@@ -28,6 +30,7 @@ class Sampler {
   SamplingParams params_;
   Rng rng_;
   std::vector<std::pair<float, int32_t>> cand_;
+  std::vector<float> weights_;
 };
 
 }  // namespace lineage::runtime

@@ -1,6 +1,7 @@
 #include "lineage/serve/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -88,6 +89,12 @@ Server::Server(const io::LoadedModel& model, ServerOptions options) : model_(mod
   http_->set_read_timeout(options_.read_timeout_seconds, 0);
   http_->set_write_timeout(10, 0);
   http_->set_keep_alive_timeout(5);
+  // Debian's libcpp-httplib listens with a backlog of 5: a burst of clients beyond it waits for a SYN
+  // retransmit (1 s). The listening socket is kept here to raise it after bind().
+  http_->set_socket_options([this](int fd) {
+    httplib::default_socket_options(fd);
+    listen_fd_ = fd;
+  });
   routes();
 }
 
@@ -99,6 +106,7 @@ int Server::bind() {
   if (port_ < 0)
     throw Error(cat("--host ", options_.host, " --port ", options_.port,
                     ": cannot listen there (the port is taken, or the address is not this machine's)"));
+  if (listen_fd_ >= 0) ::listen(listen_fd_, 1024);  // Linux takes a second listen() as a new backlog
   return port_;
 }
 

@@ -60,6 +60,7 @@ class Server {
   std::unique_ptr<runtime::Engine> engine_;
   std::unique_ptr<httplib::Server> http_;
   int port_ = 0;
+  int listen_fd_ = -1;
   mutable std::mutex mu_;
   std::map<int, int64_t> http_errors_;  // status → count
   std::atomic<int64_t> streams_{0}, disconnects_{0};

@@ -1,0 +1,245 @@
+// lineage bench-serve: `lineage serve` on loopback in this process, and streaming clients over real
+// HTTP at each concurrency: aggregate generated tokens/s, time to first token and per-token latency
+// (p50 / p99), next to the batched-decode roofline measured in the same run (docs/serve.md).
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "common.h"
+#include "lineage/core/error.h"
+#include "lineage/kernels/roofline.h"
+#include "lineage/core/parallel.h"
+#include "lineage/runtime/cost.h"
+#include "lineage/serve/server.h"
+
+namespace lineage::app {
+
+namespace {
+
+struct Opts {
+  ModelSource src;
+  std::vector<int64_t> clients = {1, 4, 16, 64};
+  int64_t requests = 4, prompt = 64, gen = 32, slots = 0;
+  bool json = false;
+};
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+struct Sample {
+  double ttft = 0, per_token = 0;
+  int64_t tokens = 0;
+  bool ok = false;
+  std::string error;
+};
+
+// One streamed completion of `prompt` (token ids) for `gen` tokens; times from the request's start.
+Sample one_request(int port, const std::vector<int32_t>& prompt, int64_t gen) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(3600, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.set_header("Content-Type", "application/json");
+  req.body = nlohmann::json{{"prompt", prompt},
+                            {"max_tokens", gen},
+                            {"temperature", 0},
+                            {"ignore_eos", true},
+                            {"stream", true},
+                            {"stream_options", {{"include_usage", true}}}}
+                 .dump();
+  Sample s;
+  std::string pending;
+  double t_first = 0, t_last = 0;
+  const double t0 = now();
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    pending.append(data, n);
+    size_t end;
+    while ((end = pending.find("\n\n")) != std::string::npos) {
+      const std::string event = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      if (event.rfind("data: {", 0) != 0) continue;
+      const nlohmann::json j = nlohmann::json::parse(event.substr(6), nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("usage")) s.tokens = j["usage"]["completion_tokens"].get<int64_t>();
+      // Per-token latency runs from the first text to the finishing event (the server may send a
+      // few tokens' text in one event when the client reads slower than they come).
+      if (j.contains("choices") && !j["choices"].empty()) {
+        if (t_first == 0 && !j["choices"][0].value("text", "").empty()) t_first = now();
+        if (!j["choices"][0]["finish_reason"].is_null()) t_last = now();
+      }
+    }
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err;
+  s.ok = cli.send(req, res, err) && res.status == 200 && t_first > 0;
+  if (!s.ok) s.error = cat(httplib::to_string(err), " ", res.status, " ", res.body.substr(0, 200));
+  s.ttft = t_first - t0;
+  s.per_token = s.tokens > 1 ? (t_last - t_first) / double(s.tokens - 1) : 0;
+  return s;
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[size_t(std::max(0.0, std::ceil(q * double(v.size())) - 1))];
+}
+
+struct Row {
+  int64_t clients = 0, requests = 0, tokens = 0, failed = 0;
+  double seconds = 0, tokens_per_second = 0, roofline = 0;
+  bool compute_bound = false;
+  double ttft_p50 = 0, ttft_p99 = 0, tok_p50 = 0, tok_p99 = 0;
+  std::string error;  // the first failure's
+};
+
+Row run_clients(int port, const Opts& o, int64_t clients, int32_t vocab, uint64_t seed) {
+  std::vector<std::vector<Sample>> samples{size_t(clients)};
+  std::vector<std::thread> threads;
+  const double t0 = now();
+  for (int64_t c = 0; c < clients; ++c)
+    threads.emplace_back([&, c] {
+      std::mt19937_64 rng(seed + uint64_t(c));
+      for (int64_t r = 0; r < o.requests; ++r) {
+        // Distinct random prompts: no prefix is shared, so the cache serves none of them.
+        std::vector<int32_t> prompt(size_t(o.prompt));
+        for (auto& t : prompt) t = int32_t(rng() % uint64_t(std::max(1, vocab - 1)));
+        samples[size_t(c)].push_back(one_request(port, prompt, o.gen));
+      }
+    });
+  for (auto& t : threads) t.join();
+  Row row;
+  row.clients = clients;
+  row.seconds = now() - t0;
+  std::vector<double> ttft, tok;
+  for (const auto& per_client : samples)
+    for (const Sample& s : per_client) {
+      ++row.requests;
+      if (!s.ok) {
+        if (!row.failed) row.error = s.error;
+        ++row.failed;
+        continue;
+      }
+      row.tokens += s.tokens;
+      ttft.push_back(s.ttft);
+      if (s.tokens > 1) tok.push_back(s.per_token);
+    }
+  row.tokens_per_second = double(row.tokens) / row.seconds;
+  row.ttft_p50 = percentile(ttft, 0.5), row.ttft_p99 = percentile(ttft, 0.99);
+  row.tok_p50 = percentile(tok, 0.5), row.tok_p99 = percentile(tok, 0.99);
+  return row;
+}
+
+void run(Opts& o) {
+  for (int64_t c : o.clients)
+    if (c < 1 || c > 4096) throw Error(cat("--clients: expected counts in [1, 4096], found ", c));
+  io::LoadedModel m = load(o.src, true);
+  require_tokenizer(m, "bench-serve");
+  const int64_t most = *std::max_element(o.clients.begin(), o.clients.end());
+  serve::ServerOptions so;
+  so.port = 0;
+  so.engine.slots = o.slots > 0 ? o.slots : most;
+  so.engine.queue = std::max<int64_t>(64, most);
+  so.engine.cache.budget_bytes = 0;  // every prompt is new: the cache would only copy states
+  const int64_t ctx = m.model.config.max_positions;
+  if (ctx > 0 && o.prompt + o.gen > ctx)
+    throw Error(cat("--prompt ", o.prompt, " + --gen ", o.gen, " exceed the model's context of ", ctx));
+  so.engine.ctx = o.prompt + o.gen;
+  serve::Server server(m, so);
+  const int port = server.bind();
+  std::thread http([&] { server.listen(); });
+
+  const int threads = num_threads();
+  const DType dtype = main_dtype(m.model);
+  double bandwidth = kernels::measure_read_bandwidth(threads), peak = kernels::measure_peak_flops(dtype, threads);
+  one_request(port, std::vector<int32_t>(size_t(o.prompt), 0), std::min<int64_t>(o.gen, 4));  // warm-up: pages, caches
+  std::vector<Row> rows;
+  for (int64_t c : o.clients) {
+    rows.push_back(run_clients(port, o, c, int32_t(m.model.config.vocab_size), 1000 * uint64_t(c)));
+    if (isatty(2))
+      std::fprintf(stderr, "lineage bench-serve: %lld clients: %.1f tok/s\n", (long long)c, rows.back().tokens_per_second);
+  }
+  // The ceilings again after the run; the higher of each is kept (another process can only lower them).
+  bandwidth = std::max(bandwidth, kernels::measure_read_bandwidth(threads));
+  peak = std::max(peak, kernels::measure_peak_flops(dtype, threads));
+  const double context = runtime::mean_decode_context(o.prompt, o.gen);
+  for (Row& r : rows) {
+    const runtime::DecodeRoofline rf =
+        runtime::decode_roofline(m.model, context, double(std::min(r.clients, so.engine.slots)), bandwidth, peak);
+    r.roofline = rf.tokens_per_second;
+    r.compute_bound = rf.compute_bound;
+  }
+  server.stop();
+  http.join();
+
+  if (o.json) {
+    nlohmann::json all = nlohmann::json::array();
+    for (const Row& r : rows)
+      all.push_back({{"clients", r.clients},
+                     {"requests", r.requests},
+                     {"failed", r.failed},
+                     {"generated_tokens", r.tokens},
+                     {"seconds", r.seconds},
+                     {"tokens_per_second", r.tokens_per_second},
+                     {"roofline_tokens_per_second", r.roofline},
+                     {"roofline_bound", r.compute_bound ? "compute" : "bandwidth"},
+                     {"ttft_p50_ms", r.ttft_p50 * 1e3},
+                     {"ttft_p99_ms", r.ttft_p99 * 1e3},
+                     {"per_token_p50_ms", r.tok_p50 * 1e3},
+                     {"per_token_p99_ms", r.tok_p99 * 1e3},
+                     {"slots", so.engine.slots},
+                     {"prompt_tokens", o.prompt},
+                     {"gen_tokens", o.gen},
+                     {"threads", threads},
+                     {"bandwidth_bytes_per_s", bandwidth},
+                     {"peak_flops", peak}});
+    std::printf("%s\n", all.dump(2).c_str());
+    return;
+  }
+  std::printf("lineage bench-serve: %s, %lld slots, prompts of %lld random tokens, %lld generated each, "
+              "%lld requests per client, %d threads, over HTTP on 127.0.0.1\n",
+              m.dir.c_str(), (long long)so.engine.slots, (long long)o.prompt, (long long)o.gen, (long long)o.requests,
+              threads);
+  std::printf("roofline: read bandwidth %.2f GB/s, peak %.1f GFLOP/s (%s); batched decode at min(clients, slots) "
+              "sequences, mean context %.0f\n",
+              bandwidth / 1e9, peak / 1e9, std::string(dtype_name(dtype)).c_str(), context);
+  std::printf("| %7s | %8s | %9s | %12s | %10s | %9s | %9s | %11s | %11s |\n", "clients", "requests", "tok/s",
+              "roofline t/s", "% roofline", "TTFT p50", "TTFT p99", "per tok p50", "per tok p99");
+  std::printf("| ------: | -------: | --------: | -----------: | ---------: | --------: | --------: | ----------: | ----------: |\n");
+  for (const Row& r : rows)
+    std::printf("| %7lld | %8lld | %9.1f | %12.1f | %9.1f%% | %7.1f ms | %7.1f ms | %8.2f ms | %8.2f ms |%s\n",
+                (long long)r.clients, (long long)r.requests, r.tokens_per_second, r.roofline,
+                100.0 * r.tokens_per_second / r.roofline, r.ttft_p50 * 1e3, r.ttft_p99 * 1e3, r.tok_p50 * 1e3,
+                r.tok_p99 * 1e3, r.failed ? cat(" ", r.failed, " failed, the first: ", r.error).c_str() : "");
+  std::printf("tok/s: generated tokens of all requests over the wall time of the round (prefill included); "
+              "roofline: decode only, %s-bound\n",
+              rows.empty() || !rows.back().compute_bound ? "bandwidth" : "compute");
+}
+
+}  // namespace
+
+void add_bench_serve(CLI::App& app) {
+  static Opts o;
+  auto* cmd = app.add_subcommand("bench-serve", "lineage serve under 1, 4, 16, 64 concurrent streaming clients over "
+                                                "loopback HTTP: tok/s, time to first token, per-token latency, next to "
+                                                "the batched-decode roofline");
+  add_model_options(*cmd, o.src, false);
+  add_threads_option(*cmd);
+  add_bf16_options(*cmd, o.src);
+  cmd->add_option("--clients", o.clients, "concurrencies to run, e.g. 1,4,16,64 (default)")->delimiter(',');
+  cmd->add_option("--requests", o.requests, "requests per client (default 4)")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  cmd->add_option("--prompt", o.prompt, "prompt tokens per request (default 64)")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  cmd->add_option("--gen", o.gen, "tokens generated per request (default 32)")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  cmd->add_option("--slots", o.slots, "the server's slots (default: the largest --clients)")
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
+  cmd->add_flag("--json", o.json, "one JSON object per concurrency instead of the table");
+  cmd->callback([] { run(o); });
+}
+
+}  // namespace lineage::app
