@@ -190,3 +190,30 @@ put("fuzz_npy", "broken_fortran.npy", npy("<f4", [2, 2], f32(1, 2, 3, 4), fortra
 put("fuzz_npy", "broken_f2.npy", npy("<f2", [2], b"\0\0\0\0"))
 put("fuzz_npy", "broken_short_data.npy", npy("<f4", [4, 4], f32(1, 2, 3)))
 put("fuzz_npy", "broken_magic.npy", b"\x93NUMPX\x01\x00" + npy("<f4", [1], f32(1))[8:])
+
+
+# ---- state files (fuzz_state_file: byte 0 the mode, byte 1 the model, byte 2 the position) -------
+for model in (0, 1):
+    for pos in (0, 3):
+        put("fuzz_state_file", f"valid_m{model}_p{pos}.bin", bytes([1, model, pos]))
+        put("fuzz_state_file", f"patched_m{model}_p{pos}.bin", bytes([0x81, model, pos, 30, 0, ord("9"), 200, 0, 7]))
+    for name, patch in [("position", {"position": 9}), ("tokens_far", {"tokens": {"offset": 10**12, "count": 3}}),
+                        ("logits_count", {"logits": {"offset": 0, "count": 17}}), ("version", {"version": 2}),
+                        ("model", {"model": {"config_hash": "0000000000000000"}}), ("layers_empty", {"layers": []}),
+                        ("rng", {"rng": {"state": "zz", "spare_bits": -1, "has_spare": 3}}),
+                        ("payload", {"payload_bytes": 1}), ("meta", {"meta": {"messages": [1, 2]}})]:
+        put("fuzz_state_file", f"header_{name}_m{model}.bin", bytes([2, model, 3]) + json.dumps(patch).encode())
+put("fuzz_state_file", "raw_magic.bin", bytes([0, 0, 0]) + b"LINSTATE\x01\0\0\0\0\0\0\0" + b"\xff" * 8)
+
+# ---- OpenAI request bodies (fuzz_openai_request: the last byte picks chat and the piece sizes) ---
+for name, body, control in [
+        ("completion", {"prompt": "Hello there, stop here", "max_tokens": 8, "stop": ["stop", "here"]}, 0),
+        ("ids", {"prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0, "seed": 7}, 2),
+        ("stream", {"prompt": "abcabc", "stream": True, "stream_options": {"include_usage": True}, "stop": "ca"}, 4),
+        ("chat", {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                  "max_completion_tokens": 4, "top_p": 0.5, "top_k": 3, "stop": ["\n\n", "user:"]}, 1),
+        ("chat_parts", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]}, 3),
+        ("extras", {"prompt": "x", "n": 1, "ignore_eos": True, "return_progress": True, "user": "u",
+                    "frequency_penalty": 0}, 6)]:
+    put("fuzz_openai_request", f"{name}.json", json.dumps(body).encode() + bytes([control]))
+

@@ -149,13 +149,15 @@ def test_errors_keep_serving(gpt2_server):
     error_of(s, "/v1/completions", {"prompt": "x", "n": 2}, 400, param="n")
     error_of(s, "/v1/completions", {"prompt": "x", "stop": [1]}, 400, param="stop")
     error_of(s, "/v1/completions", {"prompt": "word " * 80}, 400, code="context_length_exceeded")
+    error_of(s, "/v1/completions", {"prompt": [5, 99999999], "max_tokens": 2}, 400)  # outside the vocabulary
+    error_of(s, "/v1/completions", {"prompt": "", "max_tokens": 2}, 400, code="empty_prompt")
     error_of(s, "/v1/completions", {"prompt": "x" * (5 << 20)}, 413)
     status, _, data = s.request("GET", "/v1/nothing")
     assert status == 404 and json.loads(data)["error"]["code"] == "not_found"
     # Unknown fields are ignored, as OpenAI clients send many.
     status, body = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2, "frequency_penalty": 0, "user": "u"})
     assert status == 200, body
-    assert s.metrics()['lineage_http_errors_total{status="400"}'] >= 13
+    assert s.metrics()['lineage_http_errors_total{status="400"}'] >= 15
     assert s.wait_idle()["status"] == "ok"
 
 
