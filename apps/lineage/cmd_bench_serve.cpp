@@ -204,7 +204,7 @@ void run(Opts& o) {
   }
   std::printf("lineage bench-serve: %s, %lld slots, prompts of %lld random tokens, %lld generated each, "
               "%lld requests per client, %d threads, over HTTP on 127.0.0.1\n",
-              m.dir.c_str(), (long long)so.engine.slots, (long long)o.prompt, (long long)o.gen, (long long)o.requests,
+              (o.src.dir.empty() ? "preset " + o.src.preset : o.src.dir).c_str(), (long long)so.engine.slots, (long long)o.prompt, (long long)o.gen, (long long)o.requests,
               threads);
   std::printf("roofline: read bandwidth %.2f GB/s, peak %.1f GFLOP/s (%s); batched decode at min(clients, slots) "
               "sequences, mean context %.0f\n",
@@ -229,7 +229,7 @@ void add_bench_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench-serve", "lineage serve under 1, 4, 16, 64 concurrent streaming clients over "
                                                 "loopback HTTP: tok/s, time to first token, per-token latency, next to "
                                                 "the batched-decode roofline");
-  add_model_options(*cmd, o.src, false);
+  add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
   add_bf16_options(*cmd, o.src);
   cmd->add_option("--clients", o.clients, "concurrencies to run, e.g. 1,4,16,64 (default)")->delimiter(',');

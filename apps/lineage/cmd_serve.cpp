@@ -39,7 +39,7 @@ void run(Opts& o) {
   std::fprintf(stderr,
                "lineage serve: %s on http://%s:%d (%lld slots, context %lld, queue %lld, prefix cache %s, "
                "checkpoints every %lld)\n",
-               o.src.dir.c_str(), o.server.host.c_str(), port, (long long)o.server.engine.slots,
+               (o.src.dir.empty() ? "preset " + o.src.preset : o.src.dir).c_str(), o.server.host.c_str(), port, (long long)o.server.engine.slots,
                (long long)e.context(), (long long)o.server.engine.queue,
                format_bytes(double(o.server.engine.cache.budget_bytes)).c_str(),
                (long long)o.server.engine.cache.checkpoint_every);
@@ -63,7 +63,7 @@ void add_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "an OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions "
                                           "(streamed with \"stream\": true), /v1/models, /health, /metrics and a "
                                           "chat page at / (docs/serve.md)");
-  add_model_options(*cmd, o.src, false);
+  add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
   add_bf16_options(*cmd, o.src);
   serve::ServerOptions& s = o.server;
