@@ -72,17 +72,18 @@ class Chat {
   void turn(const std::string& text) {
     messages_.push_back({"user", text});
     const std::vector<int32_t> ids = io::encode_chat(tok_, template_ ? &*template_ : nullptr, messages_, true);
-    const int64_t ctx = m_.model.config.max_positions;
-    if (ctx > 0 && int64_t(ids.size()) >= ctx) {
-      messages_.pop_back();
-      throw Error(cat("the conversation has ", ids.size(), " tokens; the model's context holds ", ctx,
-                      " (/reset starts a new one)"));
-    }
     TurnStats t;
     auto t0 = std::chrono::steady_clock::now();
     const std::vector<int32_t> todo = reuse(ids);
     t.reused = session_.position();
     t.prompt = t.reused + int64_t(todo.size());
+    const int64_t ctx = m_.model.config.max_positions;
+    if (ctx > 0 && t.prompt >= ctx) {
+      // Nothing is fed past what the conversation already holds; the next turn starts from there.
+      messages_.pop_back();
+      throw Error(cat("the conversation has ", t.prompt, " tokens; the model's context holds ", ctx,
+                      " (/reset starts a new one)"));
+    }
     std::span<const float> logits = feed(todo);
     t.prefill_seconds = seconds_since(t0);
 

@@ -79,3 +79,11 @@ def test_reset_and_bad_commands(gpt2_dir, tmp_path):
     bad.write_bytes(b"LINSTATE" + b"\0" * 40)
     p = run_lineage("chat", "--model", str(gpt2_dir), stdin=f"/load {bad}\n", check=False)
     assert p.returncode != 0 and str(bad) in p.stderr
+
+
+def test_full_context_is_an_error_naming_it(gpt2_dir):
+    # The tiny GPT-2 holds 64 positions: a few turns fill it, and the next one is refused.
+    p = run_lineage("chat", "--model", str(gpt2_dir), "--temperature", "0", "--max-tokens", "10",
+                    stdin="".join(f"{t}\n" for t in TURNS * 3), check=False)
+    assert p.returncode == 2 and "the model's context holds 64" in p.stderr, p.stderr
+    assert "/reset starts a new one" in p.stderr

@@ -4,6 +4,7 @@
 # malformed requests (fuzzed bodies, broken chunked encoding, bad lengths, slow partial headers)
 # each get an answer or a closed connection, and the server keeps serving.
 import json
+import os
 import random
 import socket
 import threading
@@ -128,7 +129,13 @@ def test_concurrent_clients_equal_alone_and_no_leak(hybrid_dir):
         assert not failures, failures[:3]
         s.wait_idle()
         rss2 = s.rss_bytes()
-        assert rss2 - rss1 < 24 << 20, f"RSS grew from {rss1 >> 20} MiB to {rss2 >> 20} MiB over a second round"
+        if os.environ.get("LINEAGE_SANITIZED") == "1":
+            # Under AddressSanitizer freed memory sits in its quarantine (up to 256 MiB), so RSS
+            # says nothing; LeakSanitizer checks the server at its exit instead (s.stop() asserts
+            # exit code 0, which a leak report turns into 23).
+            assert "detect_leaks=0" not in os.environ.get("ASAN_OPTIONS", "")
+        else:
+            assert rss2 - rss1 < 24 << 20, f"RSS grew from {rss1 >> 20} MiB to {rss2 >> 20} MiB over a second round"
         assert s.metrics()["lineage_slots_used"] == 0
     finally:
         s.stop()
