@@ -15,9 +15,10 @@ cmake --build build -j "$jobs"
 (cd build && ctest --output-on-failure -j "$jobs" --timeout 900) 2>&1 | tee build/ctest.log || status=1
 
 # Left to the full sanitizer run (ctest --preset asan): the presets at their real size, the goldens
-# through the narrower ISA tables, tour and bench (minutes each under ASan), and the reference's
-# self-test (Python, nothing sanitized).
-slow='^(golden_isa_|reference_self_test|Presets/PresetSplit\.|Cli\.Tour|Cli\.LogitsOfAPreset|BenchCli\.|Linear\.GemmPaths|BatchCheckpoints\.BatchedEqualsAloneForEveryFamily)'
+# through the narrower ISA tables, tour and bench (minutes each under ASan), the reference's
+# self-test (Python, nothing sanitized), and the numeric sweeps over every family and chunk size
+# (the same code paths as the tests that stay, many times over).
+slow='^(golden_isa_|reference_self_test|Presets/PresetSplit\.|Cli\.Tour|Cli\.LogitsOfAPreset|BenchCli\.|Linear\.GemmPaths|BatchCheckpoints\.BatchedEqualsAloneForEveryFamily|Cli\.RecurrentFamilyLogitsMatchGoldenForEveryChunkSize|GoldenDeltaFamily\.SplitInvarianceAcrossConvTailAndChunks|Cli\.GenerateSamplingFlagsSampleAsDocumented)'
 cmake --preset asan >/dev/null
 if cmake --build build-asan -j "$jobs"; then
   (cd build-asan && UBSAN_OPTIONS=print_stacktrace=1 \
