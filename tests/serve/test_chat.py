@@ -1,7 +1,6 @@
 # `lineage chat` with piped input: the state kept between turns gives the replies a fresh sequence
 # over the whole history gives; /save and /load continue a conversation in another process bit for
 # bit; /stats and the per-turn line report what was reused.
-import json
 import re
 
 import pytest

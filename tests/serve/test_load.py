@@ -10,8 +10,6 @@ import socket
 import threading
 import time
 
-import pytest
-
 from conftest import Server
 
 SLOTS = 16

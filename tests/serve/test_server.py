@@ -3,7 +3,6 @@
 # endpoints, and every error a client can cause, after which the server still serves.
 import json
 import socket
-import threading
 import time
 
 import pytest
