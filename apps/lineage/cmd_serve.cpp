@@ -2,6 +2,7 @@
 // or SIGTERM.
 #include <pthread.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <thread>
@@ -44,16 +45,20 @@ void run(Opts& o) {
                format_bytes(double(o.server.engine.cache.budget_bytes)).c_str(),
                (long long)o.server.engine.cache.checkpoint_every);
   std::fflush(stderr);
+  std::atomic<bool> signalled{false};
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
+    if (signalled.exchange(true)) return;  // woken by the main thread below
     std::fprintf(stderr, "lineage serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     server.stop();
   });
   server.listen();
-  // listen() also returns when the socket fails; the waiter then still waits for a signal.
-  pthread_kill(waiter.native_handle(), SIGTERM);
+  // listen() also returns when accepting fails; the waiter then still waits for a signal.
+  const bool by_signal = signalled.exchange(true);
+  if (!by_signal) pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
+  if (!by_signal) throw Error(cat("--host ", o.server.host, " --port ", port, ": the server stopped accepting connections"));
 }
 
 }  // namespace
