@@ -3,7 +3,9 @@ and DIR/<family>/<case>/golden/ holds tokens, float64-reference intermediates an
 Run with the system interpreter (it has torch): /usr/bin/python3 reference/make_goldens.py --out DIR
 A family is a module (or object) exposing CASES (objects with .name) and build_case(case, case_dir) -> summary;
 delta_family_goldens contributes one family per model type (linear_attn, delta_net, gated_deltanet, kda);
-kimi_linear_goldens the family kimi_linear, kimi_k3_goldens the family kimi_k3."""
+kimi_linear_goldens the family kimi_linear, kimi_k3_goldens the family kimi_k3.
+After a case named in grad_goldens.GRAD_CASES (one per family) is written, grad_goldens.build_grad adds
+DIR/<family>/<case>/grad/: parameter gradients of a next-token loss from torch autograd."""
 
 import argparse
 import os
@@ -16,6 +18,7 @@ import torch
 
 import delta_family_goldens
 import gpt2_goldens
+import grad_goldens
 import kimi_k3_goldens
 import kimi_linear_goldens
 
@@ -36,6 +39,11 @@ def main() -> int:
     # One thread keeps float reductions in a fixed order, so re-runs are bit-identical.
     torch.set_num_threads(1)
     start = time.perf_counter()
+    for family, module in FAMILIES:  # a renamed case must not silently drop its family's gradients
+        grad_case = grad_goldens.GRAD_CASES.get(family)
+        if grad_case and grad_case.case not in [case.name for case in module.CASES]:
+            print(f"FAILED {family}: grad_goldens.GRAD_CASES names no case {grad_case.case!r}", file=sys.stderr)
+            return 1
     for family, module in FAMILIES:
         if args.only and family not in args.only:
             continue
@@ -43,13 +51,18 @@ def main() -> int:
             case_dir = os.path.join(args.out, family, case.name)
             shutil.rmtree(case_dir, ignore_errors=True)
             t0 = time.perf_counter()
+            grad = family in grad_goldens.GRAD_CASES and grad_goldens.GRAD_CASES[family].case == case.name
             try:
                 summary = module.build_case(case, case_dir)
+                print(f"{family}/{case.name}: {summary} [{time.perf_counter() - t0:.2f}s]")
+                if grad:
+                    t0 = time.perf_counter()
+                    summary = grad_goldens.build_grad(family, case_dir)
+                    print(f"{family}/{case.name}/{grad_goldens.GRAD_DIR}: {summary} [{time.perf_counter() - t0:.2f}s]")
             except Exception as e:
                 traceback.print_exc()
                 print(f"FAILED {family}/{case.name}: {e}", file=sys.stderr)
                 return 1
-            print(f"{family}/{case.name}: {summary} [{time.perf_counter() - t0:.2f}s]")
     print(f"done in {time.perf_counter() - start:.1f}s -> {args.out}")
     return 0
 

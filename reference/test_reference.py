@@ -7,7 +7,9 @@ MLA) against its prefill, its KDA against delta_family's, its RoPE, MLA and MoE 
 forms; kimi_k3.py's decode against its prefill, its Block AttnRes against the paper's block formulation
 with folded pseudo-queries, its MXFP4 decode against E2M1's bit fields, its lower-bound KDA against
 delta_family's, its -inf group mask, its latent MoE against a per-token loop, the published configs and
-K3's parameter count; and bit-identical golden re-runs.
+K3's parameter count; the gradient goldens (grad_goldens.py: autograd through the chunked form equals
+autograd through the recurrence, autograd equals finite differences, the grad/ layout); and bit-identical
+golden re-runs.
 Run: /usr/bin/python3 reference/test_reference.py   (also collectable by pytest)"""
 
 import dataclasses
@@ -28,10 +30,12 @@ sys.path.insert(0, HERE)
 
 import delta_family  # noqa: E402
 import delta_family_goldens  # noqa: E402
+import grad_goldens  # noqa: E402
 import kimi_k3  # noqa: E402
 import kimi_k3_goldens  # noqa: E402
 import kimi_linear  # noqa: E402
 import kimi_linear_goldens  # noqa: E402
+import make_goldens  # noqa: E402
 from golden_io import relative_rms  # noqa: E402
 from gpt2 import bf16_weight_names, canonical_weights, gpt2_forward  # noqa: E402
 from gpt2_goldens import CASES, checkpoint_tensors, init_params  # noqa: E402
@@ -143,11 +147,12 @@ def test_softplus_matches_torch():
 def _chunked_gated_delta(q, k, v, beta, log_decay, S, C):
     """Spec 1.6 per v-head and chunk: X = (I + N)^-1, W = X diag(beta)(K * e^G), U = X diag(beta) V,
     Vn = U - W S, O = (Q * e^G) S + P Vn, S <- e^G_last * S + (K * e^(G_last - G))^T Vn. Inputs as
-    delta_family.gated_delta_recurrent (log_decay [T, HV, K] here; beta None = plain additive write)."""
+    delta_family.gated_delta_recurrent (log_decay [T, HV, K] here; beta None = plain additive write).
+    No in-place writes, so autograd runs through it (test_chunked_gradients_match_recurrent)."""
     T, HV, K = q.shape
-    o = torch.empty(v.shape, dtype=v.dtype)
-    S = S.clone()
+    outputs, states = [], []
     for h in range(HV):
+        state, chunks = S[h], []
         for start in range(0, T, C):
             sl = slice(start, min(start + C, T))
             Q, Kc, Vc, A = q[sl, h], k[sl, h], v[sl, h], log_decay[sl, h]
@@ -165,10 +170,12 @@ def _chunked_gated_delta(q, k, v, beta, log_decay, S, C):
                 N = b[:, None] * torch.tril(kk, diagonal=-1)
                 X = torch.linalg.inv(torch.eye(n, dtype=q.dtype) + N)
                 Wf = X @ (b[:, None] * Kc * G.exp())
-                Vn = X @ (b[:, None] * Vc) - Wf @ S[h]
-            o[sl, h] = (Q * G.exp()) @ S[h] + P @ Vn
-            S[h] = G[-1].exp()[:, None] * S[h] + (Kc * (G[-1] - G).exp()).T @ Vn
-    return o, S
+                Vn = X @ (b[:, None] * Vc) - Wf @ state
+            chunks.append((Q * G.exp()) @ state + P @ Vn)
+            state = G[-1].exp()[:, None] * state + (Kc * (G[-1] - G).exp()).T @ Vn
+        outputs.append(torch.cat(chunks))
+        states.append(state)
+    return torch.stack(outputs, dim=1), torch.stack(states)
 
 
 def test_recurrence_matches_chunked_form():
@@ -189,6 +196,117 @@ def test_recurrence_matches_chunked_form():
             got_o, got_S = _chunked_gated_delta(q, k, v, b, per_channel, S0, C=16)
             err = max(relative_rms(got_o, want_o), relative_rms(got_S, want_S))
             assert err < 1e-12, f"{name} beta={'none' if b is None else 'on'}: chunked vs recurrent {err:.3g}"
+
+
+def _chunked_as_recurrent(calls: list):
+    """delta_family.gated_delta_recurrent's signature on the chunked form (chunks of 16); appends T to calls."""
+    def run(q, k, v, beta, log_decay, S):
+        calls.append(q.shape[0])
+        T, HV, K = q.shape
+        if log_decay is None:
+            log_decay = torch.zeros(T, HV, K, dtype=q.dtype)
+        elif log_decay.dim() == 2:
+            log_decay = log_decay[:, :, None].expand(T, HV, K)
+        return _chunked_gated_delta(q, k, v, beta, log_decay, S, C=16)
+    return run
+
+
+def _grad_case(family: str, root: str) -> tuple:
+    """(grad_goldens.Model, stored tensors, tokens [B, T + 1]) of a family's gradient-golden case, written
+    under root by the family's build_case."""
+    grad_case = grad_goldens.GRAD_CASES[family]
+    module = dict(make_goldens.FAMILIES)[family]
+    case_dir = os.path.join(root, family, grad_case.case)
+    module.build_case(next(c for c in module.CASES if c.name == grad_case.case), case_dir)
+    model, stored = grad_goldens.load_case(family, case_dir)
+    return model, stored, torch.from_numpy(grad_goldens.grad_tokens(model, grad_case.seed)).long()
+
+
+def test_chunked_gradients_match_recurrent():
+    """Autograd through the chunked form (spec 1.6, chunks of 16) gives the recurrence's gradients within
+    1e-10 relative RMS in float64: with respect to every input (q, k, v, beta, log decay per head or per
+    channel, S0; beta on and off) of a random 37-token problem, and with respect to every parameter of each
+    delta-rule gradient-golden case (grad_goldens.GRAD_CASES: T = 20, a full chunk and a partial one) with
+    the chunked form swapped in for the models' recurrence (delta_family's, which kimi_linear's and kimi_k3's
+    KDA use too). The models themselves only run the recurrence."""
+    gen = torch.Generator().manual_seed(13)
+    T, HV, K, V = 37, 2, 5, 4
+    rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    raw = {"q": rand(T, HV, K), "k": rand(T, HV, K), "v": rand(T, HV, V), "beta": rand(T, HV), "S0": rand(HV, K, V),
+           "head": rand(T, HV), "channel": rand(T, HV, K)}
+    weights_o, weights_S = rand(T, HV, V), rand(HV, K, V)
+    for gate in ("none", "head", "channel"):
+        for use_beta in (True, False):
+            grads = []
+            for form in (delta_family.gated_delta_recurrent, _chunked_as_recurrent([])):
+                x = {n: t.clone().requires_grad_() for n, t in raw.items()}
+                q = delta_family.l2_normalize(x["q"]) * K ** -0.5
+                k = delta_family.l2_normalize(x["k"])
+                beta = 2 * torch.sigmoid(x["beta"]) if use_beta else None
+                log_decay = {"none": None, "head": -F.softplus(x["head"]), "channel": -torch.exp(x["channel"])}[gate]
+                o, S = form(q, k, x["v"], beta, log_decay, x["S0"])
+                loss = (o * weights_o).sum() + (S * weights_S).sum()
+                grads.append(dict(zip(x, torch.autograd.grad(loss, list(x.values()), allow_unused=True))))
+            for name, want in grads[0].items():
+                got = grads[1][name]
+                if want is None:
+                    assert got is None, (gate, use_beta, name)
+                    continue
+                err = relative_rms(got, want)
+                assert err < 1e-10, f"gate {gate}, beta {use_beta}: d/d{name} chunked vs recurrent {err:.3g}"
+    with tempfile.TemporaryDirectory() as root:
+        for family in ("linear_attn", "delta_net", "gated_deltanet", "kda", "kimi_linear", "kimi_k3"):
+            model, stored, tokens = _grad_case(family, root)
+            loss, want, _ = grad_goldens.loss_and_grads(model, stored, tokens, torch.float64)
+            calls = []
+            saved = delta_family.gated_delta_recurrent, kimi_linear.gated_delta_recurrent
+            delta_family.gated_delta_recurrent = kimi_linear.gated_delta_recurrent = _chunked_as_recurrent(calls)
+            try:
+                chunked_loss, got, _ = grad_goldens.loss_and_grads(model, stored, tokens, torch.float64)
+            finally:
+                delta_family.gated_delta_recurrent, kimi_linear.gated_delta_recurrent = saved
+            assert calls and all(t == grad_goldens.T for t in calls), (family, calls)
+            assert abs(float(chunked_loss - loss)) < 1e-12 * float(loss), family
+            for name, g in want.items():
+                if g is None:
+                    assert got[name] is None, (family, name)
+                    continue
+                err = relative_rms(got[name], g)
+                assert err < 1e-10, f"{family}: d loss/d {name}: chunked vs recurrent {err:.3g}"
+
+
+def test_grad_goldens_match_finite_differences():
+    """The gradient goldens' autograd gradients (grad_goldens.loss_and_grads, float64) against central finite
+    differences of the same loss (step 1e-5) at the largest-gradient entry of several tensors, relative error
+    <= 1e-6 (~1e-8 measured): gpt2 (the tied wte takes the embedding's and the head's share), kda/attnres
+    (per-channel decay, short conv, output gate, AttnRes pseudo-query and norm)."""
+    picks = {
+        "gpt2": ["wte.weight", "wpe.weight", "h.0.attn.c_attn.weight", "h.1.mlp.c_fc.bias", "h.0.ln_1.weight",
+                 "ln_f.bias"],
+        "kda": ["model.embeddings.weight", "model.layers.1.attn.A_log", "model.layers.1.attn.dt_bias",
+                "model.layers.0.attn.f_proj.1.weight", "model.layers.2.attn.q_conv1d.weight",
+                "model.layers.0.attn.b_proj.weight", "model.layers.1.attn.g_proj.1.bias",
+                "model.layers.2.attn_res_proj.weight", "model.res_norm.weight", "lm_head.weight"],
+    }
+    step = 1e-5
+    with tempfile.TemporaryDirectory() as root:
+        for family, names in picks.items():
+            model, stored, tokens = _grad_case(family, root)
+            _, grads, _ = grad_goldens.loss_and_grads(model, stored, tokens, torch.float64)
+            base = {n: t.double() if t.is_floating_point() else t for n, t in stored.items()}
+            for name in names:
+                g = grads[name].flatten()
+                i = int(g.abs().argmax())
+
+                def loss_at(delta):
+                    t = base[name].clone()
+                    t.view(-1)[i] += delta
+                    with torch.no_grad():
+                        return float(grad_goldens.loss_fn(model, {**base, name: t}, tokens))
+
+                fd = (loss_at(step) - loss_at(-step)) / (2 * step)
+                err = abs(fd - float(g[i])) / abs(float(g[i]))
+                assert err <= 1e-6, f"{family} {name}[{i}]: autograd {float(g[i]):.10g}, finite differences {fd:.10g}"
 
 
 def test_delta_family_decode_matches_prefill():
@@ -741,11 +859,39 @@ def test_k3_config():
         pass
 
 
+def _check_grad_dirs(out: str) -> None:
+    """Every family's grad/ (grad_goldens.GRAD_CASES) holds tokens [B, T + 1] < vocab and, between its
+    manifest's tensors and no_grad, each checkpoint tensor exactly once, each gradient float32 in its stored
+    shape, finite and not all zero."""
+    import json as _json
+    for family, grad_case in grad_goldens.GRAD_CASES.items():
+        case_dir = os.path.join(out, family, grad_case.case)
+        grad_dir = os.path.join(case_dir, grad_goldens.GRAD_DIR)
+        with open(os.path.join(grad_dir, "manifest.json")) as f:
+            manifest = _json.load(f)
+        stored = read_checkpoint(case_dir)
+        assert (manifest["case"], manifest["B"], manifest["T"]) == (grad_case.case, grad_goldens.B, grad_goldens.T)
+        tokens = np.load(os.path.join(grad_dir, "tokens.npy"))
+        model, _ = grad_goldens.load_case(family, case_dir)
+        assert tokens.dtype == np.int32 and tokens.shape == (grad_goldens.B, grad_goldens.T + 1), family
+        assert 0 <= tokens.min() and tokens.max() < model.vocab_size, family
+        names = [e["name"] for e in manifest["tensors"]] + [e["name"] for e in manifest["no_grad"]]
+        assert sorted(names) == sorted(stored), f"{family}: manifest names differ from the checkpoint's"
+        assert all(e["reason"] for e in manifest["no_grad"]), family
+        for e in manifest["tensors"]:
+            g = np.load(os.path.join(grad_dir, e["file"]))
+            assert g.dtype == np.float32 and list(g.shape) == e["shape"] == list(stored[e["name"]].shape), e
+            assert np.isfinite(g).all() and (g != 0).any() and e["f32_torch_rel_rms"] < 1e-3, e
+        assert sorted(os.listdir(grad_dir)) == sorted(["manifest.json", "tokens.npy"] +
+                                                      [e["file"] for e in manifest["tensors"]]), family
+
+
 def test_goldens_bit_identical():
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
         for out in (a, b):
             subprocess.run([sys.executable, os.path.join(HERE, "make_goldens.py"), "--out", out],
                            check=True, stdout=subprocess.DEVNULL)
+        _check_grad_dirs(a)
         for root, _, files in os.walk(a):
             for name in files:
                 left = os.path.join(root, name)

@@ -22,4 +22,8 @@ struct Norm {
 // y = norm(x) over rows of D; y may alias x.
 void forward(const Norm& n, const float* x, int64_t T, float* y);
 
+// Training (train_step.h): dx[T, D] = ∂L/∂x from the forward's input x and dy (dx may alias dy, not
+// x); ∂L/∂weight (and bias) added into grad's tensors. F32 weights.
+void backward(const Norm& n, const float* x, int64_t T, const float* dy, float* dx, Norm& grad);
+
 }  // namespace lineage::layers

@@ -1,5 +1,8 @@
 #include "lineage/layers/ffn/mlp.h"
 
+#include <cstring>
+
+#include "lineage/kernels/backward.h"
 #include "lineage/kernels/linear.h"
 
 namespace lineage::layers {
@@ -29,6 +32,26 @@ void forward(const Mlp& m, const Call& call, const float* x, float* y, Mlp::Buff
   trace("mlp.act", h, {T, F});
   kernels::linear(h, T, m.weights.c_proj, &m.weights.c_proj_bias, y, std::nullopt, dot);
   trace("mlp.out", y, {T, D});
+}
+
+void forward_train(const Mlp& m, const TrainShape& s, const float* x, float* y, Mlp::Saved& saved) {
+  const int64_t F = m.config.hidden, N = s.N();
+  float* pre = saved.pre.get(size_t(N) * F);
+  float* h = saved.hidden.get(size_t(N) * F);
+  kernels::linear(x, N, m.weights.c_fc, &m.weights.c_fc_bias, pre);
+  std::memcpy(h, pre, size_t(N * F) * sizeof(float));
+  kernels::activate(m.config.act, h, N * F);
+  kernels::linear(h, N, m.weights.c_proj, &m.weights.c_proj_bias, y);
+}
+
+void backward(const Mlp& m, const TrainShape& s, const float* x, const float* dy, Mlp::Saved& saved, float* dx,
+              Mlp& grad) {
+  const int64_t F = m.config.hidden, N = s.N();
+  float* dh = saved.d_hidden.get(size_t(N) * F);
+  kernels::linear_backward(saved.hidden.get(0), dy, N, m.weights.c_proj, dh, &grad.weights.c_proj,
+                           grad.weights.c_proj_bias.data<float>());
+  kernels::activation_backward(m.config.act, saved.pre.get(0), dh, dh, N * F);
+  kernels::linear_backward(x, dh, N, m.weights.c_fc, dx, &grad.weights.c_fc, grad.weights.c_fc_bias.data<float>());
 }
 
 }  // namespace lineage::layers

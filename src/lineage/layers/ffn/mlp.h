@@ -4,6 +4,7 @@
 #include "lineage/kernels/activation.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/layers/common.h"
+#include "lineage/layers/train_step.h"
 
 namespace lineage::layers {
 
@@ -21,6 +22,10 @@ struct Mlp {
   struct Buffers {
     Buffer hidden;  // [N, F]
   };
+  // Training: the hidden layer before and after the activation [N, F], and its gradient.
+  struct Saved {
+    Buffer pre, hidden, d_hidden;
+  };
   Config config;
   Weights weights;
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
@@ -30,5 +35,10 @@ struct Mlp {
 
 // y[N, D] = c_proj(act(c_fc(x))) over the step's N rows. y must not alias x. Traces mlp.act, mlp.out.
 void forward(const Mlp& m, const Call& call, const float* x, float* y, Mlp::Buffers& buf, const Trace& trace);
+
+// Training (train_step.h).
+void forward_train(const Mlp& m, const TrainShape& s, const float* x, float* y, Mlp::Saved& saved);
+void backward(const Mlp& m, const TrainShape& s, const float* x, const float* dy, Mlp::Saved& saved, float* dx,
+              Mlp& grad);
 
 }  // namespace lineage::layers

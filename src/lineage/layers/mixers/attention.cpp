@@ -6,6 +6,7 @@
 
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/attention.h"
+#include "lineage/kernels/backward.h"
 
 namespace lineage::layers {
 
@@ -128,6 +129,42 @@ void forward(const Attention& a, const Call& call, const float* x, std::span<Att
   trace("attn.context", ctx, {N, D});
   kernels::linear(ctx, N, a.weights.c_proj, &a.weights.c_proj_bias, y, std::nullopt, dot);
   trace("attn.out", y, {N, D});
+}
+
+namespace {
+
+kernels::AttentionTrainArgs train_args(const Attention& a, const TrainShape& s, Attention::Saved& saved) {
+  const int64_t D = a.config.d_model, H = a.config.n_heads, hd = a.config.head_dim;
+  kernels::AttentionTrainArgs k;
+  k.B = s.B, k.T = s.T, k.H = H, k.dk = k.dv = hd;
+  k.scale = a.config.scale_attn_weights ? 1.0f / std::sqrt(float(hd)) : 1.0f;
+  float* qkv = saved.qkv.get(size_t(s.N()) * 3 * D);
+  k.q = qkv, k.k = qkv + D, k.v = qkv + 2 * D, k.ldq = k.ldk = k.ldv = 3 * D;
+  k.out = saved.context.get(size_t(s.N()) * D), k.ldo = D;
+  k.lse = saved.lse.get(size_t(s.B * H * s.T));
+  return k;
+}
+
+}  // namespace
+
+void forward_train(const Attention& a, const TrainShape& s, const float* x, float* y, Attention::Saved& saved) {
+  const int64_t N = s.N();
+  const kernels::AttentionTrainArgs args = train_args(a, s, saved);
+  kernels::linear(x, N, a.weights.c_attn, &a.weights.c_attn_bias, saved.qkv.get(0));
+  kernels::attention_causal_train(args);
+  kernels::linear(args.out, N, a.weights.c_proj, &a.weights.c_proj_bias, y);
+}
+
+void backward(const Attention& a, const TrainShape& s, const float* x, const float* dy, Attention::Saved& saved,
+              float* dx, Attention& grad) {
+  const int64_t D = a.config.d_model, N = s.N();
+  const kernels::AttentionTrainArgs args = train_args(a, s, saved);
+  float* d_ctx = saved.d_context.get(size_t(N) * D);
+  float* d_qkv = saved.d_qkv.get(size_t(N) * 3 * D);
+  kernels::linear_backward(args.out, dy, N, a.weights.c_proj, d_ctx, &grad.weights.c_proj,
+                           grad.weights.c_proj_bias.data<float>());
+  kernels::attention_causal_backward(args, {d_ctx, d_qkv, d_qkv + D, d_qkv + 2 * D, D, 3 * D, 3 * D, 3 * D});
+  kernels::linear_backward(x, d_qkv, N, a.weights.c_attn, dx, &grad.weights.c_attn, grad.weights.c_attn_bias.data<float>());
 }
 
 }  // namespace lineage::layers

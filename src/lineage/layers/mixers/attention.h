@@ -5,6 +5,7 @@
 #include "lineage/kernels/attention.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/layers/common.h"
+#include "lineage/layers/train_step.h"
 
 namespace lineage::layers {
 
@@ -42,6 +43,13 @@ struct Attention {
     std::vector<kernels::AttentionSeq> seqs;
   };
 
+  // What the training forward keeps for backward (train_step.h): the projection q | k | v [N, 3D],
+  // the attended context [N, D] and each query's log-sum-exp [B, H, T]; and backward's own
+  // gradients of the context and of q | k | v.
+  struct Saved {
+    Buffer qkv, context, lse, d_context, d_qkv;
+  };
+
   Config config;
   Weights weights;
 
@@ -66,5 +74,11 @@ struct Attention {
 // projections run once over all N rows. y must not alias x. Traces attn.qkv, attn.context, attn.out.
 void forward(const Attention& a, const Call& call, const float* x, std::span<Attention::State* const> states,
              float* y, Attention::Buffers& buf, const Trace& trace);
+
+// Training (train_step.h): y[N, D] = attention of x over B sequences of T tokens, each from an empty
+// cache; no T × T score matrix is stored (kernels::attention_causal_train).
+void forward_train(const Attention& a, const TrainShape& s, const float* x, float* y, Attention::Saved& saved);
+void backward(const Attention& a, const TrainShape& s, const float* x, const float* dy, Attention::Saved& saved,
+              float* dx, Attention& grad);
 
 }  // namespace lineage::layers

@@ -1,0 +1,182 @@
+#include "lineage/train/backprop.h"
+
+#include <cstring>
+
+#include "lineage/core/error.h"
+#include "lineage/core/parallel.h"
+#include "lineage/kernels/backward.h"
+#include "lineage/kernels/linear.h"
+
+namespace lineage::train {
+
+using model::Model;
+
+void to_trainable(Model& m) {
+  m.for_each_tensor([](const std::string& name, Tensor& t, const Shape&, layers::Init) {
+    if (!t.defined()) return;
+    if (t.dtype() == DType::U8)
+      throw Error(cat(name, ": MXFP4-packed weights cannot be trained (load or build the model with float weights)"));
+    if (t.dtype() != DType::F32) t = to_f32(t);
+    else if (t.is_borrowed()) t = t.clone();
+  });
+  model::prepare(m, false);
+}
+
+Model zeros_like(Model& m) {
+  Model g = m;
+  g.for_each_tensor([](const std::string&, Tensor& t, const Shape&, layers::Init) {
+    if (t.defined()) t = Tensor::zeros(DType::F32, t.shape());
+  });
+  return g;
+}
+
+std::string untrainable_reason(const Model& m) {
+  if (m.config.residual != model::ResidualKind::Plain) return "Block Attention Residuals have no backward yet";
+  for (size_t i = 0; i < m.blocks.size(); ++i) {
+    const model::Block& b = m.blocks[i];
+    if (!std::holds_alternative<layers::Attention>(b.mixer))
+      return cat("layer ", i, ": ", std::visit([](const auto& x) { return x.describe(); }, b.mixer),
+                 " has no backward yet");
+    if (!std::holds_alternative<layers::Mlp>(b.ffn))
+      return cat("layer ", i, ": ", std::visit([](const auto& x) { return x.describe(); }, b.ffn),
+                 " has no backward yet");
+  }
+  return "";
+}
+
+// What one block's forward keeps: the stream entering it, the normalized input of each sublayer,
+// the stream between the two sublayers, and each layer's own saved activations.
+struct Backprop::BlockSaved {
+  layers::Buffer x_in, normed1, x_mid, normed2;
+  layers::Attention::Saved attention;
+  layers::Mlp::Saved mlp;
+};
+
+Backprop::Backprop(Model& m) : m_(m), grads_(zeros_like(m)) {
+  const std::string why = untrainable_reason(m);
+  if (!why.empty()) throw Error(cat("cannot train this ", m.config.model_type, " model: ", why));
+  for (size_t i = 0; i < m.blocks.size(); ++i) saved_.push_back(std::make_unique<BlockSaved>());
+}
+
+Backprop::~Backprop() = default;
+
+void Backprop::zero_grads() {
+  grads_.for_each_tensor([](const std::string&, Tensor& t, const Shape&, layers::Init) {
+    if (t.defined()) std::memset(t.raw_mut(), 0, t.nbytes());
+  });
+}
+
+std::vector<ParamRef> Backprop::params() {
+  std::vector<ParamRef> out;
+  m_.for_each_tensor([&](const std::string& name, Tensor& t, const Shape&, layers::Init) {
+    if (t.defined()) out.push_back({name, t.data<float>(), nullptr, t.numel(), t.ndim() >= 2});
+  });
+  size_t i = 0;
+  grads_.for_each_tensor([&](const std::string&, Tensor& t, const Shape&, layers::Init) {
+    if (!t.defined()) return;
+    LINEAGE_CHECK(i < out.size() && out[i].n == t.numel());
+    out[i++].grad = t.data<float>();
+  });
+  LINEAGE_CHECK(i == out.size());
+  return out;
+}
+
+void Backprop::refresh() { model::prepare(m_, false); }
+
+namespace {
+
+void add_into(float* x, const float* y, int64_t n) {
+  parallel_for(n, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) x[i] += y[i];
+  }, 1 << 14);
+}
+
+}  // namespace
+
+double Backprop::step(std::span<const int32_t> tokens, int64_t B, int64_t T, float scale, bool grads) {
+  const int64_t D = m_.config.d_model, N = B * T, V = m_.config.vocab_size;
+  LINEAGE_CHECK(int64_t(tokens.size()) == B * (T + 1));
+  if (m_.config.max_positions > 0 && T > m_.config.max_positions)
+    throw Error(cat("sequence length ", T, " exceeds the model's context of ", m_.config.max_positions,
+                    " (config.json field ", m_.config.max_positions_field, ")"));
+  inputs_.resize(size_t(N)), targets_.resize(size_t(N));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t in = tokens[size_t(b * (T + 1) + t)], out = tokens[size_t(b * (T + 1) + t + 1)];
+      if (in < 0 || in >= V || out >= V)
+        throw Error(cat("token id ", in < 0 || in >= V ? in : out, " is outside the vocabulary [0, ", V, ")"));
+      inputs_[size_t(b * T + t)] = in, targets_[size_t(b * T + t)] = out;
+    }
+  const layers::TrainShape shape{B, T};
+
+  // Embeddings: the token's row plus its position's.
+  float* x = x_.get(size_t(N) * D);
+  const bool positions = m_.pos_embed.defined() && m_.pos_embed.numel();
+  parallel_for(N, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      std::memcpy(x + r * D, m_.embed.data<float>() + int64_t(inputs_[size_t(r)]) * D, size_t(D) * sizeof(float));
+      if (positions)
+        for (int64_t c = 0; c < D; ++c) x[r * D + c] += m_.pos_embed.data<float>()[(r % T) * D + c];
+    }
+  }, 16);
+
+  float* y = dmix_.get(size_t(N) * D);
+  for (size_t i = 0; i < m_.blocks.size(); ++i) {
+    const model::Block& blk = m_.blocks[i];
+    BlockSaved& s = *saved_[i];
+    float* x_in = s.x_in.get(size_t(N) * D);
+    std::memcpy(x_in, x, size_t(N * D) * sizeof(float));
+    float* a = s.normed1.get(size_t(N) * D);
+    layers::forward(blk.norm1, x_in, N, a);
+    layers::forward_train(std::get<layers::Attention>(blk.mixer), shape, a, y, s.attention);
+    add_into(x, y, N * D);
+    float* x_mid = s.x_mid.get(size_t(N) * D);
+    std::memcpy(x_mid, x, size_t(N * D) * sizeof(float));
+    float* a2 = s.normed2.get(size_t(N) * D);
+    layers::forward(blk.norm2, x_mid, N, a2);
+    layers::forward_train(std::get<layers::Mlp>(blk.ffn), shape, a2, y, s.mlp);
+    add_into(x, y, N * D);
+  }
+  float* h = normed_.get(size_t(N) * D);
+  layers::forward(m_.final_norm, x, N, h);
+  Tensor& head_grad = grads_.config.tied_lm_head ? grads_.embed : grads_.lm_head;
+  float* dh = grads ? dnormed_.get(size_t(N) * D) : nullptr;
+  const double loss = kernels::cross_entropy_backward(h, N, D, m_.output_weight(), targets_.data(), scale, dh,
+                                                      grads ? head_grad.data<float>() : nullptr);
+  if (!grads) return loss;
+
+  // Backward: dx is ∂L/∂(the residual stream) at each point, walking the blocks in reverse.
+  float* dx = dx_.get(size_t(N) * D);
+  layers::backward(m_.final_norm, x, N, dh, dx, grads_.final_norm);
+  float* da = dnormed_.get(size_t(N) * D);
+  float* dsub = dmix_.get(size_t(N) * D);
+  for (size_t i = m_.blocks.size(); i-- > 0;) {
+    const model::Block& blk = m_.blocks[i];
+    model::Block& gb = grads_.blocks[i];
+    BlockSaved& s = *saved_[i];
+    layers::backward(std::get<layers::Mlp>(blk.ffn), shape, s.normed2.get(0), dx, s.mlp, da, std::get<layers::Mlp>(gb.ffn));
+    layers::backward(blk.norm2, s.x_mid.get(0), N, da, dsub, gb.norm2);
+    add_into(dx, dsub, N * D);
+    layers::backward(std::get<layers::Attention>(blk.mixer), shape, s.normed1.get(0), dx, s.attention, da,
+                     std::get<layers::Attention>(gb.mixer));
+    layers::backward(blk.norm1, s.x_in.get(0), N, da, dsub, gb.norm1);
+    add_into(dx, dsub, N * D);
+  }
+  // Embedding rows, summed over the tokens that read them in row order (deterministic); positions
+  // split over columns.
+  float* dE = grads_.embed.data<float>();
+  for (int64_t r = 0; r < N; ++r) {
+    float* row = dE + int64_t(inputs_[size_t(r)]) * D;
+    for (int64_t c = 0; c < D; ++c) row[c] += dx[r * D + c];
+  }
+  if (positions) {
+    float* dP = grads_.pos_embed.data<float>();
+    parallel_for(D, [&](int64_t c0, int64_t c1) {
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t c = c0; c < c1; ++c) dP[(r % T) * D + c] += dx[r * D + c];
+    }, 16);
+  }
+  return loss;
+}
+
+}  // namespace lineage::train

@@ -1,0 +1,65 @@
+// The training backward against PyTorch autograd: for each family's gradient golden
+// (reference/grad_goldens.py, README "Gradient goldens"), the engine's loss and every parameter's
+// gradient, each held to max(1e-5, 6 × PyTorch's own f32 error for that tensor) relative RMS.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "lineage/io/load_model.h"
+#include "lineage/io/npy.h"
+#include "lineage/train/backprop.h"
+#include "test_support.h"
+
+namespace lineage {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct GradCase {
+  std::string family, name;
+};
+
+class GoldenGrad : public ::testing::TestWithParam<GradCase> {};
+
+TEST_P(GoldenGrad, LossAndEveryGradientMatchAutograd) {
+  const fs::path dir = test::testdata() / GetParam().family / GetParam().name;
+  const nlohmann::json man = nlohmann::json::parse(test::slurp(dir / "grad" / "manifest.json"));
+  io::LoadedModel loaded = io::load_model(dir, false);
+  model::Model& m = loaded.model;
+  train::to_trainable(m);
+  train::Backprop bp(m);
+  const Tensor tokens = io::load_npy(dir / "grad" / "tokens.npy");
+  const int64_t B = man["B"], T = man["T"];
+  ASSERT_EQ(tokens.shape(), (Shape{B, T + 1}));
+  const double loss = bp.step({tokens.data<int32_t>(), size_t(tokens.numel())}, B, T, 1.0f / float(B * T));
+  EXPECT_NEAR(loss, man["loss"].get<double>(), 1e-5 * man["loss"].get<double>());
+
+  std::map<std::string, const float*> grads;
+  std::map<std::string, int64_t> sizes;
+  for (const train::ParamRef& p : bp.params()) grads[p.name] = p.grad, sizes[p.name] = p.n;
+  size_t checked = 0;
+  for (const auto& t : man["tensors"]) {
+    const std::string name = t["name"];
+    ASSERT_TRUE(grads.count(name)) << name << " has a golden gradient but no parameter in the engine";
+    const Tensor want = io::load_npy(dir / "grad" / t["file"].get<std::string>());
+    ASSERT_EQ(want.numel(), sizes[name]) << name;
+    const double tol = std::max(1e-5, 6 * t["f32_torch_rel_rms"].get<double>());
+    const double err = test::rel_rms(grads[name], want.data<float>(), want.numel());
+    const int64_t worst = test::worst_index(grads[name], want.data<float>(), want.numel());
+    EXPECT_LE(err, tol) << name << ": worst element " << worst << " is " << grads[name][worst] << ", autograd gives "
+                        << want.data<float>()[worst];
+    ++checked;
+  }
+  // Every parameter the engine trains has a golden, except those the reference lists as taking no
+  // gradient (GPT-2's causal-mask buffers are not parameters of the engine at all).
+  EXPECT_EQ(checked, grads.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, GoldenGrad, ::testing::Values(GradCase{"gpt2", "f32_tanh"}),
+                         [](const auto& info) { return info.param.family + "_" + info.param.name; });
+
+}  // namespace
+}  // namespace lineage
