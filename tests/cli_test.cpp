@@ -66,7 +66,6 @@ TEST(Cli, BadFlagsAndValuesExitTwo) {
       {"info --preset gpt2-124m --frobnicate", "frobnicate"},
       {"info --preset nope", "nope"},
       {"info --model /nonexistent/dir", "/nonexistent/dir"},
-      {"info", "--model DIR or --preset NAME"},
       {"info --preset gpt2-124m --threads 0", "--threads"},
       {"info --preset gpt2-124m --weights-dtype f8", "f8"},
       {"info --preset gpt2-124m --no-mmap", "--no-mmap"},

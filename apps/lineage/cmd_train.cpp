@@ -49,6 +49,11 @@ std::string progress_line(const train::LogRow& r, int64_t total, double tok_s, d
   return s.str();
 }
 
+void check_trainable(const model::Model& m, const std::string& where) {
+  const std::string why = train::untrainable_reason(m);
+  if (!why.empty()) throw Error(cat(where, ": cannot train this ", m.config.model_type, " model: ", why));
+}
+
 }  // namespace
 
 void add_train(CLI::App& app) {
@@ -111,6 +116,7 @@ void add_train(CLI::App& app) {
       m = model::preset_skeleton(o.preset);
       for (const auto& p : model::presets())
         if (p.name == o.preset) config_json = p.config_json;
+      check_trainable(m, "--preset " + o.preset);
       model::init_random(m, o.seed, DType::F32);
     } else if (!o.config.empty()) {
       config_json = io::read_file_text(o.config);
@@ -124,10 +130,12 @@ void add_train(CLI::App& app) {
         throw Error(cat(o.config, ": ", e.what()));
       }
       fs::remove_all(tmp);
+      check_trainable(m, o.config);
       model::init_random(m, o.seed, DType::F32);
     } else {
       loaded = io::load_model(o.model, !tokenizer_dir.has_value(), io::WeightStorage::Mapped);
       m = std::move(loaded->model);
+      check_trainable(m, o.model);
       config_json = io::read_file_text(fs::path(o.model) / "config.json");
       if (!tokenizer_dir && loaded->tokenizer) tokenizer_dir = o.model;
     }

@@ -4,6 +4,9 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
 #include <sstream>
 
 #include "lineage/core/error.h"
@@ -14,8 +17,31 @@
 
 namespace lineage::app {
 
+namespace {
+
+// Each subcommand's model source, so that parsing can fill in the default model (add_threads_option's
+// parse-complete callback, which every subcommand with model options has).
+std::map<const CLI::App*, ModelSource*>& model_sources() {
+  static std::map<const CLI::App*, ModelSource*> sources;
+  return sources;
+}
+
+}  // namespace
+
+std::string default_model_dir() {
+  if (const char* env = std::getenv("LINEAGE_MODEL"); env && *env) return env;
+#ifdef LINEAGE_DEFAULT_MODEL_DIR
+  if (std::filesystem::exists(std::filesystem::path(LINEAGE_DEFAULT_MODEL_DIR) / "config.json"))
+    return LINEAGE_DEFAULT_MODEL_DIR;
+#endif
+  return "";
+}
+
 void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset) {
-  auto* model = cmd.add_option("--model", src.dir, "Hugging Face model directory (config.json + safetensors)");
+  model_sources()[&cmd] = &src;
+  auto* model = cmd.add_option("--model", src.dir,
+                               "Hugging Face model directory (config.json + safetensors); default: the model lineage "
+                               "ships (models/kjv-gpt2, or $LINEAGE_MODEL)");
   cmd.add_flag("--no-mmap", src.no_mmap,
                "copy the checkpoint's weights into the engine's own memory (huge pages; GPT-2's Conv1D matrices "
                "transposed to [out, in]) instead of mapping the files: slower to load, faster decode")
@@ -40,7 +66,12 @@ void add_threads_option(CLI::App& cmd) {
   static int threads = 0;
   cmd.add_option("--threads", threads, "worker threads (default: all cores)")->check(CLI::Range(1, 1024));
   cmd.preparse_callback([](size_t) { kernels::set_threads(0); });
-  cmd.parse_complete_callback([] { kernels::set_threads(threads); });
+  cmd.parse_complete_callback([&cmd] {
+    kernels::set_threads(threads);
+    const auto it = model_sources().find(&cmd);
+    if (it != model_sources().end() && it->second->dir.empty() && it->second->preset.empty())
+      it->second->dir = default_model_dir();
+  });
 }
 
 void add_bf16_options(CLI::App& cmd, ModelSource& src) {
@@ -77,7 +108,8 @@ std::string bf16_products_label(const model::Model& m) {
 void apply_options(const ModelSource& src, model::Model& m) { m.options.bf16_dot = !src.bf16_exact; }
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
-  if (src.dir.empty() && src.preset.empty()) throw Error("one of --model DIR or --preset NAME is required");
+  if (src.dir.empty() && src.preset.empty())
+    throw Error("one of --model DIR or --preset NAME is required (the default model, models/kjv-gpt2, is not there)");
   io::LoadedModel m;
   if (!src.dir.empty()) {
     m = io::load_model(src.dir, need_tokenizer, src.no_mmap ? io::WeightStorage::Owned : io::WeightStorage::Mapped);

@@ -43,6 +43,9 @@ bool has_bf16_weights(const model::ParamCount& pc);
 std::string bf16_products_label(const model::Model& m);
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer);
+// The model a subcommand uses when given neither --model nor --preset: $LINEAGE_MODEL, else the one
+// lineage ships (models/kjv-gpt2 in the source tree, trained by scripts/train-kjv.sh), else "".
+std::string default_model_dir();
 // Whether any weight is borrowed from a checkpoint file's mapping.
 bool weights_mapped(model::Model& m);
 // io::mapped_pages of the mappings that hold m's borrowed weights.

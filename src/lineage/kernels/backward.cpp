@@ -8,18 +8,35 @@
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/blas_threads.h"
+#include "lineage/kernels/linear.h"
+#include "lineage/kernels/vmath.h"
 
 namespace lineage::kernels {
 
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-          int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M <= 0 || N <= 0) return;
+namespace {
+
+// Grow-only per-thread scratch: a training step reuses the same pages (a first touch costs ~10 µs
+// per 4 KiB page here).
+float* scratch(int slot, size_t n) {
+  thread_local std::vector<float> s[4];
+  if (s[slot].size() < n) s[slot].resize(n);
+  return s[slot].data();
+}
+
+// out[c, r] = a[r, c] for a [rows, cols] with row stride lda; out [cols, rows] contiguous.
+void transpose(const float* a, int64_t rows, int64_t cols, int64_t lda, float* out) {
+  constexpr int64_t kB = 32;
+  parallel_for((cols + kB - 1) / kB, [&](int64_t b0, int64_t b1) {
+    for (int64_t c0 = b0 * kB; c0 < std::min(cols, b1 * kB); c0 += kB)
+      for (int64_t r0 = 0; r0 < rows; r0 += kB)
+        for (int64_t c = c0; c < std::min(cols, c0 + kB); ++c)
+          for (int64_t r = r0; r < std::min(rows, r0 + kB); ++r) out[c * rows + r] = a[r * lda + c];
+  });
+}
+
+void gemm_blas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
-  if (K <= 0) {
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
-    return;
-  }
   // Parts of at least 16 rows or columns: smaller panels lose more to packing than threads gain.
   if (M >= N) {
     parallel_for(M, [&](int64_t i0, int64_t i1) {
@@ -36,6 +53,41 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
                   int(ldc));
     }, 16);
   }
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+          int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  // The engine's own AVX-512 GEMM (linear(): x [M, K] times a weight stored [N, K] or [K, N]) runs
+  // about twice OpenBLAS's AVX2 code here; it wants x contiguous, so a transposed A is copied first.
+  if (!kernel_table().own_gemm || ldb != (trans_b ? K : N) || (beta != 0.0f && beta != 1.0f)) {
+    gemm_blas(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  const float* x = A;
+  if (trans_a || lda != K) {
+    float* t = scratch(0, size_t(M * K));
+    if (trans_a) transpose(A, K, M, lda, t);
+    else
+      for (int64_t i = 0; i < M; ++i) std::memcpy(t + i * K, A + i * lda, size_t(K) * sizeof(float));
+    x = t;
+  }
+  const Tensor w = Tensor::borrow(DType::F32, trans_b ? Shape{N, K} : Shape{K, N}, B, nullptr);
+  const bool direct = beta == 0.0f && ldc == N;
+  float* y = direct ? C : scratch(1, size_t(M * N));
+  linear(x, M, Weight{&w, trans_b ? Layout::OutIn : Layout::InOut}, nullptr, y);
+  if (direct) return;
+  parallel_for(M, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = (beta == 0.0f ? 0.0f : C[i * ldc + j]) + y[i * N + j];
+  }, 4);
 }
 
 namespace {
@@ -267,15 +319,19 @@ void attention_causal_backward(const AttentionTrainArgs& a, const AttentionGrads
 
 double cross_entropy_backward(const float* h, int64_t N, int64_t D, const Tensor& W, const int32_t* targets,
                               float scale, float* dh, float* dW, int64_t chunk) {
-  const int64_t V = W.dim(0);
+  const int64_t V = W.dim(0), rows = std::min(chunk, N);
   const float* w = f32_data(W, "the LM head");
-  std::vector<float> logits(static_cast<size_t>(std::min(chunk, N) * V));
-  std::vector<double> row_loss(static_cast<size_t>(std::min(chunk, N)));
+  // The chunk's logits, turned into ∂/∂logits in place; kept across calls (tens of MB with a 50k
+  // vocabulary: new pages every call would cost more than the softmax).
+  static std::vector<float> logits;
+  if (logits.size() < size_t(rows * V)) logits.resize(size_t(rows * V));
+  std::vector<double> row_loss(static_cast<size_t>(rows));
   double loss = 0;
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t n = std::min(chunk, N - r0);
     gemm(false, true, n, V, D, h + r0 * D, D, w, D, 0.0f, logits.data(), V);
     parallel_for(n, [&](int64_t i0, int64_t i1) {
+      float* e = scratch(2, size_t(V));
       for (int64_t i = i0; i < i1; ++i) {
         float* z = logits.data() + i * V;
         const int32_t target = targets[r0 + i];
@@ -287,12 +343,14 @@ double cross_entropy_backward(const float* h, int64_t N, int64_t D, const Tensor
         LINEAGE_CHECK(target < V, "target ", target, " outside the vocabulary of ", V);
         float m = -INFINITY;
         for (int64_t j = 0; j < V; ++j) m = std::max(m, z[j]);
+        const float zt = z[target];
+        for (int64_t j = 0; j < V; ++j) z[j] -= m;
+        exp_nonpositive(z, e, V);
         double l = 0;
-        for (int64_t j = 0; j < V; ++j) l += std::exp(double(z[j] - m));
-        const double lse = double(m) + std::log(l);
-        row_loss[size_t(i)] = lse - double(z[target]);
-        const float inv = float(scale / l);
-        for (int64_t j = 0; j < V; ++j) z[j] = std::exp(z[j] - m) * inv;
+        for (int64_t j = 0; j < V; ++j) l += e[j];
+        row_loss[size_t(i)] = double(m) + std::log(l) - double(zt);
+        const float inv = float(double(scale) / l);
+        for (int64_t j = 0; j < V; ++j) z[j] = e[j] * inv;
         z[target] -= scale;
       }
     }, 4);

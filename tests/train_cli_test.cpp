@@ -1,0 +1,138 @@
+// `lineage train` as a user runs it: a checkpoint directory that lineage and the PyTorch reference
+// both load, the loss curve files, resume, determinism, and bad input; the model lineage ships as
+// the default of generate.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "lineage/io/npy.h"
+#include "test_support.h"
+
+namespace lineage {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_lineage;
+using test::shell_quote;
+
+// A tokenizer directory with GPT-2's files and a little public-domain text.
+struct Corpus {
+  fs::path dir, tokenizer, text, config;
+};
+
+const Corpus& corpus() {
+  static const Corpus c = [] {
+    Corpus k;
+    k.dir = test::temp_dir();
+    k.tokenizer = k.dir / "tok";
+    fs::create_directories(k.tokenizer);
+    fs::copy_file(test::testdata() / "tokenizer" / "gpt2" / "vocab.json", k.tokenizer / "vocab.json");
+    fs::copy_file(test::testdata() / "tokenizer" / "gpt2" / "merges.txt", k.tokenizer / "merges.txt");
+    k.text = k.dir / "text.txt";
+    std::ofstream(k.text) << test::slurp(test::source_dir() / "tests" / "tokenizer" / "corpus" / "prose.txt");
+    k.config = k.dir / "config.json";
+    std::ofstream(k.config) << R"({"model_type": "gpt2", "vocab_size": 50257, "n_positions": 64, "n_embd": 32,
+                                   "n_layer": 2, "n_head": 2, "eos_token_id": 50256})";
+    return k;
+  }();
+  return c;
+}
+
+std::string train_args(const fs::path& out, int steps) {
+  const Corpus& c = corpus();
+  return "train --config " + shell_quote(c.config.string()) + " --tokenizer " + shell_quote(c.tokenizer.string()) +
+         " --data " + shell_quote(c.text.string()) + " --out " + shell_quote(out.string()) + " --steps " +
+         std::to_string(steps) + " --warmup 2 --batch 2 --seq-len 32 --eval-every 4 --eval-batches 2 --threads 2";
+}
+
+std::vector<std::string> csv_rows(const fs::path& file) {
+  std::vector<std::string> rows;
+  std::ifstream f(file);
+  for (std::string line; std::getline(f, line);) rows.push_back(line);
+  return rows;
+}
+
+TEST(TrainCli, WritesACheckpointThatLineageAndThePyTorchReferenceLoad) {
+  const fs::path out = test::temp_dir() / "run";
+  const auto r = run_lineage(train_args(out, 6));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("step 6/6"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("held-out loss"), std::string::npos) << r.out;
+  for (const char* f : {"config.json", "model.safetensors", "vocab.json", "merges.txt", "optimizer.safetensors",
+                        "trainer_state.json", "loss.csv", "loss.svg"})
+    EXPECT_TRUE(fs::exists(out / f)) << f;
+  const auto rows = csv_rows(out / "loss.csv");
+  ASSERT_EQ(rows.size(), 7u);
+  EXPECT_EQ(rows[0], "step,tokens,lr,train_loss,grad_norm,val_loss");
+  EXPECT_EQ(test::slurp(out / "loss.svg").rfind("<svg", 0), 0u);
+
+  // lineage's logits of the trained checkpoint against the reference's, from the same files.
+  const fs::path dir = test::temp_dir();
+  const auto lg = run_lineage("logits --model " + shell_quote(out.string()) + " --tokens '464 3290 3332 319 262' --out " +
+                              shell_quote((dir / "lineage.npy").string()));
+  ASSERT_EQ(lg.exit_code, 0) << lg.err;
+  const int32_t ids[] = {464, 3290, 3332, 319, 262};
+  {
+    std::vector<float> as_float(std::begin(ids), std::end(ids));
+    io::save_npy(dir / "ids_f32.npy", as_float.data(), {5});
+  }
+  const std::string py = "/usr/bin/python3 -c " + shell_quote(
+      "import numpy as np, sys; np.save(sys.argv[2], np.load(sys.argv[1]).astype(np.int32))") + " " +
+      shell_quote((dir / "ids_f32.npy").string()) + " " + shell_quote((dir / "ids.npy").string()) + " && /usr/bin/python3 " +
+      shell_quote((test::source_dir() / "reference" / "checkpoint_logits.py").string()) + " " + shell_quote(out.string()) +
+      " " + shell_quote((dir / "ids.npy").string()) + " " + shell_quote((dir / "reference.npy").string());
+  ASSERT_EQ(std::system(py.c_str()), 0) << py;
+  const Tensor got = io::load_npy(dir / "lineage.npy"), want = io::load_npy(dir / "reference.npy");
+  ASSERT_EQ(got.shape(), want.shape());
+  EXPECT_LE(test::rel_rms(got.data<float>(), want.data<float>(), got.numel()), 1e-5);
+}
+
+TEST(TrainCli, ResumingContinuesTheSameCurveAndRerunsAreIdentical) {
+  const fs::path a = test::temp_dir() / "a", b = test::temp_dir() / "b", c = test::temp_dir() / "c";
+  ASSERT_EQ(run_lineage(train_args(a, 8)).exit_code, 0);
+  ASSERT_EQ(run_lineage(train_args(b, 8)).exit_code, 0);
+  EXPECT_EQ(test::slurp(a / "model.safetensors"), test::slurp(b / "model.safetensors"));
+  EXPECT_EQ(test::slurp(a / "loss.csv"), test::slurp(b / "loss.csv"));
+
+  // Continuing a's checkpoint to step 10: its optimizer state and curve carry on (the library test
+  // TrainGpt2.ResumeContinuesTheRunBitForBit holds a cut run to the uncut one bit for bit).
+  const auto r = run_lineage("train --model " + shell_quote(a.string()) + " --data " + shell_quote(corpus().text.string()) +
+                             " --out " + shell_quote(c.string()) + " --steps 10 --warmup 2 --batch 2 --seq-len 32 --eval-every 4 --eval-batches 2 --threads 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("resuming at step 8 of 10"), std::string::npos) << r.err;
+  const auto before = csv_rows(a / "loss.csv"), after = csv_rows(c / "loss.csv");
+  ASSERT_EQ(after.size(), 11u);
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(after[i], before[i]) << i;
+}
+
+TEST(TrainCli, BadInputIsNamedAndExitsTwo) {
+  const Corpus& c = corpus();
+  const fs::path out = test::temp_dir() / "bad";
+  const fs::path odd = test::temp_dir() / "odd.bin";
+  std::ofstream(odd, std::ios::binary) << "abc";
+  const std::string base = "train --config " + shell_quote(c.config.string()) + " --tokenizer " + shell_quote(c.tokenizer.string()) +
+                           " --out " + shell_quote(out.string()) + " --steps 2 --warmup 0 --batch 1";
+  const struct {
+    std::string args, expect;
+  } cases[] = {
+      {base + " --data /nonexistent.txt --seq-len 8", "/nonexistent.txt"},
+      {base + " --data " + shell_quote(odd.string()) + " --seq-len 8", "whole number"},
+      {base + " --data " + shell_quote(c.text.string()) + " --seq-len 100", "exceeds the model's context of 64"},
+      {base + " --data " + shell_quote(c.text.string()) + " --seq-len 8 --warmup 5", "--warmup"},
+      {base + " --data " + shell_quote(c.text.string()) + " --seq-len 8 --lr -1", "--lr"},
+      {"train --preset kimi-k3 --data " + shell_quote(c.text.string()) + " --out " + shell_quote(out.string()), "no backward yet"},
+      {"train --data x --out y", "one of --preset, --config or --model"},
+  };
+  for (const auto& k : cases) {
+    const auto r = run_lineage(k.args);
+    EXPECT_EQ(r.exit_code, 2) << k.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(k.expect), std::string::npos) << k.args << "\n" << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace lineage
