@@ -79,6 +79,7 @@ void add_serve(CLI::App& app);
 void add_bench_serve(CLI::App& app);
 void add_chat(CLI::App& app);
 void add_train(CLI::App& app);
+void add_bench_train(CLI::App& app);
 void add_study(CLI::App& app);
 
 }  // namespace lineage::app

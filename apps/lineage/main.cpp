@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   lineage::app::add_bench_serve(app);
   lineage::app::add_chat(app);
   lineage::app::add_train(app);
+  lineage::app::add_bench_train(app);
   lineage::app::add_study(app);
   try {
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](CLI::App* s) { return s->check_name(argv[1]); }).empty()) {
