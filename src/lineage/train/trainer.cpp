@@ -31,23 +31,28 @@ void write_file(const fs::path& p, const std::string& text) {
 
 }  // namespace
 
+std::vector<int32_t> decode_bin(const std::string& bytes, int64_t vocab, const fs::path& file) {
+  const size_t width = vocab <= 65536 ? 2 : 4;
+  if (bytes.size() % width)
+    throw Error(cat(file.string(), ": a .bin file holds little-endian uint", 8 * width, " token ids; its ", bytes.size(),
+                    " bytes are not a whole number of them"));
+  std::vector<int32_t> ids(bytes.size() / width);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    uint32_t v = 0;
+    for (size_t b = 0; b < width; ++b) v |= uint32_t(uint8_t(bytes[i * width + b])) << (8 * b);
+    if (int64_t(v) >= vocab)
+      throw Error(cat(file.string(), ": token ", i, " is id ", v, ", outside the model's vocabulary of ", vocab));
+    ids[i] = int32_t(v);
+  }
+  return ids;
+}
+
 TokenData load_tokens(const fs::path& file, const io::Tokenizer* tokenizer, int64_t vocab, double val_fraction,
                       int64_t seq_len) {
   const std::string bytes = io::read_file_text(file);
   std::vector<int32_t> ids;
   if (file.extension() == ".bin") {
-    const size_t width = vocab <= 65536 ? 2 : 4;
-    if (bytes.size() % width)
-      throw Error(cat(file.string(), ": a .bin file holds little-endian uint", 8 * width, " token ids; its ", bytes.size(),
-                      " bytes are not a whole number of them"));
-    ids.resize(bytes.size() / width);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      uint32_t v = 0;
-      for (size_t b = 0; b < width; ++b) v |= uint32_t(uint8_t(bytes[i * width + b])) << (8 * b);
-      if (int64_t(v) >= vocab)
-        throw Error(cat(file.string(), ": token ", i, " is id ", v, ", outside the model's vocabulary of ", vocab));
-      ids[i] = int32_t(v);
-    }
+    ids = decode_bin(bytes, vocab, file);
   } else {
     if (!tokenizer)
       throw Error(cat(file.string(), ": text needs a tokenizer (--tokenizer DIR, or a --model directory with one); "
@@ -147,12 +152,15 @@ std::string csv(const std::vector<LogRow>& log) {
   return s.str();
 }
 
-std::vector<LogRow> parse_csv(const std::string& text, const fs::path& file) {
+}  // namespace
+
+std::vector<LogRow> parse_loss_csv(const std::string& text, const fs::path& file) {
   std::vector<LogRow> rows;
   std::istringstream in(text);
   std::string line;
   std::getline(in, line);
   while (std::getline(in, line)) {
+    if (line.empty()) continue;
     std::vector<std::string> f;
     std::stringstream ls(line);
     for (std::string cell; std::getline(ls, cell, ',');) f.push_back(cell);
@@ -168,6 +176,8 @@ std::vector<LogRow> parse_csv(const std::string& text, const fs::path& file) {
   }
   return rows;
 }
+
+namespace {
 
 std::string loss_svg(const std::vector<LogRow>& log) {
   PlotSeries train{"train loss", {}, false}, val{"held-out loss", {}, true};
@@ -254,7 +264,7 @@ void Trainer::resume(const fs::path& dir) {
   opt_.set_steps(state["step"].get<int64_t>());
   tokens_ = state["tokens"].get<int64_t>();
   if (fs::exists(dir / "loss.csv")) {
-    log_ = parse_csv(io::read_file_text(dir / "loss.csv"), dir / "loss.csv");
+    log_ = parse_loss_csv(io::read_file_text(dir / "loss.csv"), dir / "loss.csv");
     while (!log_.empty() && log_.back().step > opt_.steps()) log_.pop_back();
   }
 }

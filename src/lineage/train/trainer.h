@@ -46,12 +46,20 @@ struct TokenData {
 TokenData load_tokens(const std::filesystem::path& file, const io::Tokenizer* tokenizer, int64_t vocab,
                       double val_fraction, int64_t seq_len);
 
+// The ids of a .bin corpus (the width as load_tokens says); an Error names `file` on a partial id or
+// one outside the vocabulary.
+std::vector<int32_t> decode_bin(const std::string& bytes, int64_t vocab, const std::filesystem::path& file);
+
 // One row of the loss curve.
 struct LogRow {
   int64_t step = 0, tokens = 0;
   double lr = 0, loss = 0, grad_norm = 0;
   std::optional<double> val_loss;
 };
+
+// loss.csv as save() writes it (a header, then step,tokens,lr,train_loss,grad_norm,val_loss rows;
+// val_loss may be empty); an Error names `file` and the row that is malformed.
+std::vector<LogRow> parse_loss_csv(const std::string& text, const std::filesystem::path& file);
 
 class Trainer {
  public:
