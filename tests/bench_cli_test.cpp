@@ -158,7 +158,6 @@ TEST(BenchCli, BadValuesExitTwo) {
       {"bench --preset gpt2-124m --depth 0,1000 --gen 32", "use depths up to 992 or --gen up to 24"},
       {"bench --preset gpt2-124m --depth 128 --gen 1500", "use --gen up to 896"},
       {"bench --preset gpt2-124m --depth 2000 --gen 1500", "at most 1024"},
-      {"bench", "--model DIR or --preset NAME"},
       {"bench --preset gpt2-124m --bf16-dot --bf16-exact", "excludes"},
   };
   for (const auto& c : cases) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <iostream>
 
 #include <nlohmann/json.hpp>
 
@@ -41,6 +42,8 @@ TEST_P(GoldenGrad, LossAndEveryGradientMatchAutograd) {
   std::map<std::string, int64_t> sizes;
   for (const train::ParamRef& p : bp.params()) grads[p.name] = p.grad, sizes[p.name] = p.n;
   size_t checked = 0;
+  double worst_ratio = 0, worst_err = 0, largest = 0;
+  std::string worst_name, largest_name;
   for (const auto& t : man["tensors"]) {
     const std::string name = t["name"];
     ASSERT_TRUE(grads.count(name)) << name << " has a golden gradient but no parameter in the engine";
@@ -51,14 +54,22 @@ TEST_P(GoldenGrad, LossAndEveryGradientMatchAutograd) {
     const int64_t worst = test::worst_index(grads[name], want.data<float>(), want.numel());
     EXPECT_LE(err, tol) << name << ": worst element " << worst << " is " << grads[name][worst] << ", autograd gives "
                         << want.data<float>()[worst];
+    if (err / tol > worst_ratio) worst_ratio = err / tol, worst_err = err, worst_name = name;
+    if (err > largest) largest = err, largest_name = name;
     ++checked;
   }
+  std::cout << "[ measured ] " << GetParam().family << "/" << GetParam().name << ": loss " << loss << " (autograd "
+            << man["loss"].get<double>() << "), closest to its tolerance: " << worst_name << " at " << worst_err
+            << " relative RMS, " << worst_ratio << " of its tolerance; largest error " << largest << " ("
+            << largest_name << ")\n";
   // Every parameter the engine trains has a golden, except those the reference lists as taking no
   // gradient (GPT-2's causal-mask buffers are not parameters of the engine at all).
   EXPECT_EQ(checked, grads.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, GoldenGrad, ::testing::Values(GradCase{"gpt2", "f32_tanh"}),
+INSTANTIATE_TEST_SUITE_P(Families, GoldenGrad,
+                         ::testing::Values(GradCase{"gpt2", "f32_tanh"}, GradCase{"linear_attn", "f32_elu_normalized"},
+                                           GradCase{"delta_net", "f32"}, GradCase{"gated_deltanet", "f32_gva"}),
                          [](const auto& info) { return info.param.family + "_" + info.param.name; });
 
 }  // namespace

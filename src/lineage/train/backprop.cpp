@@ -1,6 +1,7 @@
 #include "lineage/train/backprop.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
@@ -30,26 +31,60 @@ Model zeros_like(Model& m) {
   return g;
 }
 
+namespace {
+
+// A layer kind with a training forward and a backward (layers/train_step.h).
+template <class L>
+concept Trainable = requires(const L& l, const layers::TrainShape& s, const float* x, float* y, typename L::Saved& sv,
+                             L& grad) {
+  layers::forward_train(l, s, x, y, sv);
+  layers::backward(l, s, x, x, sv, y, grad);
+};
+
+// Why a mixer or channel mixer cannot be trained, or "".
+template <class Variant>
+std::string layer_reason(const Variant& v) {
+  return std::visit([](const auto& layer) -> std::string {
+    if constexpr (Trainable<std::decay_t<decltype(layer)>>) return "";
+    else return layer.describe() + " has no backward yet";
+  }, v);
+}
+
+// f(layer) for the layer a variant holds; only trainable kinds reach here (untrainable_reason).
+template <class Variant, class F>
+void visit_trainable(const Variant& v, F&& f) {
+  std::visit([&](const auto& layer) {
+    if constexpr (Trainable<std::decay_t<decltype(layer)>>) f(layer);
+    else LINEAGE_CHECK(false, layer.describe(), " has no backward (Backprop checks untrainable_reason)");
+  }, v);
+}
+
+}  // namespace
+
 std::string untrainable_reason(const Model& m) {
   if (m.config.residual != model::ResidualKind::Plain) return "Block Attention Residuals have no backward yet";
   for (size_t i = 0; i < m.blocks.size(); ++i) {
     const model::Block& b = m.blocks[i];
-    if (!std::holds_alternative<layers::Attention>(b.mixer))
-      return cat("layer ", i, ": ", std::visit([](const auto& x) { return x.describe(); }, b.mixer),
-                 " has no backward yet");
-    if (!std::holds_alternative<layers::Mlp>(b.ffn))
-      return cat("layer ", i, ": ", std::visit([](const auto& x) { return x.describe(); }, b.ffn),
-                 " has no backward yet");
+    for (const std::string& why : {layer_reason(b.mixer), layer_reason(b.ffn)})
+      if (!why.empty()) return cat("layer ", i, ": ", why);
   }
   return "";
 }
 
 // What one block's forward keeps: the stream entering it, the normalized input of each sublayer,
-// the stream between the two sublayers, and each layer's own saved activations.
+// the stream between the two sublayers, and each layer's own saved activations (one per trainable
+// kind; the block's own mixer and channel mixer use theirs, of() picks it).
 struct Backprop::BlockSaved {
   layers::Buffer x_in, normed1, x_mid, normed2;
   layers::Attention::Saved attention;
+  layers::DeltaRule::Saved delta_rule;
   layers::Mlp::Saved mlp;
+  layers::GatedMlp::Saved gated_mlp;
+
+  layers::Attention::Saved& of(const layers::Attention&) { return attention; }
+  layers::DeltaRule::Saved& of(const layers::DeltaRule&) { return delta_rule; }
+  layers::Mlp::Saved& of(const layers::Mlp&) { return mlp; }
+  layers::GatedMlp::Saved& of(const layers::GatedMlp&) { return gated_mlp; }
 };
 
 Backprop::Backprop(Model& m) : m_(m), grads_(zeros_like(m)) {
@@ -124,17 +159,18 @@ double Backprop::step(std::span<const int32_t> tokens, int64_t B, int64_t T, flo
   for (size_t i = 0; i < m_.blocks.size(); ++i) {
     const model::Block& blk = m_.blocks[i];
     BlockSaved& s = *saved_[i];
+    s.delta_rule.path = m_.options.delta_rule_path;
     float* x_in = s.x_in.get(size_t(N) * D);
     std::memcpy(x_in, x, size_t(N * D) * sizeof(float));
     float* a = s.normed1.get(size_t(N) * D);
     layers::forward(blk.norm1, x_in, N, a);
-    layers::forward_train(std::get<layers::Attention>(blk.mixer), shape, a, y, s.attention);
+    visit_trainable(blk.mixer, [&](const auto& mixer) { layers::forward_train(mixer, shape, a, y, s.of(mixer)); });
     add_into(x, y, N * D);
     float* x_mid = s.x_mid.get(size_t(N) * D);
     std::memcpy(x_mid, x, size_t(N * D) * sizeof(float));
     float* a2 = s.normed2.get(size_t(N) * D);
     layers::forward(blk.norm2, x_mid, N, a2);
-    layers::forward_train(std::get<layers::Mlp>(blk.ffn), shape, a2, y, s.mlp);
+    visit_trainable(blk.ffn, [&](const auto& ffn) { layers::forward_train(ffn, shape, a2, y, s.of(ffn)); });
     add_into(x, y, N * D);
   }
   float* h = normed_.get(size_t(N) * D);
@@ -154,11 +190,16 @@ double Backprop::step(std::span<const int32_t> tokens, int64_t B, int64_t T, flo
     const model::Block& blk = m_.blocks[i];
     model::Block& gb = grads_.blocks[i];
     BlockSaved& s = *saved_[i];
-    layers::backward(std::get<layers::Mlp>(blk.ffn), shape, s.normed2.get(0), dx, s.mlp, da, std::get<layers::Mlp>(gb.ffn));
+    visit_trainable(blk.ffn, [&](const auto& ffn) {
+      using L = std::decay_t<decltype(ffn)>;
+      layers::backward(ffn, shape, s.normed2.get(0), dx, s.of(ffn), da, std::get<L>(gb.ffn));
+    });
     layers::backward(blk.norm2, s.x_mid.get(0), N, da, dsub, gb.norm2);
     add_into(dx, dsub, N * D);
-    layers::backward(std::get<layers::Attention>(blk.mixer), shape, s.normed1.get(0), dx, s.attention, da,
-                     std::get<layers::Attention>(gb.mixer));
+    visit_trainable(blk.mixer, [&](const auto& mixer) {
+      using L = std::decay_t<decltype(mixer)>;
+      layers::backward(mixer, shape, s.normed1.get(0), dx, s.of(mixer), da, std::get<L>(gb.mixer));
+    });
     layers::backward(blk.norm1, s.x_in.get(0), N, da, dsub, gb.norm1);
     add_into(dx, dsub, N * D);
   }

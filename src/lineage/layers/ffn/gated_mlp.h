@@ -3,6 +3,7 @@
 #pragma once
 
 #include "lineage/layers/common.h"
+#include "lineage/layers/train_step.h"
 
 namespace lineage::layers {
 
@@ -27,6 +28,12 @@ struct GatedMlp {
   struct Buffers {
     Buffer gate, up;  // [N, F] each
   };
+  // Training (train_step.h): the gate and up projections [N, F] before the gate's activation, the
+  // gated product down_proj reads [N, F]; backward's ∂L/∂(that product, then the gate) and ∂L/∂up
+  // [N, F], and the up projection's share of ∂L/∂x [N, D].
+  struct Saved {
+    Buffer gate, up, hidden, d_hidden, d_up, d_x;
+  };
   Config config;
   Weights weights;
   Names names;
@@ -40,5 +47,10 @@ void forward(const GatedMlp& m, const Call& call, const float* x, float* y, Gate
              const Trace& trace);
 // The same over any T rows (a routed expert's tokens), untraced.
 void forward_rows(const GatedMlp& m, const float* x, int64_t T, float* y, GatedMlp::Buffers& buf, bool bf16_dot);
+
+// Training (train_step.h); the gate's derivative from kernels/glu_backward.h.
+void forward_train(const GatedMlp& m, const TrainShape& s, const float* x, float* y, GatedMlp::Saved& saved);
+void backward(const GatedMlp& m, const TrainShape& s, const float* x, const float* dy, GatedMlp::Saved& saved,
+              float* dx, GatedMlp& grad);
 
 }  // namespace lineage::layers

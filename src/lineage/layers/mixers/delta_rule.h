@@ -6,6 +6,7 @@
 
 #include "lineage/kernels/delta_rule.h"
 #include "lineage/layers/common.h"
+#include "lineage/layers/train_step.h"
 
 namespace lineage::layers {
 
@@ -108,6 +109,26 @@ struct DeltaRule {
     std::vector<kernels::DeltaRuleArgs> recurrent;
   };
 
+  // What the training forward keeps for backward (train_step.h). fwd: the forward's own buffers as its
+  // stages leave them (raw q | k | v projections, qkv after the short conv, the heads q, k (normalized)
+  // and v, β, the log decay and its low-rank input, the output gate and its low-rank input, the
+  // recurrence's output core). Beside them what the in-place stages would overwrite, each [N, width]:
+  // the decay's input + dt_bias, the output gate before its activation, q and k before their
+  // normalization, and the normed, gated output o_proj reads. One empty state per sequence. path: the
+  // recurrence's kernels, forward and backward alike (the caller sets it from Options::delta_rule_path):
+  // Recurrent token by token, Auto and Chunked the chunked ones (kChunkSize). The rest is backward's
+  // scratch: gradients of those activations; recomputed, the short conv's output before its SiLU (from
+  // a zero tail) and the heads before their feature map (with the product map's two halves); a zero
+  // initial state.
+  struct Saved {
+    Buffers fwd;
+    Buffer decay_in, gate_in, q_mapped, k_mapped, normed;
+    std::vector<State> states;
+    DeltaRulePath path = DeltaRulePath::Auto;
+    Buffer d_normed, d_core, d_gate, d_low, d_q, d_k, d_v, d_beta, d_decay, d_qkv, d_raw, d_part;
+    Buffer pre_conv, conv_tail, pre_q, pre_k, feature_a, feature_b, zero_state;
+  };
+
   Config config;
   Weights weights;
   Prepared prepared;
@@ -135,6 +156,14 @@ struct DeltaRule {
 // (one sequence only), attn.out.
 void forward(const DeltaRule& m, const Call& call, const float* x, std::span<DeltaRule::State* const> states,
              float* y, DeltaRule::Buffers& buf, const Trace& trace);
+
+// Training (train_step.h): y[N, D] = the mixer on x over B sequences of T tokens, each from an empty
+// state (zero S and z, zero conv tail), through the forward's own stages. backward: ∂L/∂x into dx and
+// every parameter's gradient (for_each_tensor's list; A_log's first n_v_heads entries) added into grad;
+// the recurrence through kernels::delta_rule_chunked_backward (or _recurrent_backward, Saved::path).
+void forward_train(const DeltaRule& m, const TrainShape& s, const float* x, float* y, DeltaRule::Saved& saved);
+void backward(const DeltaRule& m, const TrainShape& s, const float* x, const float* dy, DeltaRule::Saved& saved,
+              float* dx, DeltaRule& grad);
 
 // The recurrent kernel runs for sequences of a step shorter than this (Options::delta_rule_path
 // Auto), the chunked one from it on. From 64 tokens on; from 4 where a key head has 256 channels or more (Gated DeltaNet's released size,
