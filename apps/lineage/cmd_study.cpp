@@ -4,11 +4,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "common.h"
 #include "lineage/core/error.h"
 #include "lineage/train/study_memory.h"
+#include "lineage/train/study_recall.h"
+#include "lineage/train/svg_plot.h"
 
 namespace lineage::app {
 
@@ -82,6 +87,59 @@ void run(const Opts& o) {
   std::fprintf(stderr, "lineage study memory: %.2f s\n", s.seconds);
 }
 
+struct RecallOpts {
+  train::RecallConfig config;
+  std::string out;
+  bool json = false;
+};
+
+void run_recall(RecallOpts& o) {
+  for (const int64_t P : o.config.pairs)
+    if (P < 1 || P > o.config.keys)
+      throw Error(cat("--pairs: ", P, " pairs need as many distinct keys; expected 1 to --keys (", o.config.keys, ")"));
+  if (o.config.d_model % o.config.heads)
+    throw Error(cat("--d-model: ", o.config.d_model, " is not a multiple of --heads (", o.config.heads, ")"));
+  std::vector<std::string> names;
+  for (const train::RecallArch& a : train::recall_archs(o.config)) {
+    names.push_back(a.name);
+    if (!a.trainable && !o.json) std::printf("%-20s not trained: %s\n", a.name.c_str(), a.why.c_str());
+  }
+  for (const std::string& a : o.config.archs)
+    if (std::find(names.begin(), names.end(), a) == names.end())
+      throw Error(cat("--archs: unknown row \"", a, "\"; expected some of: softmax attention, linear attention, DeltaNet, "
+                      "Gated DeltaNet, KDA, KDA/MLA 3:1 hybrid"));
+  if (!o.json) std::printf("%-20s %6s %8s %9s %11s %13s %8s\n", "architecture", "pairs", "seq len", "accuracy",
+                           "final loss", "state bytes", "seconds");
+  const auto rows = train::run_recall(o.config, [&](const train::RecallRow& r) {
+    if (o.json) return;
+    std::printf("%-20s %6lld %8lld %9.3f %11.4f %13zu %8.1f\n", r.arch.c_str(), (long long)r.pairs, (long long)r.seq_len,
+                r.accuracy, r.final_loss, r.state_bytes, r.seconds);
+    std::fflush(stdout);
+  });
+  nlohmann::json j = nlohmann::json::array();
+  std::vector<train::PlotSeries> series;
+  for (const train::RecallRow& r : rows) {
+    j.push_back({{"arch", r.arch}, {"pairs", r.pairs}, {"seq_len", r.seq_len}, {"accuracy", r.accuracy},
+                 {"final_loss", r.final_loss}, {"state_bytes", r.state_bytes}, {"seconds", r.seconds}});
+    if (series.empty() || series.back().label != r.arch) {
+      series.emplace_back();
+      series.back().label = r.arch;
+    }
+    series.back().points.emplace_back(double(r.pairs), r.accuracy);
+  }
+  if (o.json) std::printf("%s\n", j.dump().c_str());
+  if (o.out.empty()) return;
+  std::filesystem::create_directories(o.out);
+  train::PlotSpec spec;
+  spec.title = "MQAR: accuracy vs key-value pairs";
+  spec.x_label = "key-value pairs in the sequence";
+  spec.y_label = "recall accuracy";
+  spec.log_x = true, spec.log_x_base = 2, spec.y_min = 0, spec.y_max = 1, spec.id = "recall";
+  std::ofstream(std::filesystem::path(o.out) / "recall.svg") << train::svg_line_plot(spec, series) << "\n";
+  std::ofstream(std::filesystem::path(o.out) / "recall.json") << j.dump(2) << "\n";
+  if (!o.json) std::printf("wrote %s/recall.svg and recall.json\n", o.out.c_str());
+}
+
 }  // namespace
 
 void add_study(CLI::App& app) {
@@ -104,6 +162,29 @@ void add_study(CLI::App& app) {
   cmd->add_option("--out", o.out, "write memory.html, memory.json and the SVG plots into this directory");
   cmd->add_flag("--json", o.json, "print the results as one JSON object instead of the tables");
   cmd->callback([] { run(o); });
+
+  static RecallOpts r;
+  auto* rec = study->add_subcommand(
+      "recall", "multi-query associative recall (MQAR): each row of the lineage trained at one width, accuracy vs "
+                "key-value pairs");
+  add_threads_option(*rec);
+  rec->add_option("--pairs", r.config.pairs, "comma-separated key-value pairs per sequence (default 8,16,32,64)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
+  rec->add_option("--archs", r.config.archs, "rows to train (default: every row with a backward)")->delimiter(',');
+  rec->add_option("--d-model", r.config.d_model, "model width (default 64)")->check(CLI::Range(8, 4096));
+  rec->add_option("--layers", r.config.layers, "layers (default 2)")->check(CLI::Range(1, 64));
+  rec->add_option("--heads", r.config.heads, "heads (default 2)")->check(CLI::Range(1, 64));
+  rec->add_option("--keys", r.config.keys, "key vocabulary (default 64)")->check(CLI::Range(1, 100000));
+  rec->add_option("--values", r.config.values, "value vocabulary (default 64)")->check(CLI::Range(1, 100000));
+  rec->add_option("--steps", r.config.steps, "training steps per model (default 300)")->check(CLI::Range(1, 1000000));
+  rec->add_option("--batch", r.config.batch, "sequences per step (default 16)")->check(CLI::Range(1, 4096));
+  rec->add_option("--lr", r.config.lr, "peak learning rate (default 3e-3)")->check(CLI::PositiveNumber);
+  rec->add_option("--eval", r.config.eval_sequences, "held-out sequences scored (default 64)")->check(CLI::Range(1, 100000));
+  rec->add_option("--seed", r.config.seed, "seed of the weights and the sequences")->check(whole_number());
+  rec->add_option("--out", r.out, "write recall.svg and recall.json into this directory");
+  rec->add_flag("--json", r.json, "print the rows as one JSON array instead of the table");
+  rec->callback([] { run_recall(r); });
 }
 
 }  // namespace lineage::app

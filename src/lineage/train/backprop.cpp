@@ -1,5 +1,6 @@
 #include "lineage/train/backprop.h"
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -128,12 +129,16 @@ void add_into(float* x, const float* y, int64_t n) {
 
 }  // namespace
 
-double Backprop::step(std::span<const int32_t> tokens, int64_t B, int64_t T, float scale, bool grads) {
-  const int64_t D = m_.config.d_model, N = B * T, V = m_.config.vocab_size;
-  LINEAGE_CHECK(int64_t(tokens.size()) == B * (T + 1));
+void Backprop::check_length(int64_t T) const {
   if (m_.config.max_positions > 0 && T > m_.config.max_positions)
     throw Error(cat("sequence length ", T, " exceeds the model's context of ", m_.config.max_positions,
                     " (config.json field ", m_.config.max_positions_field, ")"));
+}
+
+double Backprop::step(std::span<const int32_t> tokens, int64_t B, int64_t T, float scale, bool grads) {
+  const int64_t N = B * T, V = m_.config.vocab_size;
+  LINEAGE_CHECK(int64_t(tokens.size()) == B * (T + 1));
+  check_length(T);
   inputs_.resize(size_t(N)), targets_.resize(size_t(N));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
@@ -142,6 +147,48 @@ double Backprop::step(std::span<const int32_t> tokens, int64_t B, int64_t T, flo
         throw Error(cat("token id ", in < 0 || in >= V ? in : out, " is outside the vocabulary [0, ", V, ")"));
       inputs_[size_t(b * T + t)] = in, targets_[size_t(b * T + t)] = out;
     }
+  return run(B, T, scale, grads);
+}
+
+double Backprop::step(std::span<const int32_t> inputs, std::span<const int32_t> targets, int64_t B, int64_t T,
+                      float scale, bool grads) {
+  const int64_t N = B * T, V = m_.config.vocab_size;
+  LINEAGE_CHECK(int64_t(inputs.size()) == N && int64_t(targets.size()) == N);
+  check_length(T);
+  for (int64_t i = 0; i < N; ++i)
+    if (inputs[size_t(i)] < 0 || inputs[size_t(i)] >= V || targets[size_t(i)] >= V)
+      throw Error(cat("token id ", inputs[size_t(i)] < 0 || inputs[size_t(i)] >= V ? inputs[size_t(i)] : targets[size_t(i)],
+                      " is outside the vocabulary [0, ", V, ")"));
+  inputs_.assign(inputs.begin(), inputs.end());
+  targets_.assign(targets.begin(), targets.end());
+  return run(B, T, scale, grads);
+}
+
+void Backprop::predict(std::span<const int32_t> inputs, int64_t B, int64_t T, std::vector<int32_t>& out) {
+  const int64_t N = B * T, V = m_.config.vocab_size, D = m_.config.d_model;
+  targets_.assign(size_t(N), -1);
+  LINEAGE_CHECK(int64_t(inputs.size()) == N);
+  check_length(T);
+  for (const int32_t id : inputs)
+    if (id < 0 || id >= V) throw Error(cat("token id ", id, " is outside the vocabulary [0, ", V, ")"));
+  inputs_.assign(inputs.begin(), inputs.end());
+  const float* h = forward(B, T);
+  // The head a chunk of rows at a time; argmax with ties to the lower id.
+  constexpr int64_t kRows = 64;
+  std::vector<float> logits(static_cast<size_t>(kRows * V));
+  out.resize(size_t(N));
+  for (int64_t r0 = 0; r0 < N; r0 += kRows) {
+    const int64_t n = std::min(kRows, N - r0);
+    kernels::gemm(false, true, n, V, D, h + r0 * D, D, m_.output_weight().data<float>(), D, 0.0f, logits.data(), V);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* z = logits.data() + i * V;
+      out[size_t(r0 + i)] = int32_t(std::max_element(z, z + V) - z);
+    }
+  }
+}
+
+const float* Backprop::forward(int64_t B, int64_t T) {
+  const int64_t D = m_.config.d_model, N = B * T;
   const layers::TrainShape shape{B, T};
 
   // Embeddings: the token's row plus its position's.
@@ -175,6 +222,15 @@ double Backprop::step(std::span<const int32_t> tokens, int64_t B, int64_t T, flo
   }
   float* h = normed_.get(size_t(N) * D);
   layers::forward(m_.final_norm, x, N, h);
+  return h;
+}
+
+double Backprop::run(int64_t B, int64_t T, float scale, bool grads) {
+  const int64_t D = m_.config.d_model, N = B * T;
+  const layers::TrainShape shape{B, T};
+  const float* h = forward(B, T);
+  const float* x = x_.get(0);
+  const bool positions = m_.pos_embed.defined() && m_.pos_embed.numel();
   Tensor& head_grad = grads_.config.tied_lm_head ? grads_.embed : grads_.lm_head;
   float* dh = grads ? dnormed_.get(size_t(N) * D) : nullptr;
   const double loss = kernels::cross_entropy_backward(h, N, D, m_.output_weight(), targets_.data(), scale, dh,

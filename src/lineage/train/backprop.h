@@ -37,6 +37,13 @@ class Backprop {
   // adds ∂(that)/∂θ into grads() (scale = 1/(B·T·micro-batches) makes it the mean). A target < 0 is
   // ignored.
   double step(std::span<const int32_t> tokens, int64_t B, int64_t T, float scale, bool grads = true);
+  // The same with inputs and targets given apart, each [B, T]: tasks that score some positions only
+  // (a target < 0 is ignored; MQAR scores its queries).
+  double step(std::span<const int32_t> inputs, std::span<const int32_t> targets, int64_t B, int64_t T, float scale,
+              bool grads = true);
+  // The most likely next token at every position of inputs [B, T] (argmax of the logits, ties to the
+  // lower id), through the same forward.
+  void predict(std::span<const int32_t> inputs, int64_t B, int64_t T, std::vector<int32_t>& out);
 
   model::Model& grads() { return grads_; }
   void zero_grads();
@@ -48,6 +55,11 @@ class Backprop {
 
  private:
   struct BlockSaved;
+  void check_length(int64_t T) const;
+  // The training forward over inputs_ ([B, T]): the final norm's output [B·T, D].
+  const float* forward(int64_t B, int64_t T);
+  // forward(), then the loss against targets_ and, with grads, the backward.
+  double run(int64_t B, int64_t T, float scale, bool grads);
   model::Model& m_;
   model::Model grads_;
   std::vector<std::unique_ptr<BlockSaved>> saved_;

@@ -1,0 +1,146 @@
+#include "lineage/train/study_recall.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "lineage/core/error.h"
+#include "lineage/core/rng.h"
+#include "lineage/model/archs/arch.h"
+#include "lineage/model/archs/presets.h"
+#include "lineage/train/adamw.h"
+#include "lineage/train/backprop.h"
+
+namespace lineage::train {
+
+namespace {
+
+// Each row of the lineage at width d: the config.json that computes it (fla's field names for the
+// delta-rule family, GPT-2's for softmax attention, Kimi Linear's for the hybrid).
+std::vector<std::pair<std::string, nlohmann::json>> arch_configs(const RecallConfig& c, int64_t positions) {
+  const int64_t vocab = 1 + c.keys + c.values, hd = c.d_model / c.heads;
+  const auto fla = [&](const std::string& type, nlohmann::json extra) {
+    nlohmann::json j = {{"model_type", type},         {"vocab_size", vocab},     {"hidden_size", c.d_model},
+                        {"num_hidden_layers", c.layers}, {"num_heads", c.heads},  {"intermediate_size", 4 * c.d_model},
+                        {"norm_eps", 1e-6},           {"tie_word_embeddings", true}};
+    if (extra.is_object()) j.update(extra);
+    return j;
+  };
+  nlohmann::json hybrid;
+  for (const model::Preset& p : model::presets())
+    if (p.name == "kimi-linear") hybrid = nlohmann::json::parse(p.config_json);
+  hybrid.erase("bos_token_id"), hybrid.erase("eos_token_id"), hybrid.erase("pad_token_id");
+  hybrid.update({{"vocab_size", vocab}, {"hidden_size", c.d_model}, {"num_hidden_layers", 4},
+                 {"num_attention_heads", c.heads}, {"num_key_value_heads", c.heads}, {"intermediate_size", 4 * c.d_model},
+                 {"first_k_dense_replace", 4}, {"kv_lora_rank", c.d_model}, {"qk_nope_head_dim", hd},
+                 {"qk_rope_head_dim", hd / 2}, {"v_head_dim", hd}});
+  hybrid["linear_attn_config"].update({{"kda_layers", {1, 2, 3}}, {"full_attn_layers", {4}}, {"num_heads", c.heads},
+                                       {"head_dim", hd}});
+  return {
+      {"softmax attention",
+       {{"model_type", "gpt2"}, {"vocab_size", vocab}, {"n_positions", positions}, {"n_embd", c.d_model},
+        {"n_layer", c.layers}, {"n_head", c.heads}}},
+      {"linear attention", fla("linear_attn", {{"feature_map", "elu"}, {"norm_feature_map", true}})},
+      {"DeltaNet", fla("delta_net", {})},
+      {"Gated DeltaNet", fla("gated_deltanet", {{"head_dim", hd}, {"expand_v", 1.0}})},
+      {"KDA", fla("kda", {{"head_dim", hd}, {"expand_v", 1.0}})},
+      {"KDA/MLA 3:1 hybrid", hybrid},
+  };
+}
+
+model::Model build(const nlohmann::json& config, const std::string& name) {
+  const std::string type = config["model_type"];
+  const model::ArchBuilder* builder = model::find_arch(type);
+  LINEAGE_CHECK(builder, "no builder for ", type);
+  return (*builder)(model::ArchInput{model::ConfigFields(config, "study recall: " + name), [](const std::string&) { return false; }});
+}
+
+int64_t longest(const RecallConfig& c) { return 4 * *std::max_element(c.pairs.begin(), c.pairs.end()); }
+
+}  // namespace
+
+std::vector<RecallArch> recall_archs(const RecallConfig& c) {
+  std::vector<RecallArch> out;
+  for (const auto& [name, config] : arch_configs(c, longest(c))) {
+    const model::Model m = build(config, name);
+    const std::string why = untrainable_reason(m);
+    out.push_back({name, why.empty(), why});
+  }
+  return out;
+}
+
+void mqar_batch(int64_t count, int64_t pairs, int64_t keys, int64_t values, uint64_t seed, std::vector<int32_t>& inputs,
+                std::vector<int32_t>& targets) {
+  LINEAGE_CHECK(pairs <= keys, "MQAR needs distinct keys: ", pairs, " pairs from ", keys, " keys");
+  const int64_t T = 4 * pairs;
+  inputs.assign(size_t(count * T), 0);
+  targets.assign(size_t(count * T), -1);
+  Rng rng(seed);
+  std::vector<int32_t> key(static_cast<size_t>(keys)), order(static_cast<size_t>(pairs));
+  for (int64_t b = 0; b < count; ++b) {
+    int32_t* in = inputs.data() + b * T;
+    int32_t* tg = targets.data() + b * T;
+    for (int64_t i = 0; i < keys; ++i) key[size_t(i)] = int32_t(1 + i);
+    for (int64_t i = 0; i < pairs; ++i) std::swap(key[size_t(i)], key[size_t(i + int64_t(rng.next_u64() % uint64_t(keys - i)))]);
+    std::vector<int32_t> value(static_cast<size_t>(pairs));
+    for (int64_t i = 0; i < pairs; ++i) {
+      value[size_t(i)] = int32_t(1 + keys + int64_t(rng.next_u64() % uint64_t(values)));
+      in[2 * i] = key[size_t(i)], in[2 * i + 1] = value[size_t(i)];
+      order[size_t(i)] = int32_t(i);
+    }
+    for (int64_t i = pairs - 1; i > 0; --i) std::swap(order[size_t(i)], order[size_t(rng.next_u64() % uint64_t(i + 1))]);
+    // The second half: query j at position 2P + 2j (its key), the answer expected there.
+    for (int64_t j = 0; j < pairs; ++j) {
+      const int64_t at = 2 * pairs + 2 * j, i = order[size_t(j)];
+      in[at] = key[size_t(i)];
+      tg[at] = value[size_t(i)];
+    }
+  }
+}
+
+std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<void(const RecallRow&)>& progress) {
+  std::vector<RecallRow> rows;
+  for (const auto& [name, config] : arch_configs(c, longest(c))) {
+    if (!c.archs.empty() && std::find(c.archs.begin(), c.archs.end(), name) == c.archs.end()) continue;
+    for (const int64_t P : c.pairs) {
+      const auto t0 = std::chrono::steady_clock::now();
+      model::Model m = build(config, name);
+      if (!untrainable_reason(m).empty()) continue;
+      model::init_random(m, c.seed, DType::F32);
+      to_trainable(m);
+      Backprop bp(m);
+      std::vector<ParamRef> params = bp.params();
+      AdamW opt(params);
+      AdamWConfig adam;
+      adam.weight_decay = 0.0;
+      const int64_t T = 4 * P;
+      std::vector<int32_t> inputs, targets;
+      RecallRow row{name, P, T};
+      for (int64_t s = 0; s < c.steps; ++s) {
+        bp.zero_grads();
+        mqar_batch(c.batch, P, c.keys, c.values, c.seed * 1000003 + uint64_t(s), inputs, targets);
+        row.final_loss = bp.step(inputs, targets, c.batch, T, 1.0f / float(c.batch * P));
+        const double norm = grad_norm(params);
+        opt.step(params, adam, schedule_lr(s, c.steps, c.steps / 10, c.lr, c.lr / 10), norm > 1.0 ? float(1.0 / norm) : 1.0f);
+        bp.refresh();
+      }
+      // Held-out sequences (another seed stream), argmax at every query position.
+      mqar_batch(c.eval_sequences, P, c.keys, c.values, ~c.seed, inputs, targets);
+      std::vector<int32_t> predicted;
+      bp.predict(inputs, c.eval_sequences, T, predicted);
+      int64_t right = 0;
+      for (size_t i = 0; i < targets.size(); ++i) right += targets[i] >= 0 && predicted[i] == targets[i];
+      row.accuracy = double(right) / double(c.eval_sequences * P);
+      const model::StateCost cost = model::state_cost(m);
+      row.state_bytes = cost.fixed + cost.per_token * size_t(T);
+      row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      rows.push_back(row);
+      if (progress) progress(row);
+    }
+  }
+  return rows;
+}
+
+}  // namespace lineage::train

@@ -1,0 +1,52 @@
+// Multi-query associative recall (MQAR; Arora et al. 2023, "Zoology", and the DeltaNet paper's
+// recall studies): each row of the lineage trained, at one width, on sequences of P key-value pairs
+// followed by queries of those keys; accuracy at the query positions vs P, next to the bytes each
+// row's memory holds. `lineage study recall`.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace lineage::train {
+
+struct RecallConfig {
+  int64_t d_model = 64, layers = 2, heads = 2;
+  std::vector<int64_t> pairs{8, 16, 32, 64};  // key-value pairs per sequence (P)
+  int64_t keys = 64, values = 64;             // vocabulary: a separator, keys, values
+  int64_t batch = 16, steps = 300;
+  double lr = 3e-3;
+  int64_t eval_sequences = 64;
+  uint64_t seed = 1;
+  std::vector<std::string> archs;  // empty: every row that has a backward
+};
+
+struct RecallRow {
+  std::string arch;        // "softmax attention", "linear attention", "DeltaNet", ...
+  int64_t pairs = 0, seq_len = 0;
+  double accuracy = 0;     // argmax at the query positions equal to the key's value
+  double final_loss = 0;   // training loss of the last step
+  size_t state_bytes = 0;  // the model's per-sequence memory after seq_len tokens
+  double seconds = 0;
+};
+
+// The rows `archs` may name, in lineage order, and whether each can be trained today.
+struct RecallArch {
+  std::string name;
+  bool trainable = false;
+  std::string why;  // when not: the layer without a backward
+};
+std::vector<RecallArch> recall_archs(const RecallConfig& c);
+
+// One MQAR batch: `count` sequences of length 4·P: P pairs (key, value), then P queries (each key
+// once, in random order, at even offsets of the second half, with filler 0 between). inputs and
+// targets [count, 4P]; a target is the value at a query's position and −1 elsewhere.
+void mqar_batch(int64_t count, int64_t pairs, int64_t keys, int64_t values, uint64_t seed,
+                std::vector<int32_t>& inputs, std::vector<int32_t>& targets);
+
+// Trains a fresh model per (arch, P) and measures it on held-out sequences; `progress` is called
+// after each row.
+std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<void(const RecallRow&)>& progress = {});
+
+}  // namespace lineage::train
