@@ -1,8 +1,9 @@
-"""Gradient goldens for the engine's training backward passes: for one F32 case per family (GRAD_CASES),
-DIR/<family>/<case>/grad/ holds tokens.npy (int32 [B, T + 1]), one float32 .npy per parameter tensor of the
-checkpoint with d loss / d tensor from torch autograd in float64 (stored name and shape; a tied embedding's
-gradient includes the head's share), and manifest.json (the loss, float32 PyTorch's own loss, and per tensor
-f32_torch_rel_rms = ||g32 - g64|| / ||g64|| of PyTorch's float32 autograd gradient).
+"""Gradient goldens for the engine's training backward passes: for each F32 case listed in GRAD_CASES (a list
+per family, each case with its own token seed), DIR/<family>/<case>/grad/ holds tokens.npy (int32
+[B, T + 1]), one float32 .npy per parameter tensor of the checkpoint with d loss / d tensor from torch autograd
+in float64 (stored name and shape; a tied embedding's gradient includes the head's share), and manifest.json
+(the loss, float32 PyTorch's own loss, and per tensor f32_torch_rel_rms = ||g32 - g64|| / ||g64|| of
+PyTorch's float32 autograd gradient).
 
 loss = (1 / (B T)) sum_b sum_{t < T} CE(logits(tokens[b, :T])[t], tokens[b, t + 1]): every sequence runs
 alone from an empty state / empty cache through the family's own full-sequence forward (gpt2.gpt2_forward,
@@ -11,8 +12,9 @@ goldens run them: the token-by-token recurrence for the delta rule, the explicit
 copied. Tensors that get no gradient by design (mask buffers, the router's e_score_correction_bias, packed
 integer tensors) are listed under "no_grad" with the reason, and every other tensor must get one.
 
-make_goldens.py calls build_grad(family, case_dir) after it has written a case named in GRAD_CASES; the
-gradients run on exactly what it wrote (config.json and the checkpoint read back)."""
+make_goldens.py calls build_grad(family, case_dir, grad_case) after it has written a case named in
+GRAD_CASES (find_grad_case); the gradients run on exactly what it wrote (config.json and the checkpoint read
+back)."""
 
 import json
 import os
@@ -58,17 +60,26 @@ class GradCase:
     seed: int    # tokens: np.random.RandomState(seed).randint(0, vocab, (B, T + 1))
 
 
-# One F32 case per family, the one with the most features that is still tiny (and no MXFP4 tensors).
+# F32 cases per family (no MXFP4 tensors), each a list: first the one with the most features that is still
+# tiny (the case test_reference.py's chunked and finite-difference gradient tests use), then any more that
+# cover what the first does not (kda's lower_bound: a plain-residual KDA case the engine can train while its
+# attnres is beyond it). Every seed is unique.
 GRAD_CASES = {
-    "gpt2": GradCase("f32_tanh", 9001),                  # tied wte (embedding + head), mask buffers, gelu_new
-    "linear_attn": GradCase("f32_elu_normalized", 9002),  # elu feature map, normaliser, tied, expand_v 2
-    "delta_net": GradCase("f32", 9003),                  # short convs, silu, l2 norm, beta
-    "gated_deltanet": GradCase("f32_gva", 9004),         # GVA (HV = 2H), output gate, per-head decay
-    "kda": GradCase("attnres", 9005),                    # per-channel decay, fla Block AttnRes over 3 layers
-    "kimi_linear": GradCase("f32", 9006),                # KDA + MLA, dense + MoE (8 experts, k 2, shared)
-    "kimi_k3": GradCase("text_only", 9007),              # K3 without MXFP4: q-LoRA gated MLA, lower-bound
-                                                         # KDA, latent MoE, Block AttnRes, SiTU
+    "gpt2": [GradCase("f32_tanh", 9001)],                   # tied wte (embedding + head), mask buffers, gelu_new
+    "linear_attn": [GradCase("f32_elu_normalized", 9002)],  # elu feature map, normaliser, tied, expand_v 2
+    "delta_net": [GradCase("f32", 9003)],                   # short convs, silu, l2 norm, beta
+    "gated_deltanet": [GradCase("f32_gva", 9004)],          # GVA (HV = 2H), output gate, per-head decay
+    "kda": [GradCase("attnres", 9005),                      # per-channel decay, fla Block AttnRes over 3 layers
+            GradCase("lower_bound", 9008)],                 # plain residual, fla's lower-bound gate (in (-5, 0))
+    "kimi_linear": [GradCase("f32", 9006)],                 # KDA + MLA, dense + MoE (8 experts, k 2, shared)
+    "kimi_k3": [GradCase("text_only", 9007)],               # K3 without MXFP4: q-LoRA gated MLA, lower-bound
+                                                            # KDA, latent MoE, Block AttnRes, SiTU
 }
+
+
+def find_grad_case(family: str, case: str) -> Optional[GradCase]:
+    """The GradCase of GRAD_CASES[family] named case, or None."""
+    return next((g for g in GRAD_CASES.get(family, []) if g.case == case), None)
 
 _BY_DESIGN = {
     "buffer": "causal-mask buffer (HF GPT2Attention bias / masked_bias), not a parameter",
@@ -202,11 +213,10 @@ def _check_routing(label: str, model: Model, routing64: list, routing32: list) -
     return f", expert margin {min(notes):.1e}"
 
 
-def compute(family: str, case_dir: str, grad_case: Optional[GradCase] = None) -> dict:
+def compute(family: str, case_dir: str, grad_case: GradCase) -> dict:
     """Everything build_grad writes, without writing it: tokens, loss (float64 and float32), the float64
     gradients by stored name, their f32_torch_rel_rms, the no-grad tensors and notes. Raises unless exactly
     the by-design tensors lack a gradient, float32 agrees within F32_GRAD_TOL, and (MoE) the routing holds."""
-    grad_case = grad_case or GRAD_CASES[family]
     label = f"{family}/{grad_case.case} grad"
     model, stored = load_case(family, case_dir)
     tokens_np = grad_tokens(model, grad_case.seed)
@@ -237,9 +247,10 @@ def compute(family: str, case_dir: str, grad_case: Optional[GradCase] = None) ->
             "grads": grads, "f32_errors": errors, "no_grad": no_grad, "worst": worst, "notes": notes}
 
 
-def build_grad(family: str, case_dir: str) -> str:
-    """Writes case_dir/grad/ for the family's GRAD_CASES case (case_dir already written). Returns a summary."""
-    r = compute(family, case_dir)
+def build_grad(family: str, case_dir: str, grad_case: GradCase) -> str:
+    """Writes case_dir/grad/ for grad_case, one of GRAD_CASES[family] (case_dir, its case, already written).
+    Returns a summary."""
+    r = compute(family, case_dir, grad_case)
     grad_dir = os.path.join(case_dir, GRAD_DIR)
     os.makedirs(grad_dir, exist_ok=True)
     np.save(os.path.join(grad_dir, "tokens.npy"), np.ascontiguousarray(r["tokens"], dtype="<i4"))

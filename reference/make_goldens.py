@@ -4,7 +4,7 @@ Run with the system interpreter (it has torch): /usr/bin/python3 reference/make_
 A family is a module (or object) exposing CASES (objects with .name) and build_case(case, case_dir) -> summary;
 delta_family_goldens contributes one family per model type (linear_attn, delta_net, gated_deltanet, kda);
 kimi_linear_goldens the family kimi_linear, kimi_k3_goldens the family kimi_k3.
-After a case named in grad_goldens.GRAD_CASES (one per family) is written, grad_goldens.build_grad adds
+After a case named in grad_goldens.GRAD_CASES (a list per family) is written, grad_goldens.build_grad adds
 DIR/<family>/<case>/grad/: parameter gradients of a next-token loss from torch autograd."""
 
 import argparse
@@ -40,10 +40,10 @@ def main() -> int:
     torch.set_num_threads(1)
     start = time.perf_counter()
     for family, module in FAMILIES:  # a renamed case must not silently drop its family's gradients
-        grad_case = grad_goldens.GRAD_CASES.get(family)
-        if grad_case and grad_case.case not in [case.name for case in module.CASES]:
-            print(f"FAILED {family}: grad_goldens.GRAD_CASES names no case {grad_case.case!r}", file=sys.stderr)
-            return 1
+        for grad_case in grad_goldens.GRAD_CASES.get(family, []):
+            if grad_case.case not in [case.name for case in module.CASES]:
+                print(f"FAILED {family}: grad_goldens.GRAD_CASES names no case {grad_case.case!r}", file=sys.stderr)
+                return 1
     for family, module in FAMILIES:
         if args.only and family not in args.only:
             continue
@@ -51,13 +51,13 @@ def main() -> int:
             case_dir = os.path.join(args.out, family, case.name)
             shutil.rmtree(case_dir, ignore_errors=True)
             t0 = time.perf_counter()
-            grad = family in grad_goldens.GRAD_CASES and grad_goldens.GRAD_CASES[family].case == case.name
+            grad_case = grad_goldens.find_grad_case(family, case.name)
             try:
                 summary = module.build_case(case, case_dir)
                 print(f"{family}/{case.name}: {summary} [{time.perf_counter() - t0:.2f}s]")
-                if grad:
+                if grad_case:
                     t0 = time.perf_counter()
-                    summary = grad_goldens.build_grad(family, case_dir)
+                    summary = grad_goldens.build_grad(family, case_dir, grad_case)
                     print(f"{family}/{case.name}/{grad_goldens.GRAD_DIR}: {summary} [{time.perf_counter() - t0:.2f}s]")
             except Exception as e:
                 traceback.print_exc()

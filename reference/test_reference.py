@@ -20,6 +20,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from typing import Optional
 
 import numpy as np
 import torch
@@ -211,10 +212,10 @@ def _chunked_as_recurrent(calls: list):
     return run
 
 
-def _grad_case(family: str, root: str) -> tuple:
-    """(grad_goldens.Model, stored tensors, tokens [B, T + 1]) of a family's gradient-golden case, written
-    under root by the family's build_case."""
-    grad_case = grad_goldens.GRAD_CASES[family]
+def _grad_case(family: str, root: str, grad_case: Optional[grad_goldens.GradCase] = None) -> tuple:
+    """(grad_goldens.Model, stored tensors, tokens [B, T + 1]) of a gradient-golden case of the family (by
+    default its first, grad_goldens.GRAD_CASES[family][0]), written under root by the family's build_case."""
+    grad_case = grad_case or grad_goldens.GRAD_CASES[family][0]
     module = dict(make_goldens.FAMILIES)[family]
     case_dir = os.path.join(root, family, grad_case.case)
     module.build_case(next(c for c in module.CASES if c.name == grad_case.case), case_dir)
@@ -225,10 +226,10 @@ def _grad_case(family: str, root: str) -> tuple:
 def test_chunked_gradients_match_recurrent():
     """Autograd through the chunked form (spec 1.6, chunks of 16) gives the recurrence's gradients within
     1e-10 relative RMS in float64: with respect to every input (q, k, v, beta, log decay per head or per
-    channel, S0; beta on and off) of a random 37-token problem, and with respect to every parameter of each
-    delta-rule gradient-golden case (grad_goldens.GRAD_CASES: T = 20, a full chunk and a partial one) with
-    the chunked form swapped in for the models' recurrence (delta_family's, which kimi_linear's and kimi_k3's
-    KDA use too). The models themselves only run the recurrence."""
+    channel, S0; beta on and off) of a random 37-token problem, and with respect to every parameter of every
+    delta-rule gradient-golden case (each family's list in grad_goldens.GRAD_CASES: T = 20, a full chunk and a
+    partial one) with the chunked form swapped in for the models' recurrence (delta_family's, which
+    kimi_linear's and kimi_k3's KDA use too). The models themselves only run the recurrence."""
     gen = torch.Generator().manual_seed(13)
     T, HV, K, V = 37, 2, 5, 4
     rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
@@ -255,8 +256,10 @@ def test_chunked_gradients_match_recurrent():
                 err = relative_rms(got, want)
                 assert err < 1e-10, f"gate {gate}, beta {use_beta}: d/d{name} chunked vs recurrent {err:.3g}"
     with tempfile.TemporaryDirectory() as root:
-        for family in ("linear_attn", "delta_net", "gated_deltanet", "kda", "kimi_linear", "kimi_k3"):
-            model, stored, tokens = _grad_case(family, root)
+        for family, grad_case in [(f, g) for f in ("linear_attn", "delta_net", "gated_deltanet", "kda", "kimi_linear",
+                                                   "kimi_k3") for g in grad_goldens.GRAD_CASES[f]]:
+            model, stored, tokens = _grad_case(family, root, grad_case)
+            label = f"{family}/{grad_case.case}"
             loss, want, _ = grad_goldens.loss_and_grads(model, stored, tokens, torch.float64)
             calls = []
             saved = delta_family.gated_delta_recurrent, kimi_linear.gated_delta_recurrent
@@ -265,21 +268,22 @@ def test_chunked_gradients_match_recurrent():
                 chunked_loss, got, _ = grad_goldens.loss_and_grads(model, stored, tokens, torch.float64)
             finally:
                 delta_family.gated_delta_recurrent, kimi_linear.gated_delta_recurrent = saved
-            assert calls and all(t == grad_goldens.T for t in calls), (family, calls)
-            assert abs(float(chunked_loss - loss)) < 1e-12 * float(loss), family
+            assert calls and all(t == grad_goldens.T for t in calls), (label, calls)
+            assert abs(float(chunked_loss - loss)) < 1e-12 * float(loss), label
             for name, g in want.items():
                 if g is None:
-                    assert got[name] is None, (family, name)
+                    assert got[name] is None, (label, name)
                     continue
                 err = relative_rms(got[name], g)
-                assert err < 1e-10, f"{family}: d loss/d {name}: chunked vs recurrent {err:.3g}"
+                assert err < 1e-10, f"{label}: d loss/d {name}: chunked vs recurrent {err:.3g}"
 
 
 def test_grad_goldens_match_finite_differences():
     """The gradient goldens' autograd gradients (grad_goldens.loss_and_grads, float64) against central finite
     differences of the same loss (step 1e-5) at the largest-gradient entry of several tensors, relative error
-    <= 1e-6 (~1e-8 measured): gpt2 (the tied wte takes the embedding's and the head's share), kda/attnres
-    (per-channel decay, short conv, output gate, AttnRes pseudo-query and norm)."""
+    <= 1e-6 (~1e-8 measured), on each family's first case (grad_goldens.GRAD_CASES[family][0]): gpt2/f32_tanh
+    (the tied wte takes the embedding's and the head's share), kda/attnres (per-channel decay, short conv,
+    output gate, AttnRes pseudo-query and norm)."""
     picks = {
         "gpt2": ["wte.weight", "wpe.weight", "h.0.attn.c_attn.weight", "h.1.mlp.c_fc.bias", "h.0.ln_1.weight",
                  "ln_f.bias"],
@@ -860,11 +864,13 @@ def test_k3_config():
 
 
 def _check_grad_dirs(out: str) -> None:
-    """Every family's grad/ (grad_goldens.GRAD_CASES) holds tokens [B, T + 1] < vocab and, between its
-    manifest's tensors and no_grad, each checkpoint tensor exactly once, each gradient float32 in its stored
-    shape, finite and not all zero."""
+    """Every gradient case's grad/ (grad_goldens.GRAD_CASES, each family's list; cases and seeds unique) holds
+    tokens [B, T + 1] < vocab and, between its manifest's tensors and no_grad, each checkpoint tensor exactly
+    once, each gradient float32 in its stored shape, finite and not all zero."""
     import json as _json
-    for family, grad_case in grad_goldens.GRAD_CASES.items():
+    listed = [(f, g) for f, cases in grad_goldens.GRAD_CASES.items() for g in cases]
+    assert len({(f, g.case) for f, g in listed}) == len({g.seed for _, g in listed}) == len(listed), listed
+    for family, grad_case in listed:
         case_dir = os.path.join(out, family, grad_case.case)
         grad_dir = os.path.join(case_dir, grad_goldens.GRAD_DIR)
         with open(os.path.join(grad_dir, "manifest.json")) as f:

@@ -1,5 +1,5 @@
-// The training backward against PyTorch autograd: for each family's gradient golden
-// (reference/grad_goldens.py, README "Gradient goldens"), the engine's loss and every parameter's
+// The training backward against PyTorch autograd: for each gradient golden the engine can train
+// (reference/grad_goldens.py GRAD_CASES, README "Gradient goldens"), the engine's loss and every parameter's
 // gradient, each held to max(1e-5, 6 × PyTorch's own f32 error for that tensor) relative RMS.
 #include <gtest/gtest.h>
 
@@ -69,7 +69,8 @@ TEST_P(GoldenGrad, LossAndEveryGradientMatchAutograd) {
 
 INSTANTIATE_TEST_SUITE_P(Families, GoldenGrad,
                          ::testing::Values(GradCase{"gpt2", "f32_tanh"}, GradCase{"linear_attn", "f32_elu_normalized"},
-                                           GradCase{"delta_net", "f32"}, GradCase{"gated_deltanet", "f32_gva"}),
+                                           GradCase{"delta_net", "f32"}, GradCase{"gated_deltanet", "f32_gva"},
+                                           GradCase{"kda", "lower_bound"}),
                          [](const auto& info) { return info.param.family + "_" + info.param.name; });
 
 }  // namespace
