@@ -13,61 +13,17 @@
 #include "lineage/core/rng.h"
 #include "lineage/kernels/norm.h"
 #include "lineage/kernels/ref/backward_ref.h"
+#include "grad_check.h"
 
 namespace lineage::kernels {
 namespace {
 
-std::vector<double> randn(int64_t n, uint64_t seed, double sigma = 1.0) {
-  Rng r(seed);
-  std::vector<double> v(static_cast<size_t>(n));
-  for (double& x : v) x = sigma * double(r.normal());
-  return v;
-}
-
-std::vector<float> to_float(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
-
-double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-// Central differences of f with respect to every element of p, against `analytic`.
-void expect_fd(std::vector<double>& p, const std::function<double()>& f, const std::vector<double>& analytic,
-               const char* what) {
-  std::vector<double> fd(p.size());
-  for (size_t i = 0; i < p.size(); ++i) {
-    const double keep = p[i], h = 1e-6 * std::max(1.0, std::fabs(keep));
-    p[i] = keep + h;
-    const double up = f();
-    p[i] = keep - h;
-    const double down = f();
-    p[i] = keep;
-    fd[i] = (up - down) / (2 * h);
-  }
-  EXPECT_LE(rel_err(analytic, fd), 1e-6) << what;
-}
-
-// ‖a − b‖/‖b‖ of f32 results against the double oracle, naming the worst element on failure.
-void expect_close(const float* a, const std::vector<double>& b, double tol, const char* what) {
-  double num = 0, den = 0, worst = -1;
-  size_t at = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    const double d = double(a[i]) - b[i];
-    num += d * d, den += b[i] * b[i];
-    if (std::fabs(d) > worst) worst = std::fabs(d), at = i;
-  }
-  // An exactly-zero expected gradient (one key: the softmax cannot move) is held absolutely.
-  if (den == 0) den = double(b.size());
-  EXPECT_LE(std::sqrt(num / den), tol)
-      << what << ": worst element " << at << " is " << a[at] << ", expected " << b[at];
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
+using test::dot;
+using test::expect_close;
+using test::expect_fd;
+using test::randn;
+using test::rel_err;
+using test::to_float;
 
 TEST(TrainKernelsRef, NormsMatchFiniteDifferences) {
   const int64_t T = 3, D = 7;

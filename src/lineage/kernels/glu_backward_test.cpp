@@ -12,50 +12,19 @@
 
 #include "lineage/core/parallel.h"
 #include "lineage/core/rng.h"
+#include "grad_check.h"
 #include "lineage/kernels/ref/glu_backward_ref.h"
 
 namespace lineage::kernels {
 namespace {
 
-using Vec = std::vector<double>;
-
-Vec randn(int64_t n, uint64_t seed, double sigma = 1.0) {
-  Rng r(seed);
-  Vec v(static_cast<size_t>(n));
-  for (double& x : v) x = sigma * double(r.normal());
-  return v;
-}
-
-std::vector<float> to_float(const Vec& v) { return std::vector<float>(v.begin(), v.end()); }
-
-// Central differences of f with respect to every element of p, against `analytic`: relative error <= 1e-6.
-void expect_fd(Vec& p, const std::function<double()>& f, const Vec& analytic, const std::string& what) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < p.size(); ++i) {
-    const double keep = p[i], h = 1e-6 * std::max(1.0, std::fabs(keep));
-    p[i] = keep + h;
-    const double up = f();
-    p[i] = keep - h;
-    const double down = f();
-    p[i] = keep;
-    const double fd = (up - down) / (2 * h);
-    num += (analytic[i] - fd) * (analytic[i] - fd), den += fd * fd;
-  }
-  EXPECT_LE(std::sqrt(num / std::max(den, 1e-300)), 1e-6) << what;
-}
-
-// ||a - b|| / ||b|| of f32 results against the double oracle, naming the worst element on failure.
-void expect_close(const float* a, const Vec& b, double tol, const std::string& what) {
-  double num = 0, den = 0, worst = -1;
-  size_t at = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    const double d = double(a[i]) - b[i];
-    num += d * d, den += b[i] * b[i];
-    if (std::fabs(d) > worst) worst = std::fabs(d), at = i;
-  }
-  if (den == 0) den = double(b.size());
-  EXPECT_LE(std::sqrt(num / den), tol) << what << ": worst element " << at << " is " << a[at] << ", expected " << b[at];
-}
+using test::dot;
+using test::expect_close;
+using test::expect_fd;
+using test::randn;
+using test::rel_err;
+using test::to_float;
+using Vec = test::Vec;
 
 TEST(GluBackwardRef, SwiGluAndSituMatchFiniteDifferences) {
   const Vec g = randn(12, 15, 3.0), u = randn(12, 16, 20.0);
