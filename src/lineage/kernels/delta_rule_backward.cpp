@@ -432,20 +432,32 @@ constexpr int64_t kSubBlock = 16;  // rows of a per-channel diagonal sub-block
 
 // What the forward pass over one value head's chunks keeps for the backward pass: each chunk's
 // entering state and the intermediates read back (A, Nk, U, rv, P), O(T/C·K·V + T·(2C + 2V)) floats.
-// Allocated per head, not thread_local, so that no thread holds O(T) memory after the call; left
-// uninitialized, as the forward pass writes every element before the backward pass reads it.
+// Carved from a grow-only per-thread arena: a training step calls this for every head of every layer,
+// and fresh pages each time (~10 µs a first touch) cost more than the arithmetic. Left uninitialized,
+// as the forward pass writes every element before the backward pass reads it.
 struct ChunkHistory {
-  std::unique_ptr<float[]> S, z;      // [chunks, K, V], [chunks, K] state entering each chunk
-  std::unique_ptr<float[]> A, Nk;     // [chunks, C, C] (Nk only with delta)
-  std::unique_ptr<float[]> U, rv, P;  // [T, V] (P only with the normalizer)
+  struct Slice {
+    float* p = nullptr;
+    float* get() const { return p; }
+    explicit operator bool() const { return p != nullptr; }
+  };
+  Slice S, z;      // [chunks, K, V], [chunks, K] state entering each chunk
+  Slice A, Nk;     // [chunks, C, C] (Nk only with delta)
+  Slice U, rv, P;  // [T, V] (P only with the normalizer)
   ChunkHistory(const DeltaRuleArgs& a, int chunk) {
     const int64_t chunks = (a.T + chunk - 1) / chunk;
-    auto buffer = [](bool wanted, int64_t n) {
-      return wanted ? std::make_unique_for_overwrite<float[]>(size_t(n)) : std::unique_ptr<float[]>();
-    };
-    S = buffer(true, chunks * a.K * a.V), z = buffer(a.normalize, chunks * a.K);
-    A = buffer(true, chunks * chunk * chunk), Nk = buffer(a.delta, chunks * chunk * chunk);
-    U = buffer(true, a.T * a.V), rv = buffer(true, a.T * a.V), P = buffer(a.normalize, a.T * a.V);
+    const int64_t sizes[] = {chunks * a.K * a.V, a.normalize ? chunks * a.K : 0, chunks * chunk * chunk,
+                             a.delta ? chunks * chunk * chunk : 0, a.T * a.V, a.T * a.V, a.normalize ? a.T * a.V : 0};
+    Slice* slices[] = {&S, &z, &A, &Nk, &U, &rv, &P};
+    int64_t total = 0;
+    for (const int64_t n : sizes) total += (n + 15) / 16 * 16;
+    thread_local std::vector<float> arena;
+    if (arena.size() < size_t(total)) arena.resize(size_t(total));
+    float* at = arena.data();
+    for (size_t i = 0; i < std::size(sizes); ++i) {
+      slices[i]->p = sizes[i] ? at : nullptr;
+      at += (sizes[i] + 15) / 16 * 16;
+    }
   }
 };
 
