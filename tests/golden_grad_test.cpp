@@ -40,7 +40,11 @@ TEST_P(GoldenGrad, LossAndEveryGradientMatchAutograd) {
 
   std::map<std::string, const float*> grads;
   std::map<std::string, int64_t> sizes;
-  for (const train::ParamRef& p : bp.params()) grads[p.name] = p.grad, sizes[p.name] = p.n;
+  // Under the checkpoint's names (Kimi's f_a_proj for the engine's f_proj.0, ...).
+  for (const train::ParamRef& p : bp.params()) {
+    const std::string stored = model::stored_name(m.binding, p.name);
+    grads[stored] = p.grad, sizes[stored] = p.n;
+  }
   size_t checked = 0;
   double worst_ratio = 0, worst_err = 0, largest = 0;
   std::string worst_name, largest_name;
@@ -63,14 +67,21 @@ TEST_P(GoldenGrad, LossAndEveryGradientMatchAutograd) {
             << " relative RMS, " << worst_ratio << " of its tolerance; largest error " << largest << " ("
             << largest_name << ")\n";
   // Every parameter the engine trains has a golden, except those the reference lists as taking no
-  // gradient (GPT-2's causal-mask buffers are not parameters of the engine at all).
+  // gradient (GPT-2's causal-mask buffers are not parameters of the engine at all); those the engine
+  // has (the router's e_score_correction_bias) must get exactly zero.
+  for (const auto& t : man["no_grad"]) {
+    const auto it = grads.find(t["name"].get<std::string>());
+    if (it == grads.end()) continue;
+    for (int64_t i = 0; i < sizes[it->first]; ++i) EXPECT_EQ(it->second[i], 0.0f) << it->first << "[" << i << "]";
+    ++checked;
+  }
   EXPECT_EQ(checked, grads.size());
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GoldenGrad,
                          ::testing::Values(GradCase{"gpt2", "f32_tanh"}, GradCase{"linear_attn", "f32_elu_normalized"},
                                            GradCase{"delta_net", "f32"}, GradCase{"gated_deltanet", "f32_gva"},
-                                           GradCase{"kda", "lower_bound"}),
+                                           GradCase{"kda", "lower_bound"}, GradCase{"kimi_linear", "f32"}),
                          [](const auto& info) { return info.param.family + "_" + info.param.name; });
 
 }  // namespace

@@ -49,4 +49,13 @@ struct BindingTable {
   std::vector<std::string> ignore_suffixes, ignore_prefixes;
 };
 
+// The name under which a checkpoint of this family stores the parameter `param` (its renames
+// applied): what a writer of such a checkpoint uses.
+inline std::string stored_name(const BindingTable& b, const std::string& param) {
+  for (const BindingTable::Rename& r : b.renames)
+    if (param.size() >= r.param.size() && param.compare(param.size() - r.param.size(), r.param.size(), r.param) == 0)
+      return param.substr(0, param.size() - r.param.size()) + r.stored;
+  return param;
+}
+
 }  // namespace lineage::model

@@ -79,13 +79,17 @@ struct Backprop::BlockSaved {
   layers::Buffer x_in, normed1, x_mid, normed2;
   layers::Attention::Saved attention;
   layers::DeltaRule::Saved delta_rule;
+  layers::Mla::Saved mla;
   layers::Mlp::Saved mlp;
   layers::GatedMlp::Saved gated_mlp;
+  layers::Moe::Saved moe;
 
   layers::Attention::Saved& of(const layers::Attention&) { return attention; }
   layers::DeltaRule::Saved& of(const layers::DeltaRule&) { return delta_rule; }
+  layers::Mla::Saved& of(const layers::Mla&) { return mla; }
   layers::Mlp::Saved& of(const layers::Mlp&) { return mlp; }
   layers::GatedMlp::Saved& of(const layers::GatedMlp&) { return gated_mlp; }
+  layers::Moe::Saved& of(const layers::Moe&) { return moe; }
 };
 
 Backprop::Backprop(Model& m) : m_(m), grads_(zeros_like(m)) {

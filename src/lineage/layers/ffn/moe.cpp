@@ -5,7 +5,9 @@
 #include <cstring>
 
 #include "lineage/core/error.h"
+#include "lineage/kernels/backward.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/moe_router_backward.h"
 #include "lineage/kernels/norm.h"
 
 namespace lineage::layers {
@@ -126,6 +128,26 @@ void route(const Moe::Config& c, const float* logits, const float* bias, int32_t
   for (int64_t j = 0; j < k; ++j) w[j] = float(double(w[j]) * c.scaling);
 }
 
+namespace {
+
+// The slots t·k + j grouped by their expert (counting sort: ascending expert, then ascending slot):
+// expert e's slots are order[offsets[e] .. offsets[e + 1]).
+void group_by_expert(const std::vector<int32_t>& ids, int64_t E, std::vector<int64_t>& offsets,
+                     std::vector<int32_t>& order, std::vector<int32_t>& scratch) {
+  offsets.assign(size_t(E + 1), 0);
+  for (const int32_t e : ids) ++offsets[size_t(e) + 1];
+  for (int64_t e = 0; e < E; ++e) offsets[size_t(e + 1)] += offsets[size_t(e)];
+  order.resize(ids.size());
+  scratch.assign(offsets.begin(), offsets.end() - 1);
+  for (size_t i = 0; i < ids.size(); ++i) order[size_t(scratch[size_t(ids[i])]++)] = int32_t(i);
+}
+
+void add_into(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+}  // namespace
+
 void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buffers& buf, const Trace& trace) {
   const Moe::Config& c = m.config;
   LINEAGE_CHECK(m.prepared.ready, "MoE layer used before prepare()");
@@ -147,15 +169,7 @@ void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buff
     trace("moe.expert_weights", w, {N, k});
   }
 
-  // Tokens by expert (counting sort: ascending expert, then ascending token).
-  buf.offsets.assign(size_t(E + 1), 0);
-  for (const int32_t e : buf.ids) ++buf.offsets[size_t(e) + 1];
-  for (int64_t e = 0; e < E; ++e) buf.offsets[size_t(e + 1)] += buf.offsets[size_t(e)];
-  buf.order.resize(size_t(N * k));
-  {
-    buf.scratch.assign(buf.offsets.begin(), buf.offsets.end() - 1);
-    for (int64_t i = 0; i < N * k; ++i) buf.order[size_t(buf.scratch[size_t(buf.ids[size_t(i)])]++)] = int32_t(i);
-  }
+  group_by_expert(buf.ids, E, buf.offsets, buf.order, buf.scratch);
   // The experts' input and their weighted sum: x and y, or z = W_down·x and a [N, L_a].
   const int64_t X = m.expert_width();
   const float* xe = x;
@@ -195,6 +209,129 @@ void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buff
     for (int64_t i = 0; i < N * D; ++i) y[i] += sh[i];
   }
   trace("moe.out", y, {N, D});
+}
+
+void forward_train(const Moe& m, const TrainShape& s, const float* x, float* y, Moe::Saved& sv) {
+  const Moe::Config& c = m.config;
+  LINEAGE_CHECK(m.prepared.ready, "MoE layer used before prepare()");
+  const int64_t N = s.N(), D = c.d_model, E = c.n_experts, k = c.top_k, X = m.expert_width();
+  float* logits = sv.logits.get(size_t(N * E));
+  kernels::linear(x, N, m.weights.gate, nullptr, logits);
+  sv.ids.resize(size_t(N * k));
+  float* w = sv.weights.get(size_t(N * k));
+  for (int64_t t = 0; t < N; ++t)
+    route(c, logits + t * E, m.prepared.bias.data(), sv.ids.data() + t * k, w + t * k, sv.scratch);
+  group_by_expert(sv.ids, E, sv.offsets, sv.order, sv.scratch);
+
+  const float* xe = x;
+  if (c.latent > 0) {
+    float* z = sv.latent_in.get(size_t(N * X));
+    kernels::linear(x, N, m.weights.latent_down, nullptr, z);
+    xe = z;
+  }
+  float* acc = c.latent > 0 ? sv.latent_sum.get(size_t(N * X)) : y;
+  std::memset(acc, 0, size_t(N * X) * sizeof(float));
+  float* in = sv.rows_in.get(size_t(N * k * X));
+  float* out = sv.rows_out.get(size_t(N * k * X));
+  sv.experts.resize(size_t(E));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t b = sv.offsets[size_t(e)], n = sv.offsets[size_t(e + 1)] - b;
+    if (!n) continue;
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(in + (b + i) * X, xe + (sv.order[size_t(b + i)] / k) * X, size_t(X) * sizeof(float));
+    forward_train(m.weights.experts[size_t(e)], TrainShape{1, n}, in + b * X, out + b * X, sv.experts[size_t(e)]);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t slot = sv.order[size_t(b + i)];
+      float* at = acc + (slot / k) * X;
+      const float* o = out + (b + i) * X;
+      for (int64_t d = 0; d < X; ++d) at[d] += w[slot] * o[d];
+    }
+  }
+  if (c.latent > 0) {
+    const float* a = acc;
+    if (c.latent_norm) {
+      float* normed = sv.latent_normed.get(size_t(N * X));
+      kernels::rms_norm(acc, N, X, &m.weights.latent_norm, c.latent_eps, normed);
+      a = normed;
+    }
+    kernels::linear(a, N, m.weights.latent_up, nullptr, y);
+  }
+  if (c.shared_hidden > 0) {
+    float* sh = sv.shared_out.get(size_t(N * D));
+    forward_train(m.weights.shared, s, x, sh, sv.shared);
+    add_into(y, sh, N * D);
+  }
+}
+
+namespace {
+
+// The routed experts' backward: ∂L/∂(each slot's weight) into sv.d_weights [N, k], the experts'
+// parameter gradients into grad, and ∂L/∂(their input) [N, X] returned (slots summed per token in
+// ascending expert order).
+const float* experts_backward(const Moe& m, const float* d_sum, Moe::Saved& sv, Moe& grad, int64_t N) {
+  const int64_t E = m.config.n_experts, k = m.config.top_k, X = m.expert_width();
+  const float* w = sv.weights.get(0);
+  const float* in = sv.rows_in.get(0);
+  const float* out = sv.rows_out.get(0);
+  float* dw = sv.d_weights.get(size_t(N * k));
+  float* d_out = sv.d_rows_out.get(size_t(N * k * X));
+  float* d_in = sv.d_rows_in.get(size_t(N * k * X));
+  float* dxe = sv.d_in.get(size_t(N * X));
+  std::memset(dxe, 0, size_t(N * X) * sizeof(float));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t b = sv.offsets[size_t(e)], n = sv.offsets[size_t(e + 1)] - b;
+    if (!n) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t slot = sv.order[size_t(b + i)];
+      const float* g = d_sum + (slot / k) * X;
+      const float* o = out + (b + i) * X;
+      float* go = d_out + (b + i) * X;
+      double dot = 0;
+      for (int64_t d = 0; d < X; ++d) dot += double(g[d]) * double(o[d]), go[d] = w[slot] * g[d];
+      dw[slot] = float(dot);
+    }
+    backward(m.weights.experts[size_t(e)], TrainShape{1, n}, in + b * X, d_out + b * X, sv.experts[size_t(e)],
+             d_in + b * X, grad.weights.experts[size_t(e)]);
+    for (int64_t i = 0; i < n; ++i) add_into(dxe + (sv.order[size_t(b + i)] / k) * X, d_in + (b + i) * X, X);
+  }
+  return dxe;
+}
+
+}  // namespace
+
+void backward(const Moe& m, const TrainShape& s, const float* x, const float* dy, Moe::Saved& sv, float* dx,
+              Moe& grad) {
+  const Moe::Config& c = m.config;
+  const int64_t N = s.N(), D = c.d_model, E = c.n_experts, k = c.top_k, X = m.expert_width();
+  float* tmp = sv.d_x.get(size_t(N * D));
+  if (c.shared_hidden > 0) backward(m.weights.shared, s, x, dy, sv.shared, dx, grad.weights.shared);
+  else std::memset(dx, 0, size_t(N * D) * sizeof(float));
+
+  // ∂L/∂(the experts' weighted sum): dy itself, or back through the up projection and the norm.
+  const float* d_sum = dy;
+  if (c.latent > 0) {
+    float* da = sv.d_sum.get(size_t(N * X));
+    const float* a = c.latent_norm ? sv.latent_normed.get(0) : sv.latent_sum.get(0);
+    kernels::linear_backward(a, dy, N, m.weights.latent_up, da, &grad.weights.latent_up, nullptr);
+    if (c.latent_norm)
+      kernels::rms_norm_backward(sv.latent_sum.get(0), da, N, X, &m.weights.latent_norm, c.latent_eps, da,
+                                 grad.weights.latent_norm.data<float>());
+    d_sum = da;
+  }
+  const float* dxe = experts_backward(m, d_sum, sv, grad, N);
+  if (c.latent > 0) {
+    kernels::linear_backward(x, dxe, N, m.weights.latent_down, tmp, &grad.weights.latent_down, nullptr);
+    add_into(dx, tmp, N * D);
+  } else {
+    add_into(dx, dxe, N * D);
+  }
+
+  // The router: through the chosen experts' weights only.
+  float* dlogits = sv.d_logits.get(size_t(N * E));
+  const kernels::MoeRouterArgs ra{N, E, k, c.renormalize, c.scaling, c.bias_in_weights ? m.prepared.bias.data() : nullptr};
+  kernels::moe_router_backward(ra, sv.logits.get(0), sv.ids.data(), sv.d_weights.get(0), dlogits);
+  kernels::linear_backward(x, dlogits, N, m.weights.gate, tmp, &grad.weights.gate, nullptr);
+  add_into(dx, tmp, N * D);
 }
 
 }  // namespace lineage::layers

@@ -62,6 +62,20 @@ struct Moe {
     std::vector<int64_t> offsets;
     GatedMlp::Buffers mlp;
   };
+  // Training (train_step.h): the router logits [N, E], the chosen experts [N, k] and their weights
+  // [N, k]; the slots (t·k + j) grouped by expert (order [N·k], offsets [E + 1]); the experts' rows in
+  // and out in that order [N·k, X] and each expert's own activations; with a latent space z [N, L_a],
+  // the weighted sum before and after its norm [N, L_a]; the shared MLP's output [N, D] and activations. Backward's
+  // ∂L/∂(weighted sum) [N, X], ∂L/∂(experts' rows out, then in) [N·k, X], ∂L/∂(weights) [N, k],
+  // ∂L/∂logits [N, E], ∂L/∂(experts' input) [N, X], and a share of ∂L/∂x [N, D].
+  struct Saved {
+    Buffer logits, weights, rows_in, rows_out, latent_in, latent_sum, latent_normed, shared_out;
+    Buffer d_sum, d_rows_out, d_rows_in, d_weights, d_logits, d_in, d_x;
+    std::vector<int32_t> ids, order, scratch;
+    std::vector<int64_t> offsets;
+    std::vector<GatedMlp::Saved> experts;
+    GatedMlp::Saved shared;
+  };
 
   Config config;
   Weights weights;
@@ -96,5 +110,13 @@ void route(const Moe::Config& c, const float* logits, const float* bias, int32_t
 // tokens). Traces moe.router_logits, moe.expert_ids, moe.expert_weights, moe.latent and moe.routed
 // (latent space), moe.shared, moe.out.
 void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buffers& buf, const Trace& trace);
+
+// Training (train_step.h), the same routing and sums as forward() over B·T rows. The router's
+// gradient flows through the chosen experts' weights (kernels/moe_router_backward.h); the top-k
+// choice and e_score_correction_bias take none (the bias's gradient stays 0: DeepSeek-V3 moves it by
+// load balance, not by the loss).
+void forward_train(const Moe& m, const TrainShape& s, const float* x, float* y, Moe::Saved& saved);
+void backward(const Moe& m, const TrainShape& s, const float* x, const float* dy, Moe::Saved& saved, float* dx,
+              Moe& grad);
 
 }  // namespace lineage::layers

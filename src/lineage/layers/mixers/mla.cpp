@@ -6,7 +6,9 @@
 
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
+#include "lineage/kernels/backward.h"
 #include "lineage/kernels/norm.h"
+#include "lineage/kernels/rope.h"
 #include "lineage/kernels/vmath.h"
 
 namespace lineage::layers {
@@ -23,18 +25,6 @@ Tensor copy_rows(const Mla::State& s, int64_t width, int64_t cap) {
 void grow(Mla::State& s, int64_t width, int64_t needed) {
   if (needed <= s.capacity) return;
   s.reserve(width, std::max<int64_t>({needed, 2 * s.capacity, 16}));
-}
-
-// DeepSeek-V3's interleaved rotation of one d_r-wide slot at position p: pairs (x_2i, x_2i+1) turn by
-// p·θ^(−2i/d_r). The angles in double, so long positions keep their precision.
-void rotate(float* x, int64_t d, int64_t p, double theta) {
-  for (int64_t i = 0; i < d / 2; ++i) {
-    const double angle = double(p) * std::pow(theta, -2.0 * double(i) / double(d));
-    const float c = float(std::cos(angle)), s = float(std::sin(angle));
-    const float a = x[2 * i], b = x[2 * i + 1];
-    x[2 * i] = a * c - b * s;
-    x[2 * i + 1] = a * s + b * c;
-  }
 }
 
 // Rows `rows` of the step's [N, ld] activations, columns [c0, c0 + w), packed into dst [rows, w].
@@ -178,8 +168,8 @@ void forward(const Mla& m, const Call& call, const float* x, std::span<Mla::Stat
       float* row = kv + t * W;
       kernels::rms_norm(row, 1, r, &m.weights.kv_a_norm.weight, m.weights.kv_a_norm.eps, row);
       if (!c.rope) continue;
-      rotate(row + r, dr, pos, c.rope_theta);
-      for (int64_t h = 0; h < n; ++h) rotate(q + (t * n + h) * dqk + dn, dr, pos, c.rope_theta);
+      kernels::rope_interleaved(row + r, dr, pos, c.rope_theta);
+      for (int64_t h = 0; h < n; ++h) kernels::rope_interleaved(q + (t * n + h) * dqk + dn, dr, pos, c.rope_theta);
     }
   trace("attn.q", q, {N, n * dqk});
   if (trace.on()) {
@@ -290,6 +280,147 @@ void forward(const Mla& m, const Call& call, const float* x, std::span<Mla::Stat
   }
   kernels::linear(ctx, N, m.weights.o_proj, nullptr, y, std::nullopt, dot);
   trace("attn.out", y, {N, D});
+}
+
+namespace {
+
+kernels::AttentionTrainArgs mla_train_args(const Mla& m, const TrainShape& s, Mla::Saved& saved) {
+  const Mla::Config& c = m.config;
+  const int64_t N = s.N(), n = c.n_heads, dqk = c.d_qk(), dv = c.d_v;
+  kernels::AttentionTrainArgs k;
+  k.B = s.B, k.T = s.T, k.H = n, k.dk = dqk, k.dv = dv;
+  k.scale = float(1.0 / std::sqrt(double(dqk)));
+  k.q = saved.q.get(size_t(N * n * dqk)), k.ldq = n * dqk;
+  k.k = saved.keys.get(size_t(N * n * dqk)), k.ldk = n * dqk;
+  k.v = saved.values.get(size_t(N * n * dv)), k.ldv = n * dv;
+  k.out = saved.context.get(size_t(N * n * dv)), k.ldo = n * dv;
+  k.lse = saved.lse.get(size_t(s.B * n * s.T));
+  return k;
+}
+
+void add_into(float* x, const float* y, int64_t n) {
+  parallel_for(n, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) x[i] += y[i];
+  }, 1 << 14);
+}
+
+}  // namespace
+
+void forward_train(const Mla& m, const TrainShape& s, const float* x, float* y, Mla::Saved& saved) {
+  const Mla::Config& c = m.config;
+  const int64_t N = s.N(), T = s.T, n = c.n_heads, r = c.kv_lora_rank, dr = c.d_rope, dn = c.d_nope, dv = c.d_v,
+                dqk = c.d_qk(), W = c.latent(), E = n * (dn + dv);
+  const kernels::AttentionTrainArgs args = mla_train_args(m, s, saved);
+  float* q = saved.q.get(0);
+  if (c.q_lora_rank > 0) {
+    float* pre = saved.low_pre.get(size_t(N * c.q_lora_rank));
+    float* low = saved.low.get(size_t(N * c.q_lora_rank));
+    kernels::linear(x, N, m.weights.q_a_proj, nullptr, pre);
+    forward(m.weights.q_a_norm, pre, N, low);
+    kernels::linear(low, N, m.weights.q_b_proj, nullptr, q);
+  } else {
+    kernels::linear(x, N, m.weights.q_proj, nullptr, q);
+  }
+  // kv_a's product: ĉ (before the norm) packed apart, k_r rotated in place.
+  float* kv = saved.d_kv.get(size_t(N * W));  // scratch: backward's buffer, free until then
+  kernels::linear(x, N, m.weights.kv_a_proj, nullptr, kv);
+  float* lat_pre = saved.latent_pre.get(size_t(N * r));
+  float* lat = saved.latent.get(size_t(N * r));
+  float* keys = saved.keys.get(0);
+  float* values = saved.values.get(0);
+  parallel_for(N, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      std::memcpy(lat_pre + t * r, kv + t * W, size_t(r) * sizeof(float));
+      if (!c.rope) continue;
+      kernels::rope_interleaved(kv + t * W + r, dr, t % T, c.rope_theta);
+      for (int64_t h = 0; h < n; ++h) kernels::rope_interleaved(q + (t * n + h) * dqk + dn, dr, t % T, c.rope_theta);
+    }
+  }, grain_for(n * dqk));
+  forward(m.weights.kv_a_norm, lat_pre, N, lat);
+  float* ex = saved.d_expanded.get(size_t(N * E));  // scratch likewise
+  kernels::linear(lat, N, m.weights.kv_b_proj, nullptr, ex);
+  parallel_for(N, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < n; ++h) {
+        float* k = keys + (t * n + h) * dqk;
+        std::memcpy(k, ex + t * E + h * (dn + dv), size_t(dn) * sizeof(float));
+        std::memcpy(k + dn, kv + t * W + r, size_t(dr) * sizeof(float));
+        std::memcpy(values + (t * n + h) * dv, ex + t * E + h * (dn + dv) + dn, size_t(dv) * sizeof(float));
+      }
+  }, grain_for(n * dqk));
+  kernels::attention_causal_train(args);
+  const float* ctx = args.out;
+  if (c.output_gate) {
+    float* g = saved.gate.get(size_t(N * n * dv));
+    float* gated = saved.gated.get(size_t(N * n * dv));
+    kernels::linear(x, N, m.weights.g_proj, nullptr, g);
+    kernels::sigmoid(g, g, N * n * dv);
+    for (int64_t i = 0; i < N * n * dv; ++i) gated[i] = ctx[i] * g[i];
+    ctx = gated;
+  }
+  kernels::linear(ctx, N, m.weights.o_proj, nullptr, y);
+}
+
+void backward(const Mla& m, const TrainShape& s, const float* x, const float* dy, Mla::Saved& saved, float* dx,
+              Mla& grad) {
+  const Mla::Config& c = m.config;
+  const int64_t N = s.N(), T = s.T, D = c.d_model, n = c.n_heads, r = c.kv_lora_rank, dr = c.d_rope, dn = c.d_nope,
+                dv = c.d_v, dqk = c.d_qk(), W = c.latent(), E = n * (dn + dv), C = n * dv;
+  Mla::Weights& gw = grad.weights;
+  const kernels::AttentionTrainArgs args = mla_train_args(m, s, saved);
+  float* d_ctx = saved.d_context.get(size_t(N * C));
+  float* dxt = saved.d_x.get(size_t(N * D));
+  // o_proj, then the gate: y = W_o (ctx ⊙ g), g = σ(W_g x).
+  if (c.output_gate) {
+    const float* g = saved.gate.get(0);
+    float* d_gated = saved.d_gated.get(size_t(N * C));
+    kernels::linear_backward(saved.gated.get(0), dy, N, m.weights.o_proj, d_gated, &gw.o_proj, nullptr);
+    for (int64_t i = 0; i < N * C; ++i) {
+      d_ctx[i] = d_gated[i] * g[i];
+      d_gated[i] *= args.out[i] * g[i] * (1.0f - g[i]);  // ∂L/∂(W_g x)
+    }
+    kernels::linear_backward(x, d_gated, N, m.weights.g_proj, dx, &gw.g_proj, nullptr);
+  } else {
+    kernels::linear_backward(args.out, dy, N, m.weights.o_proj, d_ctx, &gw.o_proj, nullptr);
+    std::memset(dx, 0, size_t(N * D) * sizeof(float));
+  }
+  float* dq = saved.d_q.get(size_t(N * n * dqk));
+  float* dk = saved.d_keys.get(size_t(N * n * dqk));
+  float* dvv = saved.d_values.get(size_t(N * C));
+  kernels::attention_causal_backward(args, {d_ctx, dq, dk, dvv, C, n * dqk, n * dqk, C});
+  // The keys' and values' gradients back into kv_b's product and k_r (shared by the heads), RoPE
+  // turned back on q's and k_r's slots.
+  float* d_ex = saved.d_expanded.get(size_t(N * E));
+  float* d_kv = saved.d_kv.get(size_t(N * W));
+  parallel_for(N, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* dkr = d_kv + t * W + r;
+      std::memset(dkr, 0, size_t(dr) * sizeof(float));
+      for (int64_t h = 0; h < n; ++h) {
+        const float* k = dk + (t * n + h) * dqk;
+        std::memcpy(d_ex + t * E + h * (dn + dv), k, size_t(dn) * sizeof(float));
+        std::memcpy(d_ex + t * E + h * (dn + dv) + dn, dvv + (t * n + h) * dv, size_t(dv) * sizeof(float));
+        for (int64_t i = 0; i < dr; ++i) dkr[i] += k[dn + i];
+        if (c.rope) kernels::rope_interleaved_backward(dq + (t * n + h) * dqk + dn, dr, t % T, c.rope_theta);
+      }
+      if (c.rope) kernels::rope_interleaved_backward(dkr, dr, t % T, c.rope_theta);
+    }
+  }, grain_for(n * dqk));
+  float* d_lat = saved.d_latent.get(size_t(N * r));
+  kernels::linear_backward(saved.latent.get(0), d_ex, N, m.weights.kv_b_proj, d_lat, &gw.kv_b_proj, nullptr);
+  backward(m.weights.kv_a_norm, saved.latent_pre.get(0), N, d_lat, d_lat, gw.kv_a_norm);
+  for (int64_t t = 0; t < N; ++t) std::memcpy(d_kv + t * W, d_lat + t * r, size_t(r) * sizeof(float));
+  kernels::linear_backward(x, d_kv, N, m.weights.kv_a_proj, dxt, &gw.kv_a_proj, nullptr);
+  add_into(dx, dxt, N * D);
+  if (c.q_lora_rank > 0) {
+    float* d_low = saved.d_low.get(size_t(N * c.q_lora_rank));
+    kernels::linear_backward(saved.low.get(0), dq, N, m.weights.q_b_proj, d_low, &gw.q_b_proj, nullptr);
+    backward(m.weights.q_a_norm, saved.low_pre.get(0), N, d_low, d_low, gw.q_a_norm);
+    kernels::linear_backward(x, d_low, N, m.weights.q_a_proj, dxt, &gw.q_a_proj, nullptr);
+  } else {
+    kernels::linear_backward(x, dq, N, m.weights.q_proj, dxt, &gw.q_proj, nullptr);
+  }
+  add_into(dx, dxt, N * D);
 }
 
 }  // namespace lineage::layers

@@ -20,6 +20,7 @@
 #include "lineage/kernels/linear.h"
 #include "lineage/layers/common.h"
 #include "lineage/layers/norm.h"
+#include "lineage/layers/train_step.h"
 
 namespace lineage::layers {
 
@@ -77,6 +78,17 @@ struct Mla {
     std::vector<int64_t> absorbed;  // token rows of the step that take the absorbed form
   };
 
+  // What the training forward keeps for backward (train_step.h), all in the explicit form, rows
+  // b·T + t: the q-LoRA rank rows before and after q_a_layernorm [N, r_q]; q [N, n·d_qk] (rope slot
+  // rotated); ĉ before and after kv_a_layernorm [N, r]; the keys [N, n·d_qk] and values [N, n·d_v]
+  // packed per head; the context [N, n·d_v], σ(g_proj x) and the gated context; each query's
+  // log-sum-exp [B, n, T]. Then backward's own gradients; d_kv [N, r + d_r] and d_expanded
+  // [N, n·(d_n + d_v)] hold kv_a's and kv_b's products during the forward (not kept).
+  struct Saved {
+    Buffer low_pre, low, q, latent_pre, latent, keys, values, context, gate, gated, lse;
+    Buffer d_gated, d_context, d_q, d_keys, d_values, d_expanded, d_latent, d_kv, d_low, d_x;
+  };
+
   Config config;
   Weights weights;
   Prepared prepared;
@@ -107,5 +119,12 @@ void forward(const Mla& m, const Call& call, const float* x, std::span<Mla::Stat
              Mla::Buffers& buf, const Trace& trace);
 
 inline constexpr int64_t kMlaExplicitMin = 16;
+
+// Training (train_step.h): the explicit form over B sequences of T tokens from position 0. F32
+// weights; y and dx must not alias x. RoPE's backward is the rotation by the opposite angle (the
+// same float cosines and sines, so exactly the transpose of the forward's).
+void forward_train(const Mla& m, const TrainShape& s, const float* x, float* y, Mla::Saved& saved);
+void backward(const Mla& m, const TrainShape& s, const float* x, const float* dy, Mla::Saved& saved, float* dx,
+              Mla& grad);
 
 }  // namespace lineage::layers
