@@ -17,6 +17,7 @@
 #include "lineage/train/backprop.h"
 #include "lineage/train/trainer.h"
 #include "test_support.h"
+#include "train_check.h"
 
 namespace lineage {
 namespace {
@@ -136,23 +137,7 @@ TEST_P(TrainMlaFd, GradientOfEveryTensorMatchesFiniteDifferences) {
   std::string worst_name;
   for (size_t i = 0; i < params.size(); ++i) {
     const train::ParamRef& p = params[i];
-    Rng r(100 + i);
-    std::vector<float> d(static_cast<size_t>(p.n)), keep(p.value, p.value + p.n);
-    double gd = 0, dd = 0;
-    for (int64_t j = 0; j < p.n; ++j) {
-      const double dj = d[size_t(j)] = r.normal();
-      gd += double(p.grad[j]) * dj, dd += dj * dj;
-    }
-    const double eps = 3e-4 / std::sqrt(dd / double(p.n));
-    const auto loss_at = [&](double s) {
-      for (int64_t j = 0; j < p.n; ++j) p.value[j] = float(keep[size_t(j)] + s * d[size_t(j)]);
-      bp.refresh();
-      const double l = bp.step(tokens, B, T, scale, false);
-      std::copy(keep.begin(), keep.end(), p.value);
-      return l;
-    };
-    const double fd2 = (loss_at(2 * eps) - loss_at(-2 * eps)) / (4 * eps), fd1 = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
-    const double fd = (4 * fd1 - fd2) / 3;
+    const auto [fd, gd] = test::directional_derivative(bp, p, 100 + i, 3e-4, [&] { return bp.step(tokens, B, T, scale, false); });
     const double tol = 3e-2 * std::fabs(gd) + 2e-4;
     if (std::fabs(fd - gd) / tol > worst) worst = std::fabs(fd - gd) / tol, worst_name = p.name;
     EXPECT_NEAR(fd, gd, tol) << p.name << " (directional derivative " << gd << ")";

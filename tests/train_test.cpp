@@ -15,6 +15,7 @@
 #include "lineage/train/backprop.h"
 #include "lineage/train/trainer.h"
 #include "test_support.h"
+#include "train_check.h"
 
 namespace lineage {
 namespace {
@@ -57,21 +58,7 @@ TEST(TrainGpt2, GradientOfEveryTensorMatchesFiniteDifferences) {
   ASSERT_EQ(params.size(), 2u + 2u * 12u + 2u);  // wte, wpe, 12 per block, ln_f
   for (size_t i = 0; i < params.size(); ++i) {
     const train::ParamRef& p = params[i];
-    Rng r(100 + i);
-    std::vector<float> d(static_cast<size_t>(p.n)), keep(p.value, p.value + p.n);
-    double gd = 0, dd = 0;
-    for (int64_t j = 0; j < p.n; ++j) d[size_t(j)] = r.normal(), gd += double(p.grad[j]) * d[size_t(j)], dd += double(d[size_t(j)]) * d[size_t(j)];
-    const double eps = 2e-3 / std::sqrt(dd / double(p.n));
-    const auto loss_at = [&](double s) {
-      for (int64_t j = 0; j < p.n; ++j) p.value[j] = float(keep[size_t(j)] + s * d[size_t(j)]);
-      bp.refresh();
-      const double l = bp.step(tokens, B, T, scale, false);
-      std::copy(keep.begin(), keep.end(), p.value);
-      return l;
-    };
-    // Richardson: the central differences at 2ε and ε combined so their ε² terms cancel.
-    const double fd2 = (loss_at(2 * eps) - loss_at(-2 * eps)) / (4 * eps), fd1 = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
-    const double fd = (4 * fd1 - fd2) / 3;
+    const auto [fd, gd] = test::directional_derivative(bp, p, 100 + i, 2e-3, [&] { return bp.step(tokens, B, T, scale, false); });
     EXPECT_NEAR(fd, gd, 1e-2 * std::fabs(gd) + 1e-4) << p.name;
   }
 }
