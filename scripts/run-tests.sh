@@ -10,7 +10,7 @@ jobs=$(nproc)
 status=0
 
 # The micro-benchmarks (bench/) are not part of the suite: not built here.
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLINEAGE_BUILD_TESTS=ON -DLINEAGE_BUILD_BENCH=OFF >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLINEAGE_BUILD_TESTS=ON -DLINEAGE_BUILD_BENCH=OFF -DLINEAGE_UNITY=ON >/dev/null
 cmake --build build -j "$jobs"
 (cd build && ctest --output-on-failure -j "$jobs" --timeout 900) 2>&1 | tee build/ctest.log || status=1
 
@@ -19,7 +19,7 @@ cmake --build build -j "$jobs"
 # self-test (Python, nothing sanitized), and the numeric sweeps over every family and chunk size
 # (the same code paths as the tests that stay, many times over).
 slow='^(golden_isa_|reference_self_test|Presets/PresetSplit\.|Cli\.Tour|Cli\.LogitsOfAPreset|BenchCli\.|Linear\.GemmPaths|BatchCheckpoints\.BatchedEqualsAloneForEveryFamily|Cli\.RecurrentFamilyLogitsMatchGoldenForEveryChunkSize|GoldenDeltaFamily\.SplitInvarianceAcrossConvTailAndChunks|Cli\.GenerateSamplingFlagsSampleAsDocumented)'
-cmake --preset asan >/dev/null
+cmake --preset asan -DLINEAGE_UNITY=ON >/dev/null
 if cmake --build build-asan -j "$jobs"; then
   (cd build-asan && UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --output-on-failure -j "$jobs" --timeout 900 -E "$slow") 2>&1 | tee build-asan/ctest.log || status=1

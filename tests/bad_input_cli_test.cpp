@@ -12,6 +12,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace bad_input_cli_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -498,9 +499,11 @@ TEST(BadInputCorpus, EveryDamagedInputExitsTwoWithAMessage) {
 }
 
 }  // namespace
+}  // namespace bad_input_cli_test
 }  // namespace lineage
 
 namespace lineage {
+namespace bad_input_cli_test {
 namespace {
 
 // A checkpoint truncated while `bench` decodes from its mapping: the next read of a vanished page
@@ -526,4 +529,5 @@ TEST(BadInputCorpus, FileThatShrinksWhileMappedIsNamed) {
 }
 
 }  // namespace
+}  // namespace bad_input_cli_test
 }  // namespace lineage

@@ -9,6 +9,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace bad_input_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -205,9 +206,11 @@ TEST(BadInput, ShardIndexProblems) {
 }
 
 }  // namespace
+}  // namespace bad_input_test
 }  // namespace lineage
 
 namespace lineage {
+namespace bad_input_test {
 namespace {
 
 // An fla config.json next to a placeholder checkpoint: the config is rejected before any tensor is bound.
@@ -249,4 +252,5 @@ TEST(BadInput, FlaUnknownFeatureMapActivationAndGate) {
 }
 
 }  // namespace
+}  // namespace bad_input_test
 }  // namespace lineage

@@ -11,6 +11,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace batch_checkpoint_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -58,4 +59,5 @@ TEST(BatchCheckpoints, BatchedEqualsAloneForEveryFamily) {
 }
 
 }  // namespace
+}  // namespace batch_checkpoint_test
 }  // namespace lineage

@@ -9,6 +9,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace bench_cli_test {
 namespace {
 
 using test::run_lineage;
@@ -172,4 +173,5 @@ TEST(BenchCli, BadValuesExitTwo) {
 }
 
 }  // namespace
+}  // namespace bench_cli_test
 }  // namespace lineage

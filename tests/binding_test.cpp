@@ -17,6 +17,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace binding_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -248,4 +249,5 @@ TEST(Binding, PackedPairBindsAsOneMxfp4Matrix) {
 }
 
 }  // namespace
+}  // namespace binding_test
 }  // namespace lineage

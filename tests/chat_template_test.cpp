@@ -15,6 +15,7 @@
 #include "test_support.h"
 
 namespace lineage::io {
+namespace chat_template_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -27,7 +28,7 @@ std::string read_text(const fs::path& path) {
   return ss.str();
 }
 
-fs::path template_dir() { return test::source_dir() / "tests" / "chat_template" / "templates"; }
+fs::path template_dir() { return lineage::test::source_dir() / "tests" / "chat_template" / "templates"; }
 
 // The message of the Error `f` throws ("" and a test failure when it throws none).
 template <class F>
@@ -46,7 +47,7 @@ std::string render(const std::string& source, const ordered_json& variables = or
 }
 
 TEST(ChatTemplate, RendersByteIdenticalToHuggingfaceJinja) {
-  const fs::path path = test::testdata() / "chat_template" / "expected.json";
+  const fs::path path = lineage::test::testdata() / "chat_template" / "expected.json";
   ASSERT_TRUE(fs::exists(path)) << path << " is missing: run the reference_chat_templates fixture (ctest -R chat)";
   const ordered_json expected = ordered_json::parse(read_text(path));
   std::map<std::string, ChatTemplate> templates;
@@ -102,12 +103,12 @@ TEST(ChatTemplate, KimiFormatFromMessages) {
 }
 
 TEST(ChatTemplate, FromModelDirReadsTheConfigTemplateAndTokens) {
-  const fs::path dir = test::temp_dir();
+  const fs::path dir = lineage::test::temp_dir();
   EXPECT_FALSE(ChatTemplate::from_model_dir(dir).has_value());  // no files at all
-  test::write_text(dir / "tokenizer_config.json", R"({"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": false}})");
+  lineage::test::write_text(dir / "tokenizer_config.json", R"({"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": false}})");
   EXPECT_FALSE(ChatTemplate::from_model_dir(dir).has_value());  // a config without a template (GPT-2)
 
-  test::write_text(dir / "tokenizer_config.json",
+  lineage::test::write_text(dir / "tokenizer_config.json",
                    R"({"chat_template": "{{ bos_token }}{% for m in messages %}{{ m.role }}={{ m.content }};{% endfor %}{{ eos_token }}",
                        "bos_token": "<s>", "eos_token": {"__type": "AddedToken", "content": "</s>"}})");
   std::optional<ChatTemplate> t = ChatTemplate::from_model_dir(dir);
@@ -117,7 +118,7 @@ TEST(ChatTemplate, FromModelDirReadsTheConfigTemplateAndTokens) {
   EXPECT_NE(t->where().find("tokenizer_config.json field chat_template"), std::string::npos) << t->where();
   EXPECT_EQ(t->render({{"user", "hi"}}, true), "<s>user=hi;</s>");
 
-  test::write_text(dir / "tokenizer_config.json",
+  lineage::test::write_text(dir / "tokenizer_config.json",
                    R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ bos_token }}"}],
                        "bos_token": null})");
   t = ChatTemplate::from_model_dir(dir);
@@ -126,8 +127,8 @@ TEST(ChatTemplate, FromModelDirReadsTheConfigTemplateAndTokens) {
   EXPECT_EQ(t->bos_token(), "");
 
   // chat_template.jinja (newer checkpoints) wins over the config's field; the tokens still come from the config.
-  test::write_text(dir / "chat_template.jinja", "J{{ eos_token }}\n");
-  test::write_text(dir / "tokenizer_config.json", R"({"chat_template": "C", "eos_token": "<|im_end|>"})");
+  lineage::test::write_text(dir / "chat_template.jinja", "J{{ eos_token }}\n");
+  lineage::test::write_text(dir / "tokenizer_config.json", R"({"chat_template": "C", "eos_token": "<|im_end|>"})");
   t = ChatTemplate::from_model_dir(dir);
   ASSERT_TRUE(t.has_value());
   EXPECT_EQ(t->render({}, false), "J<|im_end|>");
@@ -135,23 +136,23 @@ TEST(ChatTemplate, FromModelDirReadsTheConfigTemplateAndTokens) {
 }
 
 TEST(ChatTemplate, FromModelDirErrorsNameTheFileAndField) {
-  const fs::path dir = test::temp_dir();
-  test::write_text(dir / "tokenizer_config.json", R"({"chat_template": [{"name": "tool_use", "template": "T"}]})");
+  const fs::path dir = lineage::test::temp_dir();
+  lineage::test::write_text(dir / "tokenizer_config.json", R"({"chat_template": [{"name": "tool_use", "template": "T"}]})");
   std::string e = error_of([&] { (void)ChatTemplate::from_model_dir(dir); });
   EXPECT_NE(e.find("tokenizer_config.json"), std::string::npos) << e;
   EXPECT_NE(e.find("chat_template"), std::string::npos) << e;
   EXPECT_NE(e.find("\"default\""), std::string::npos) << e;
   EXPECT_NE(e.find("tool_use"), std::string::npos) << e;
 
-  test::write_text(dir / "tokenizer_config.json", R"({"chat_template": 7})");
+  lineage::test::write_text(dir / "tokenizer_config.json", R"({"chat_template": 7})");
   e = error_of([&] { (void)ChatTemplate::from_model_dir(dir); });
   EXPECT_NE(e.find("field chat_template is number"), std::string::npos) << e;
 
-  test::write_text(dir / "tokenizer_config.json", R"({"chat_template": "x", "bos_token": 3})");
+  lineage::test::write_text(dir / "tokenizer_config.json", R"({"chat_template": "x", "bos_token": 3})");
   e = error_of([&] { (void)ChatTemplate::from_model_dir(dir); });
   EXPECT_NE(e.find("field bos_token"), std::string::npos) << e;
 
-  test::write_text(dir / "tokenizer_config.json", R"({"chat_template": "line one\n{{ x | nope }}"})");
+  lineage::test::write_text(dir / "tokenizer_config.json", R"({"chat_template": "line one\n{{ x | nope }}"})");
   e = error_of([&] { (void)ChatTemplate::from_model_dir(dir); });
   EXPECT_NE(e.find("tokenizer_config.json field chat_template:2: unknown filter 'nope'"), std::string::npos) << e;
 }
@@ -257,4 +258,5 @@ TEST(ChatTemplate, LimitsStopRunawayTemplates) {
 }
 
 }  // namespace
+}  // namespace chat_template_test
 }  // namespace lineage::io

@@ -23,6 +23,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace cli_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -682,4 +683,5 @@ TEST(Cli, GeneratePromptsRejectsBadFiles) {
 }
 
 }  // namespace
+}  // namespace cli_test
 }  // namespace lineage

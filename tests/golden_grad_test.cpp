@@ -15,6 +15,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace golden_grad_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -85,4 +86,5 @@ INSTANTIATE_TEST_SUITE_P(Families, GoldenGrad,
                          [](const auto& info) { return info.param.family + "_" + info.param.name; });
 
 }  // namespace
+}  // namespace golden_grad_test
 }  // namespace lineage

@@ -16,6 +16,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace golden_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -424,4 +425,5 @@ TEST(GoldenKimiK3, SplitInvarianceAndState) {
 }
 
 }  // namespace
+}  // namespace golden_test
 }  // namespace lineage

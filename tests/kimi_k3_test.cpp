@@ -14,6 +14,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace kimi_k3_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -151,4 +152,5 @@ TEST(KimiK3, DamagedCheckpointsNameTheTensorOrField) {
 }
 
 }  // namespace
+}  // namespace kimi_k3_test
 }  // namespace lineage

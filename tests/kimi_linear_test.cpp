@@ -10,6 +10,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace kimi_linear_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -131,4 +132,5 @@ TEST(KimiLinear, ExpertCountMustMatchTheCheckpoint) {
 }
 
 }  // namespace
+}  // namespace kimi_linear_test
 }  // namespace lineage

@@ -14,6 +14,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace preset_split_test {
 namespace {
 
 class PresetSplit : public testing::TestWithParam<const char*> {};
@@ -55,4 +56,5 @@ INSTANTIATE_TEST_SUITE_P(Presets, PresetSplit, testing::Values("gpt2-124m", "lin
                          });
 
 }  // namespace
+}  // namespace preset_split_test
 }  // namespace lineage

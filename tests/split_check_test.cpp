@@ -12,6 +12,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace split_check_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -96,4 +97,5 @@ TEST(SplitCheck, FirstDivergenceIsNothingOrARoutingTie) {
 }
 
 }  // namespace
+}  // namespace split_check_test
 }  // namespace lineage

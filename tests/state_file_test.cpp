@@ -16,6 +16,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace state_file_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -189,4 +190,5 @@ TEST(StateFileCli, LogitsAndGenerateContinueExactly) {
 }
 
 }  // namespace
+}  // namespace state_file_test
 }  // namespace lineage

@@ -6,6 +6,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace study_cli_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -96,4 +97,5 @@ TEST(StudyCli, BadValuesExitTwoNamingTheOption) {
 }
 
 }  // namespace
+}  // namespace study_cli_test
 }  // namespace lineage

@@ -12,6 +12,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace study_recall_test {
 namespace {
 
 TEST(StudyRecall, SequencesHoldPairsThenEachKeyQueriedOnce) {
@@ -74,4 +75,5 @@ TEST(StudyRecall, CommandTrainsTheRows) {
 }
 
 }  // namespace
+}  // namespace study_recall_test
 }  // namespace lineage

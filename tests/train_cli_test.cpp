@@ -13,6 +13,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace train_cli_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -135,4 +136,5 @@ TEST(TrainCli, BadInputIsNamedAndExitsTwo) {
 }
 
 }  // namespace
+}  // namespace train_cli_test
 }  // namespace lineage

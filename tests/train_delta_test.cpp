@@ -23,6 +23,7 @@
 #include "train_check.h"
 
 namespace lineage {
+namespace train_delta_test {
 namespace {
 
 using layers::DeltaRule;
@@ -226,4 +227,5 @@ TEST(TrainDelta, LossFallsOnARepeatingSequence) {
 }
 
 }  // namespace
+}  // namespace train_delta_test
 }  // namespace lineage

@@ -20,6 +20,7 @@
 #include "train_check.h"
 
 namespace lineage {
+namespace train_mla_test {
 namespace {
 
 constexpr int64_t kVocab = 40;
@@ -223,4 +224,5 @@ TEST(TrainMla, LossFallsOnARepeatingSequence) {
 }
 
 }  // namespace
+}  // namespace train_mla_test
 }  // namespace lineage

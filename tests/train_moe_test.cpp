@@ -22,6 +22,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace train_moe_test {
 namespace {
 
 constexpr int64_t kVocab = 40;
@@ -308,4 +309,5 @@ TEST(TrainMoe, LossFallsOnARepeatingSequence) {
 }
 
 }  // namespace
+}  // namespace train_moe_test
 }  // namespace lineage

@@ -18,6 +18,7 @@
 #include "train_check.h"
 
 namespace lineage {
+namespace train_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -158,4 +159,5 @@ TEST(TrainGpt2, ResumeContinuesTheRunBitForBit) {
 }
 
 }  // namespace
+}  // namespace train_test
 }  // namespace lineage

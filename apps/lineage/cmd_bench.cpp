@@ -25,7 +25,7 @@ namespace lineage::app {
 
 namespace {
 
-struct Opts {
+struct BenchOpts {
   ModelSource src;
   int64_t prompt = 512, gen = 32;
   std::vector<int64_t> depths = {0};
@@ -41,7 +41,7 @@ struct Ceilings {
 };
 
 // One row: "pp512" or "tg32" at one depth.
-struct Row {
+struct BenchRow {
   std::string test;
   int64_t depth = 0;
   std::vector<double> samples;  // tokens/s of each repetition
@@ -64,22 +64,13 @@ struct Row {
 constexpr size_t kProbeBytes = size_t(256) << 20;
 constexpr int kProbePasses = 2;
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(rng.next_u64() % uint64_t(vocab));
-  return t;
-}
-
 double mean(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
   return v.empty() ? 0.0 : s / double(v.size());
 }
 
-void summarize(Row& r) {
+void summarize(BenchRow& r) {
   r.mean = mean(r.samples);
   double ss = 0;
   for (double x : r.samples) ss += (x - r.mean) * (x - r.mean);
@@ -87,7 +78,7 @@ void summarize(Row& r) {
 }
 
 // Refuses what cannot run before any weight is drawn: a prompt or depth + gen past the context limit.
-void check_limits(const model::Model& m, const Opts& o) {
+void check_limits(const model::Model& m, const BenchOpts& o) {
   const int64_t limit = m.config.max_positions;
   if (!limit) return;
   const std::string hint = cat(" the model's context limit of ", limit, " tokens (config.json field ",
@@ -103,16 +94,16 @@ void check_limits(const model::Model& m, const Opts& o) {
 }
 
 // pp N: prefill of N random tokens from an empty state, one warm-up then R timed repetitions.
-Row bench_prefill(runtime::Session& s, const Opts& o) {
+BenchRow bench_prefill(runtime::Session& s, const BenchOpts& o) {
   const model::Model& m = s.model();
   const auto tokens = random_tokens(o.prompt, m.config.vocab_size, o.src.seed + 101);
-  Row r;
+  BenchRow r;
   r.test = "pp" + std::to_string(o.prompt);
   for (int rep = 0; rep <= o.repetitions; ++rep) {
     s.reset();
-    const double t0 = now();
+    const double t0 = steady_seconds();
     s.prefill(tokens);
-    if (rep > 0) r.samples.push_back(double(o.prompt) / (now() - t0));
+    if (rep > 0) r.samples.push_back(double(o.prompt) / (steady_seconds() - t0));
   }
   return r;
 }
@@ -129,10 +120,10 @@ model::SequenceState build_context(runtime::Session& s, int64_t depth, uint64_t 
 // tg N at depth d: every repetition decodes N tokens from the same context snapshot, restored into
 // the session's buffers (from the first repetition on, no new pages: the timed decode does not pay
 // for growing the KV cache), with the read bandwidth probed just before and just after it.
-Row bench_decode(runtime::Session& s, const Opts& o, int64_t depth, const kernels::ReadBandwidthProbe& probe) {
+BenchRow bench_decode(runtime::Session& s, const BenchOpts& o, int64_t depth, const kernels::ReadBandwidthProbe& probe) {
   const model::SequenceState context = build_context(s, depth, o.src.seed + 202 + uint64_t(depth));
   const auto tokens = random_tokens(o.gen, s.model().config.vocab_size, o.src.seed + 303);
-  Row r;
+  BenchRow r;
   r.test = "tg" + std::to_string(o.gen);
   r.depth = depth;
   r.decode = true;
@@ -140,9 +131,9 @@ Row bench_decode(runtime::Session& s, const Opts& o, int64_t depth, const kernel
   for (int rep = 0; rep <= o.repetitions; ++rep) {
     s.restore(context);
     if (rep == 1) before = probe.measure(kProbePasses);
-    const double t0 = now();
+    const double t0 = steady_seconds();
     for (int32_t t : tokens) s.decode(t);
-    const double t1 = now();
+    const double t1 = steady_seconds();
     if (rep == 0) continue;
     const double after = probe.measure(kProbePasses);
     r.samples.push_back(double(o.gen) / (t1 - t0));
@@ -155,7 +146,7 @@ Row bench_decode(runtime::Session& s, const Opts& o, int64_t depth, const kernel
 // tg N at depth d with B sequences: B slots of one pool, each restored from the same context
 // snapshot, decode N steps together, one token of each sequence a step (the projections one GEMM
 // over B rows, each weight read once a step). t/s counts the tokens of all B sequences.
-Row bench_decode_batch(runtime::Session& s, const Opts& o, int64_t depth, int64_t B,
+BenchRow bench_decode_batch(runtime::Session& s, const BenchOpts& o, int64_t depth, int64_t B,
                        const kernels::ReadBandwidthProbe& probe) {
   const model::Model& m = s.model();
   const model::SequenceState context = build_context(s, depth, o.src.seed + 202 + uint64_t(depth));
@@ -168,7 +159,7 @@ Row bench_decode_batch(runtime::Session& s, const Opts& o, int64_t depth, int64_
   model::Workspace ws;
   layers::Step step;
   std::vector<float> logits(size_t(B * m.config.vocab_size));
-  Row r;
+  BenchRow r;
   r.test = "tg" + std::to_string(o.gen);
   r.depth = depth;
   r.decode = true;
@@ -177,13 +168,13 @@ Row bench_decode_batch(runtime::Session& s, const Opts& o, int64_t depth, int64_
   for (int rep = 0; rep <= o.repetitions; ++rep) {
     for (int32_t slot : slots) pool.state(slot).assign(context);
     if (rep == 1) before = probe.measure(kProbePasses);
-    const double t0 = now();
+    const double t0 = steady_seconds();
     for (int64_t i = 0; i < o.gen; ++i) {
       step.clear();
       for (int64_t b = 0; b < B; ++b) step.add(slots[size_t(b)], depth + i, {&tokens[size_t(b)][size_t(i)], 1});
       model::forward(m, step, pool, model::LogitRows::Last, logits.data(), ws);
     }
-    const double t1 = now();
+    const double t1 = steady_seconds();
     if (rep == 0) continue;
     const double after = probe.measure(kProbePasses);
     r.samples.push_back(double(B * o.gen) / (t1 - t0));
@@ -209,7 +200,7 @@ std::string model_label(const ModelSource& src) {
 // "495.8 MB", "179.7 MFLOP": decimal prefixes, like GB/s and GFLOP/s in the header. Decode rows: the
 // bytes a token moves (a step's weights shared by its B tokens, plus its own state), or its FLOPs
 // where the peak binds.
-std::string per_token_label(const Row& r) {
+std::string per_token_label(const BenchRow& r) {
   const bool bytes = r.decode && !r.compute_bound;
   double v = bytes ? r.bytes.weights / double(r.batch) + r.bytes.state
              : r.decode ? r.decode_flops.total()
@@ -235,13 +226,13 @@ struct Context {
 
 // Whether any weight is mapped from a file rather than owned, and how much of it the kernel maps with
 // 2 MiB entries (owned buffers and the bandwidth probe get huge pages; decode notices the difference).
-void print_header(const Context& c, const model::Model& m, const std::vector<Row>& rows) {
+void print_header(const Context& c, const model::Model& m, const std::vector<BenchRow>& rows) {
   std::printf("lineage bench: %s (%s), weights %s%s, threads %d%s\n", c.model.c_str(), m.config.model_type.c_str(),
               c.dtype.c_str(), c.mapped_label.c_str(), c.threads, c.products_label.c_str());
   std::printf("roofline: read bandwidth %.2f GB/s best (%s), peak %.1f GFLOP/s (%s)\n", c.ceil.bandwidth / 1e9,
               c.ceil.read_kernel.c_str(), c.ceil.peak / 1e9, c.ceil.peak_kernel.c_str());
   double lo = 0, hi = 0;
-  for (const Row& r : rows)
+  for (const BenchRow& r : rows)
     for (double bw : r.bandwidth) {
       lo = lo == 0 ? bw : std::min(lo, bw);
       hi = std::max(hi, bw);
@@ -260,7 +251,7 @@ void print_header(const Context& c, const model::Model& m, const std::vector<Row
               std::string(11, '-').c_str());
 }
 
-void print_row(const Context& c, const Row& r) {
+void print_row(const Context& c, const BenchRow& r) {
   char tps[48];
   std::snprintf(tps, sizeof tps, "%.2f ± %.2f", r.mean, r.stddev);
   // "±" is two bytes in UTF-8 but one column: pad by hand.
@@ -271,7 +262,7 @@ void print_row(const Context& c, const Row& r) {
               tps, r.roofline, 100.0 * r.mean / r.roofline, paired, per_token_label(r).c_str());
 }
 
-nlohmann::json row_json(const Context& c, const Row& r, int repetitions) {
+nlohmann::json row_json(const Context& c, const BenchRow& r, int repetitions) {
   nlohmann::json j = {{"model", c.model},
                       {"weights_dtype", c.dtype},
                       {"threads", c.threads},
@@ -328,12 +319,12 @@ Ceilings measure_ceilings(DType dtype, int threads, const Ceilings& earlier) {
           kernels::peak_flops_kernel(dtype)};
 }
 
-void progress(const Row& r) {
+void progress(const BenchRow& r) {
   if (isatty(STDERR_FILENO)) std::fprintf(stderr, "lineage bench: %s at depth %lld: %.2f t/s\n", r.test.c_str(),
                                           (long long)r.depth, r.mean);
 }
 
-void run(const Opts& o) {
+void run_bench(const BenchOpts& o) {
   if (o.prompt == 0 && o.gen == 0) throw Error("--prompt 0 and --gen 0 leave no test to run");
   if (!o.src.preset.empty()) check_limits(model::preset_skeleton(o.src.preset), o);
   io::LoadedModel lm = load(o.src, false);
@@ -352,8 +343,8 @@ void run(const Opts& o) {
   c.ceil = measure_ceilings(dtype, c.threads, {});
 
   runtime::Session s(m);
-  std::vector<Row> rows;
-  const auto done = [&](Row r) {
+  std::vector<BenchRow> rows;
+  const auto done = [&](BenchRow r) {
     summarize(r);
     progress(r);
     rows.push_back(std::move(r));
@@ -370,9 +361,9 @@ void run(const Opts& o) {
     c.mapped_label = mapped_label(p);
     c.huge_share = p.resident ? double(p.huge) / double(p.resident) : 0.0;
   }
-  for (const Row& r : rows)
+  for (const BenchRow& r : rows)
     for (double bw : r.bandwidth) c.ceil.bandwidth = std::max(c.ceil.bandwidth, bw);
-  for (Row& r : rows) {
+  for (BenchRow& r : rows) {
     if (r.decode) {
       // A step of B sequences reads the weights once and each sequence's state: B tokens for
       // weights + B·state bytes. It also does B tokens' FLOPs; whichever ceiling binds first.
@@ -397,18 +388,18 @@ void run(const Opts& o) {
 
   if (o.json) {
     nlohmann::json all = nlohmann::json::array();
-    for (const Row& r : rows) all.push_back(row_json(c, r, o.repetitions));
+    for (const BenchRow& r : rows) all.push_back(row_json(c, r, o.repetitions));
     std::printf("%s\n", all.dump(2).c_str());
     return;
   }
   print_header(c, m, rows);
-  for (const Row& r : rows) print_row(c, r);
+  for (const BenchRow& r : rows) print_row(c, r);
 }
 
 }  // namespace
 
 void add_bench(CLI::App& app) {
-  static Opts o;
+  static BenchOpts o;
   auto* cmd = app.add_subcommand("bench", "prefill (ppN) and decode (tgN at depth D) tokens/s next to the roofline "
                                           "measured in the same run");
   add_model_options(*cmd, o.src, true);
@@ -429,7 +420,7 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--repetitions", o.repetitions, "timed repetitions of each test after one warm-up (default 3)")
       ->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", o.json, "print one JSON array of result objects");
-  cmd->callback([] { run(o); });
+  cmd->callback([] { run_bench(o); });
 }
 
 }  // namespace lineage::app

@@ -22,14 +22,12 @@ namespace lineage::app {
 
 namespace {
 
-struct Opts {
+struct BenchServeOpts {
   ModelSource src;
   std::vector<int64_t> clients = {1, 4, 16, 64};
   int64_t requests = 4, prompt = 64, gen = 32, slots = 0;
   bool json = false;
 };
-
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 struct Sample {
   double ttft = 0, per_token = 0;
@@ -56,7 +54,7 @@ Sample one_request(int port, const std::vector<int32_t>& prompt, int64_t gen) {
   Sample s;
   std::string pending;
   double t_first = 0, t_last = 0;
-  const double t0 = now();
+  const double t0 = steady_seconds();
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     pending.append(data, n);
     size_t end;
@@ -70,8 +68,8 @@ Sample one_request(int port, const std::vector<int32_t>& prompt, int64_t gen) {
       // Per-token latency runs from the first text to the finishing event (the server may send a
       // few tokens' text in one event when the client reads slower than they come).
       if (j.contains("choices") && !j["choices"].empty()) {
-        if (t_first == 0 && !j["choices"][0].value("text", "").empty()) t_first = now();
-        if (!j["choices"][0]["finish_reason"].is_null()) t_last = now();
+        if (t_first == 0 && !j["choices"][0].value("text", "").empty()) t_first = steady_seconds();
+        if (!j["choices"][0]["finish_reason"].is_null()) t_last = steady_seconds();
       }
     }
     return true;
@@ -91,7 +89,7 @@ double percentile(std::vector<double> v, double q) {
   return v[size_t(std::max(0.0, std::ceil(q * double(v.size())) - 1))];
 }
 
-struct Row {
+struct BenchServeRow {
   int64_t clients = 0, requests = 0, tokens = 0, failed = 0;
   double seconds = 0, tokens_per_second = 0, roofline = 0;
   bool compute_bound = false;
@@ -99,10 +97,10 @@ struct Row {
   std::string error;  // the first failure's
 };
 
-Row run_clients(int port, const Opts& o, int64_t clients, int32_t vocab, uint64_t seed) {
+BenchServeRow run_clients(int port, const BenchServeOpts& o, int64_t clients, int32_t vocab, uint64_t seed) {
   std::vector<std::vector<Sample>> samples{size_t(clients)};
   std::vector<std::thread> threads;
-  const double t0 = now();
+  const double t0 = steady_seconds();
   for (int64_t c = 0; c < clients; ++c)
     threads.emplace_back([&, c] {
       std::mt19937_64 rng(seed + uint64_t(c));
@@ -114,9 +112,9 @@ Row run_clients(int port, const Opts& o, int64_t clients, int32_t vocab, uint64_
       }
     });
   for (auto& t : threads) t.join();
-  Row row;
+  BenchServeRow row;
   row.clients = clients;
-  row.seconds = now() - t0;
+  row.seconds = steady_seconds() - t0;
   std::vector<double> ttft, tok;
   for (const auto& per_client : samples)
     for (const Sample& s : per_client) {
@@ -136,7 +134,7 @@ Row run_clients(int port, const Opts& o, int64_t clients, int32_t vocab, uint64_
   return row;
 }
 
-void run(Opts& o) {
+void run_bench_serve(BenchServeOpts& o) {
   for (int64_t c : o.clients)
     if (c < 1 || c > 4096) throw Error(cat("--clients: expected counts in [1, 4096], found ", c));
   io::LoadedModel m = load(o.src, true);
@@ -159,7 +157,7 @@ void run(Opts& o) {
   const DType dtype = main_dtype(m.model);
   double bandwidth = kernels::measure_read_bandwidth(threads), peak = kernels::measure_peak_flops(dtype, threads);
   one_request(port, std::vector<int32_t>(size_t(o.prompt), 0), std::min<int64_t>(o.gen, 4));  // warm-up: pages, caches
-  std::vector<Row> rows;
+  std::vector<BenchServeRow> rows;
   for (int64_t c : o.clients) {
     rows.push_back(run_clients(port, o, c, int32_t(m.model.config.vocab_size), 1000 * uint64_t(c)));
     if (isatty(2))
@@ -169,7 +167,7 @@ void run(Opts& o) {
   bandwidth = std::max(bandwidth, kernels::measure_read_bandwidth(threads));
   peak = std::max(peak, kernels::measure_peak_flops(dtype, threads));
   const double context = runtime::mean_decode_context(o.prompt, o.gen);
-  for (Row& r : rows) {
+  for (BenchServeRow& r : rows) {
     const runtime::DecodeRoofline rf =
         runtime::decode_roofline(m.model, context, double(std::min(r.clients, so.engine.slots)), bandwidth, peak);
     r.roofline = rf.tokens_per_second;
@@ -180,7 +178,7 @@ void run(Opts& o) {
 
   if (o.json) {
     nlohmann::json all = nlohmann::json::array();
-    for (const Row& r : rows)
+    for (const BenchServeRow& r : rows)
       all.push_back({{"clients", r.clients},
                      {"requests", r.requests},
                      {"failed", r.failed},
@@ -212,7 +210,7 @@ void run(Opts& o) {
   std::printf("| %7s | %8s | %9s | %12s | %10s | %9s | %9s | %11s | %11s |\n", "clients", "requests", "tok/s",
               "roofline t/s", "% roofline", "TTFT p50", "TTFT p99", "per tok p50", "per tok p99");
   std::printf("| ------: | -------: | --------: | -----------: | ---------: | --------: | --------: | ----------: | ----------: |\n");
-  for (const Row& r : rows)
+  for (const BenchServeRow& r : rows)
     std::printf("| %7lld | %8lld | %9.1f | %12.1f | %9.1f%% | %7.1f ms | %7.1f ms | %8.2f ms | %8.2f ms |%s\n",
                 (long long)r.clients, (long long)r.requests, r.tokens_per_second, r.roofline,
                 100.0 * r.tokens_per_second / r.roofline, r.ttft_p50 * 1e3, r.ttft_p99 * 1e3, r.tok_p50 * 1e3,
@@ -225,7 +223,7 @@ void run(Opts& o) {
 }  // namespace
 
 void add_bench_serve(CLI::App& app) {
-  static Opts o;
+  static BenchServeOpts o;
   auto* cmd = app.add_subcommand("bench-serve", "lineage serve under 1, 4, 16, 64 concurrent streaming clients over "
                                                 "loopback HTTP: tok/s, time to first token, per-token latency, next to "
                                                 "the batched-decode roofline");
@@ -239,7 +237,7 @@ void add_bench_serve(CLI::App& app) {
   cmd->add_option("--slots", o.slots, "the server's slots (default: the largest --clients)")
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   cmd->add_flag("--json", o.json, "one JSON object per concurrency instead of the table");
-  cmd->callback([] { run(o); });
+  cmd->callback([] { run_bench_serve(o); });
 }
 
 }  // namespace lineage::app

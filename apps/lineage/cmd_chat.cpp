@@ -21,7 +21,7 @@ namespace lineage::app {
 
 namespace {
 
-struct Opts {
+struct ChatOpts {
   ModelSource src;
   std::string system;
   int max_tokens = 512;
@@ -49,7 +49,7 @@ std::string trim(const std::string& s) {
 
 class Chat {
  public:
-  Chat(const io::LoadedModel& m, const Opts& o)
+  Chat(const io::LoadedModel& m, const ChatOpts& o)
       : m_(m),
         o_(o),
         tok_(require_tokenizer(m, "chat")),
@@ -245,7 +245,7 @@ class Chat {
   }
 
   const io::LoadedModel& m_;
-  const Opts& o_;
+  const ChatOpts& o_;
   const io::Tokenizer& tok_;
   std::optional<io::ChatTemplate> template_;
   runtime::Session session_;
@@ -258,7 +258,7 @@ class Chat {
   TurnStats last_;
 };
 
-void run(const Opts& o) {
+void run_chat(const ChatOpts& o) {
   io::LoadedModel m = load(o.src, true);
   Chat chat(m, o);
   if (!o.load.empty()) chat.load(o.load);
@@ -305,7 +305,7 @@ void run(const Opts& o) {
 }  // namespace
 
 void add_chat(CLI::App& app) {
-  static Opts o;
+  static ChatOpts o;
   auto* cmd = app.add_subcommand("chat", "a multi-turn conversation in the terminal, streamed, the state kept between "
                                          "turns; /reset, /save FILE, /load FILE, /stats, /help");
   add_model_options(*cmd, o.src, true);
@@ -321,7 +321,7 @@ void add_chat(CLI::App& app) {
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "recurrent layers' checkpoint interval in tokens (default 256)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   cmd->add_option("--load", o.load, "continue a conversation saved with /save");
-  cmd->callback([] { run(o); });
+  cmd->callback([] { run_chat(o); });
 }
 
 }  // namespace lineage::app

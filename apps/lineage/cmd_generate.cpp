@@ -15,7 +15,7 @@ namespace lineage::app {
 
 namespace {
 
-struct Opts {
+struct GenerateOpts {
   ModelSource src;
   std::string prompt, prompts_file;
   int max_tokens = 64;
@@ -33,7 +33,7 @@ std::vector<int32_t> encode_prompt(const io::Tokenizer& tok, const std::string& 
   return ids;
 }
 
-runtime::GenerateOptions default_options(const Opts& o, const io::LoadedModel& m, const io::Tokenizer& tok) {
+runtime::GenerateOptions default_options(const GenerateOpts& o, const io::LoadedModel& m, const io::Tokenizer& tok) {
   runtime::GenerateOptions opt;
   opt.max_tokens = o.max_tokens;
   opt.sampling = {o.temperature, o.top_k, o.top_p, o.src.seed};
@@ -108,7 +108,7 @@ std::vector<runtime::BatchRequest> read_prompts(const std::string& path, const i
   return out;
 }
 
-void run_many(const Opts& o) {
+void run_many(const GenerateOpts& o) {
   io::LoadedModel m = load(o.src, true);
   const io::Tokenizer& tok = require_tokenizer(m, "generate");
   const std::vector<runtime::BatchRequest> requests = read_prompts(o.prompts_file, tok, default_options(o, m, tok));
@@ -132,7 +132,7 @@ void run_many(const Opts& o) {
                (long long)st.most_together, (long long)o.batch);
 }
 
-void run_one(const Opts& o) {
+void run_one(const GenerateOpts& o) {
   io::LoadedModel m = load(o.src, true);
   const io::Tokenizer& tok = require_tokenizer(m, "generate");
   runtime::Session session(m.model);
@@ -171,7 +171,7 @@ void run_one(const Opts& o) {
 }  // namespace
 
 void add_generate(CLI::App& app) {
-  static Opts o;
+  static GenerateOpts o;
   auto* cmd = app.add_subcommand("generate", "generate text from a prompt, streamed to stdout; or from many prompts "
                                              "decoded together (--prompts), one JSON line each");
   add_model_options(*cmd, o.src, true);

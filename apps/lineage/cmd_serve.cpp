@@ -15,13 +15,13 @@ namespace lineage::app {
 
 namespace {
 
-struct Opts {
+struct ServeOpts {
   ModelSource src;
   serve::ServerOptions server;
   std::string cache_bytes = "256M";
 };
 
-void run(Opts& o) {
+void run_serve(ServeOpts& o) {
   // SIGINT / SIGTERM are taken by a thread of their own (sigwait), which stops the server; every
   // other thread, the HTTP workers and the engine's among them, inherits the blocked mask.
   sigset_t signals;
@@ -64,7 +64,7 @@ void run(Opts& o) {
 }  // namespace
 
 void add_serve(CLI::App& app) {
-  static Opts o;
+  static ServeOpts o;
   auto* cmd = app.add_subcommand("serve", "an OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions "
                                           "(streamed with \"stream\": true), /v1/models, /health, /metrics and a "
                                           "chat page at / (docs/serve.md)");
@@ -96,7 +96,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--http-threads", s.threads, "HTTP worker threads (default: slots + queue + 16)")
       ->check(CLI::Range(1, 65536));
   cmd->add_option("--name", s.model_name, "model id in /v1/models and responses (default: the directory's name)");
-  cmd->callback([] { run(o); });
+  cmd->callback([] { run_serve(o); });
 }
 
 }  // namespace lineage::app

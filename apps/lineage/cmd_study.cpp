@@ -55,20 +55,20 @@ CLI::Validator whole_number() {
       "S");
 }
 
-struct Opts {
+struct StudyOpts {
   train::MemoryStudyConfig config;
   std::string out;
   bool json = false;
 };
 
-void check(const Opts& o) {
+void check(const StudyOpts& o) {
   for (int64_t D : o.config.dims)
     for (double r : o.config.ratios)
       if (std::llround(r * double(D)) < 1)
         throw Error(cat("--ratios ", r, " at D = ", D, " (--dims) writes no pair: expected N/D · D >= 1"));
 }
 
-void run(const Opts& o) {
+void run_study(const StudyOpts& o) {
   check(o);
   const train::MemoryStudy s = train::run_memory_study(o.config);
   std::vector<std::string> files;
@@ -143,7 +143,7 @@ void run_recall(RecallOpts& o) {
 }  // namespace
 
 void add_study(CLI::App& app) {
-  static Opts o;
+  static StudyOpts o;
   auto* study = app.add_subcommand("study", "training-free experiments that measure the lineage's claims");
   study->require_subcommand(1);
   auto* cmd = study->add_subcommand(
@@ -161,7 +161,7 @@ void add_study(CLI::App& app) {
   cmd->add_option("--seed", o.config.seed, "seed of the random keys and values (default 0)")->check(whole_number());
   cmd->add_option("--out", o.out, "write memory.html, memory.json and the SVG plots into this directory");
   cmd->add_flag("--json", o.json, "print the results as one JSON object instead of the tables");
-  cmd->callback([] { run(o); });
+  cmd->callback([] { run_study(o); });
 
   static RecallOpts r;
   auto* rec = study->add_subcommand(

@@ -20,7 +20,7 @@ namespace {
 constexpr int64_t kDepths[] = {1024, 4096, 16384};
 constexpr int kDecodeSteps = 8;
 
-struct Row {
+struct TourRow {
   std::string preset, note;
   size_t state_bytes[3] = {};
   double decode_ms[3] = {};
@@ -28,23 +28,14 @@ struct Row {
   double prefill_tok_s = 0, split_rel_rms = 0;
 };
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = int32_t(rng.next_u64() % uint64_t(vocab));
-  return t;
-}
-
 std::string fmt_sci(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1e", v);
   return buf;
 }
 
-Row measure(const std::string& label, const model::Model& m, uint64_t seed) {
-  Row r;
+TourRow measure(const std::string& label, const model::Model& m, uint64_t seed) {
+  TourRow r;
   r.preset = label;
   const int64_t limit = m.config.max_positions;
   if (limit && limit < 2 * (kDecodeSteps + 1))
@@ -60,9 +51,9 @@ Row measure(const std::string& label, const model::Model& m, uint64_t seed) {
     const auto toks = random_tokens(depth - s.position(), m.config.vocab_size, seed + 10 + i);
     for (size_t j = 0; j < toks.size(); j += 512) {
       const size_t n = std::min<size_t>(512, toks.size() - j);
-      const double t0 = now();
+      const double t0 = steady_seconds();
       s.prefill(std::span<const int32_t>(toks.data() + j, n));
-      prefill_s += now() - t0;
+      prefill_s += steady_seconds() - t0;
       prefilled += int64_t(n);
     }
     r.state_bytes[i] = s.state().bytes();
@@ -71,9 +62,9 @@ Row measure(const std::string& label, const model::Model& m, uint64_t seed) {
     probe.decode(int32_t(rng.next_u64() % uint64_t(m.config.vocab_size)));  // warm the scratch buffers
     std::vector<double> ms;
     for (int k = 0; k < kDecodeSteps; ++k) {
-      const double t0 = now();
+      const double t0 = steady_seconds();
       probe.decode(int32_t(rng.next_u64() % uint64_t(m.config.vocab_size)));
-      ms.push_back((now() - t0) * 1e3);
+      ms.push_back((steady_seconds() - t0) * 1e3);
     }
     std::sort(ms.begin(), ms.end());
     r.decode_ms[i] = ms[ms.size() / 2];  // the median step: robust to a stray scheduling hiccup
@@ -128,7 +119,7 @@ std::pair<std::string, std::string> write_and_forget(const model::Model& m) {
   return {join(write), join(forget)};
 }
 
-void print_row(const Row& r, const model::Model& m) {
+void print_row(const TourRow& r, const model::Model& m) {
   std::string mem, dec;
   for (int i = 0; i < 3; ++i) {
     mem += (i ? " / " : "") + (r.reached[i] ? format_bytes(double(r.state_bytes[i])) : std::string("-"));
@@ -155,14 +146,14 @@ void print_row(const Row& r, const model::Model& m) {
 }  // namespace
 
 void add_tour(CLI::App& app) {
-  struct Opts {
+  struct TourOpts {
     std::vector<std::string> presets;
     std::string model_dir;
     uint64_t seed = 0;
     std::string dtype = "f32";
     ModelSource src;  // carries --bf16-exact
   };
-  static Opts o;
+  static TourOpts o;
   auto* cmd = app.add_subcommand("tour", "one row per architecture: memory vs context, decode cost at depth, "
                                          "prefill speed, chunked = token-by-token check");
   add_threads_option(*cmd);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include "lineage/core/error.h"
+#include "lineage/core/rng.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/threads.h"
 #include "lineage/model/archs/presets.h"
@@ -205,6 +207,17 @@ std::string format_bytes(double b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, u ? "%.2f %s" : "%.0f %s", b, units[u]);
   return buf;
+}
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(rng.next_u64() % uint64_t(vocab));
+  return t;
 }
 
 }  // namespace lineage::app

@@ -188,6 +188,12 @@ def test_queue_bound_503_and_disconnect_frees_slot(hybrid_dir):
 
         a = open_stream()
         assert a.recv(4096).startswith(b"HTTP/1.1 200"), "the first stream starts"
+        # The headers go out when the request is queued; it holds the slot once the engine admits it.
+        # Until then the second request would find the queue of one full.
+        deadline = time.time() + 10
+        while (h := s.get_json("/health"))["slots_processing"] != 1 or h["queued"] != 0:
+            assert time.time() < deadline, f"the first request does not take the slot: {h}"
+            time.sleep(0.01)
         b = open_stream()
         deadline = time.time() + 10
         while s.get_json("/health")["queued"] != 1:

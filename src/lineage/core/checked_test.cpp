@@ -6,6 +6,7 @@
 #include <vector>
 
 namespace lineage {
+namespace checked_test {
 namespace {
 
 TEST(Checked, ProductsAndSumsThatLeaveInt64AreRefused) {
@@ -47,4 +48,5 @@ TEST(Checked, FirstNonFiniteFindsNaNAndInfInEveryFloatDtype) {
 }
 
 }  // namespace
+}  // namespace checked_test
 }  // namespace lineage

@@ -19,6 +19,7 @@
 #include "lineage/core/parallel.h"
 
 namespace lineage {
+namespace parallel_test {
 namespace {
 
 TEST(Parallel, EveryIndexOnceForAnySplit) {
@@ -179,4 +180,5 @@ TEST(Parallel, WorksInAForkedChild) {
 }
 
 }  // namespace
+}  // namespace parallel_test
 }  // namespace lineage

@@ -7,6 +7,7 @@
 #include "lineage/core/tensor.h"
 
 namespace lineage {
+namespace tensor_test {
 namespace {
 
 template <class E>
@@ -35,4 +36,5 @@ TEST(Tensor, TransposedNeedsTwoDims) {
 }
 
 }  // namespace
+}  // namespace tensor_test
 }  // namespace lineage

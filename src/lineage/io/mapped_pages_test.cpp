@@ -13,6 +13,7 @@
 #include <vector>
 
 namespace lineage::io {
+namespace mapped_pages_test {
 namespace {
 
 // Two mappings of a file and one anonymous one; the fields are made up.
@@ -67,4 +68,5 @@ TEST(MappedPages, ReadsThisProcessesMappings) {
 }
 
 }  // namespace
+}  // namespace mapped_pages_test
 }  // namespace lineage::io

@@ -11,6 +11,7 @@
 #include "test_support.h"
 
 namespace lineage::io {
+namespace npy_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -107,4 +108,5 @@ TEST(Npy, DamagedFilesAreErrorsNamingTheFile) {
 }
 
 }  // namespace
+}  // namespace npy_test
 }  // namespace lineage::io

@@ -17,6 +17,7 @@
 #include "lineage/io/unicode_tables.h"
 
 namespace lineage::io {
+namespace tiktoken_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -305,4 +306,5 @@ TEST(TokenizerKimiErrors, MissingFilesNameTheTiktokenLayout) {
 }
 
 }  // namespace
+}  // namespace tiktoken_test
 }  // namespace lineage::io

@@ -17,6 +17,7 @@
 #include "lineage/io/unicode_tables.h"
 
 namespace lineage::io {
+namespace tokenizer_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -486,4 +487,5 @@ TEST(TokenizerSentencePiece, UnknownCharactersFuseIntoOneUnk) {
 }
 
 }  // namespace
+}  // namespace tokenizer_test
 }  // namespace lineage::io

@@ -12,6 +12,7 @@
 #include "lineage/kernels/threads.h"
 
 namespace lineage::kernels {
+namespace attention_test {
 namespace {
 
 TEST(Attention, MatchesRefOverLengthsAndThreads) {
@@ -139,4 +140,5 @@ TEST(Attention, LatentAttentionMatchesRefAndIsIndependentOfTheBatch) {
 }
 
 }  // namespace
+}  // namespace attention_test
 }  // namespace lineage::kernels

@@ -16,6 +16,7 @@
 #include "grad_check.h"
 
 namespace lineage::kernels {
+namespace backward_test {
 namespace {
 
 using test::dot;
@@ -203,4 +204,5 @@ TEST(TrainKernels, CrossEntropyMatchesItsTwinInChunks) {
 }
 
 }  // namespace
+}  // namespace backward_test
 }  // namespace lineage::kernels

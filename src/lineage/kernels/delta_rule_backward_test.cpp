@@ -19,6 +19,7 @@
 #include "lineage/kernels/ref/delta_rule_backward_ref.h"
 
 namespace lineage {
+namespace delta_rule_backward_test {
 namespace {
 
 using kernels::DeltaRuleArgs;
@@ -495,4 +496,5 @@ TEST(DeltaRuleBackwardFast, DeterministicAcrossRunsAndThreadCounts) {
 }
 
 }  // namespace
+}  // namespace delta_rule_backward_test
 }  // namespace lineage

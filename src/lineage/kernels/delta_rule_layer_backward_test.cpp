@@ -17,6 +17,7 @@
 #include "lineage/kernels/ref/delta_rule_layer_backward_ref.h"
 
 namespace lineage::kernels {
+namespace delta_rule_layer_backward_test {
 namespace {
 
 using test::dot;
@@ -244,4 +245,5 @@ INSTANTIATE_TEST_SUITE_P(Threads, LayerBackwardFast, ::testing::Values(1, 2),
                          [](const auto& info) { return std::to_string(info.param) + "_threads"; });
 
 }  // namespace
+}  // namespace delta_rule_layer_backward_test
 }  // namespace lineage::kernels

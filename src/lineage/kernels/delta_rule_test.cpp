@@ -18,6 +18,7 @@
 #include "test_support.h"
 
 namespace lineage {
+namespace delta_rule_test {
 namespace {
 
 using kernels::DeltaRuleArgs;
@@ -430,4 +431,5 @@ TEST(DeltaRule, SplitInvariantAcrossThreadCounts) {
 }
 
 }  // namespace
+}  // namespace delta_rule_test
 }  // namespace lineage

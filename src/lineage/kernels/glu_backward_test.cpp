@@ -16,6 +16,7 @@
 #include "lineage/kernels/ref/glu_backward_ref.h"
 
 namespace lineage::kernels {
+namespace glu_backward_test {
 namespace {
 
 using test::dot;
@@ -68,4 +69,5 @@ INSTANTIATE_TEST_SUITE_P(Threads, GluBackwardFast, ::testing::Values(1, 2),
                          [](const auto& info) { return std::to_string(info.param) + "_threads"; });
 
 }  // namespace
+}  // namespace glu_backward_test
 }  // namespace lineage::kernels

@@ -22,6 +22,7 @@
 #include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels {
+namespace linear_test {
 namespace {
 
 double rel_rms(const std::vector<float>& a, const std::vector<float>& b) {
@@ -428,9 +429,11 @@ TEST(DType, ConversionsRoundTripAndRound) {
 }
 
 }  // namespace
+}  // namespace linear_test
 }  // namespace lineage::kernels
 
 namespace lineage::kernels {
+namespace linear_test {
 namespace {
 
 // 2 to 8 rows of x against [out, in] weights: each row bit for bit what it gives alone (the rows
@@ -469,4 +472,5 @@ TEST(Linear, FewRowsAreEachRowAloneBitForBit) {
 }
 
 }  // namespace
+}  // namespace linear_test
 }  // namespace lineage::kernels

@@ -16,6 +16,7 @@
 #include "lineage/kernels/ref/moe_router_ref.h"
 
 namespace lineage::kernels {
+namespace moe_router_backward_test {
 namespace {
 
 struct RouterCase {
@@ -117,4 +118,5 @@ TEST(MoeRouterBackward, FastKernelMatchesTheTwin) {
 }
 
 }  // namespace
+}  // namespace moe_router_backward_test
 }  // namespace lineage::kernels

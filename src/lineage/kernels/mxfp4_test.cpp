@@ -22,6 +22,7 @@
 #include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels {
+namespace mxfp4_test {
 namespace {
 
 // Random codes (every nibble equally likely) and exponents in [lo, hi], [out, in] as MXFP4.
@@ -312,4 +313,5 @@ TEST(Mxfp4, GemmAtExpertShapeMatchesRefAndGemv) {
 }
 
 }  // namespace
+}  // namespace mxfp4_test
 }  // namespace lineage::kernels

@@ -12,6 +12,7 @@
 #include "lineage/kernels/ref/rope_ref.h"
 
 namespace lineage::kernels {
+namespace rope_test {
 namespace {
 
 using test::expect_close;
@@ -70,4 +71,5 @@ TEST(Rope, FastMatchesTwinAndBackwardIsTheTranspose) {
 }
 
 }  // namespace
+}  // namespace rope_test
 }  // namespace lineage::kernels

@@ -11,6 +11,7 @@
 #include "lineage/kernels/short_conv.h"
 
 namespace lineage::kernels {
+namespace short_conv_test {
 namespace {
 
 std::vector<float> normals(int64_t n, uint64_t seed) {
@@ -90,4 +91,5 @@ TEST(ShortConv, PrefillMatchesFormulaAndStepsMatchPrefillBitForBit) {
 }
 
 }  // namespace
+}  // namespace short_conv_test
 }  // namespace lineage::kernels

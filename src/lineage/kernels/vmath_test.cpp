@@ -15,6 +15,7 @@
 #include "lineage/kernels/x86/vmath_loops.h"
 
 namespace lineage::kernels {
+namespace vmath_test {
 namespace {
 
 using Fn = std::function<void(const float*, float*, int64_t)>;
@@ -98,4 +99,5 @@ TEST(Vmath, SituGluMatchesDoubleLibm) {
 }
 
 }  // namespace
+}  // namespace vmath_test
 }  // namespace lineage::kernels

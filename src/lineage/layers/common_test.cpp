@@ -5,6 +5,7 @@
 #include <cstdint>
 
 namespace lineage::layers {
+namespace common_test {
 namespace {
 
 // A Buffer hands out cache-line aligned memory; growing keeps what it held, zeroes the rest, and
@@ -28,4 +29,5 @@ TEST(Buffer, AlignedGrowthKeepsContentsAndIsCounted) {
 }
 
 }  // namespace
+}  // namespace common_test
 }  // namespace lineage::layers

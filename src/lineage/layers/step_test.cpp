@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace lineage::layers {
+namespace step_test {
 namespace {
 
 // A step lays its sequences out as fla's cu_seqlens, and clear() starts over.
@@ -25,4 +26,5 @@ TEST(Step, OffsetsFollowTheSequences) {
 }
 
 }  // namespace
+}  // namespace step_test
 }  // namespace lineage::layers

@@ -10,6 +10,7 @@
 #include "test_support.h"
 
 namespace lineage::model {
+namespace step_test {
 namespace {
 
 const char* const kPresets[] = {"gpt2-124m",      "linear-attention", "mamba2-decay", "deltanet",
@@ -241,4 +242,5 @@ TEST(Workspace, NoAllocationPerStepOnceWarm) {
 }
 
 }  // namespace
+}  // namespace step_test
 }  // namespace lineage::model

@@ -11,6 +11,7 @@
 #include "lineage/model/archs/presets.h"
 
 namespace lineage::runtime {
+namespace cost_test {
 namespace {
 
 // GPT-2 small: L = 12, D = 768, V = 50257, 1024 positions; a block holds 12·D² + 13·D parameters
@@ -106,4 +107,5 @@ TEST(Cost, MoeCountsTheChosenExpertsAndMlaItsLatents) {
 }
 
 }  // namespace
+}  // namespace cost_test
 }  // namespace lineage::runtime

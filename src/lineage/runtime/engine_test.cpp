@@ -15,6 +15,7 @@
 #include "test_support.h"
 
 namespace lineage::runtime {
+namespace engine_test {
 namespace {
 
 std::vector<int32_t> ids(int64_t n, int64_t vocab, int64_t salt) {
@@ -278,4 +279,5 @@ TEST(Engine, CancelFreesTheSlotAndTheQueueIsBounded) {
 }
 
 }  // namespace
+}  // namespace engine_test
 }  // namespace lineage::runtime

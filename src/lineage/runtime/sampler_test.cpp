@@ -8,6 +8,7 @@
 #include <numeric>
 
 namespace lineage::runtime {
+namespace sampler_test {
 namespace {
 
 TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
@@ -107,4 +108,5 @@ TEST(Sampler, SameSeedSameDraws) {
 }
 
 }  // namespace
+}  // namespace sampler_test
 }  // namespace lineage::runtime

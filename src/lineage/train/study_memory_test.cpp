@@ -11,6 +11,7 @@
 #include "lineage/train/svg_plot.h"
 
 namespace lineage::train {
+namespace study_memory_test {
 namespace {
 
 const CapacityResult& cell(const MemoryStudy& s, WriteRule r, int64_t D, double ratio) {
@@ -201,4 +202,5 @@ TEST(StudyMemory, SvgPlotDrawsSeriesTicksAndLegend) {
 }
 
 }  // namespace
+}  // namespace study_memory_test
 }  // namespace lineage::train

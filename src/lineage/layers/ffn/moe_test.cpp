@@ -13,6 +13,7 @@
 #include "lineage/layers/ffn/moe.h"
 
 namespace lineage::layers {
+namespace moe_test {
 namespace {
 
 struct Routed {
@@ -327,4 +328,5 @@ TEST(Moe, LatentWithIdentityProjectionsIsThePlainMoe) {
 }
 
 }  // namespace
+}  // namespace moe_test
 }  // namespace lineage::layers

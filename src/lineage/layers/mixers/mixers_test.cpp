@@ -12,6 +12,7 @@
 #include "lineage/layers/mixers/delta_rule.h"
 
 namespace lineage::layers {
+namespace mixers_test {
 namespace {
 
 // Seeded weights for every tensor a layer lists: N(0, 0.1), ones and zeros as asked, and for the
@@ -189,4 +190,5 @@ TEST(Mixers, KdaFullRankGatesAndTheLowerBound) {
 }
 
 }  // namespace
+}  // namespace mixers_test
 }  // namespace lineage::layers

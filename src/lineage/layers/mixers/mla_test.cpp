@@ -10,6 +10,7 @@
 #include "lineage/layers/mixers/mla.h"
 
 namespace lineage::layers {
+namespace mla_test {
 namespace {
 
 struct Shape5 {
@@ -187,4 +188,5 @@ TEST(Mla, TheUnrotatedSharedSlotIsScored) {
 }
 
 }  // namespace
+}  // namespace mla_test
 }  // namespace lineage::layers

@@ -5,6 +5,7 @@
 #include "lineage/model/archs/arch.h"
 
 namespace lineage::model {
+namespace defaults_test {
 namespace {
 
 Model build(const std::string& type, const nlohmann::json& extra = nlohmann::json::object(),
@@ -77,4 +78,5 @@ TEST(ArchDefaults, FlaFamilies) {
 }
 
 }  // namespace
+}  // namespace defaults_test
 }  // namespace lineage::model
