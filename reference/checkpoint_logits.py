@@ -1,5 +1,7 @@
 """Logits of a checkpoint directory as the PyTorch reference computes them (float64): the check that a
-checkpoint `lineage train` wrote loads outside lineage. Usage:
+checkpoint `lineage train` wrote loads outside lineage. Any family the reference implements: GPT-2, the
+flash-linear-attention models, Kimi Linear and Kimi K3 (published kimi_k3 layout, or kimi_linear with K3's
+fields). Usage:
   /usr/bin/python3 reference/checkpoint_logits.py MODEL_DIR TOKENS.npy OUT.npy
 TOKENS.npy: int32 [T]; OUT.npy: float32 [T, vocab]."""
 import json
@@ -9,20 +11,30 @@ import sys
 import numpy as np
 import torch
 
-import gpt2
-from safetensors_io import read_safetensors
+import delta_family
+from grad_goldens import make_model
+from safetensors_io import read_checkpoint
+
+
+def family_of(config: dict) -> str:
+    """The reference family a config.json belongs to."""
+    model_type = config.get("model_type")
+    if model_type == "kimi_k3" or (model_type == "kimi_linear" and "routed_expert_hidden_size" in config):
+        return "kimi_k3"
+    if model_type in ("gpt2", "kimi_linear") or model_type in delta_family.MODEL_TYPES:
+        return model_type
+    raise SystemExit(f"config.json: model_type {model_type!r} is not a family the reference implements")
 
 
 def main() -> int:
     model_dir, tokens_file, out_file = sys.argv[1:4]
-    config = json.load(open(os.path.join(model_dir, "config.json")))
-    tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    model = make_model(family_of(config), config)
+    w = model.canonical(read_checkpoint(model_dir), torch.float64)
     tokens = torch.from_numpy(np.load(tokens_file).astype(np.int64))
-    if config["model_type"] != "gpt2":
-        raise SystemExit(f"{model_dir}: model_type {config['model_type']!r}: only gpt2 checkpoints are read here")
-    cfg = gpt2.GPT2Config.from_json(config)
-    w = gpt2.canonical_weights(cfg, {n: t.to(torch.float64) for n, t in tensors.items()}, torch.float64)
-    logits = gpt2.gpt2_forward(cfg, w, tokens)
+    with torch.no_grad():
+        logits = model.forward(w, tokens, None)
     np.save(out_file, logits.to(torch.float32).numpy())
     return 0
 

@@ -82,7 +82,8 @@ TEST_P(GoldenGrad, LossAndEveryGradientMatchAutograd) {
 INSTANTIATE_TEST_SUITE_P(Families, GoldenGrad,
                          ::testing::Values(GradCase{"gpt2", "f32_tanh"}, GradCase{"linear_attn", "f32_elu_normalized"},
                                            GradCase{"delta_net", "f32"}, GradCase{"gated_deltanet", "f32_gva"},
-                                           GradCase{"kda", "lower_bound"}, GradCase{"kimi_linear", "f32"}),
+                                           GradCase{"kda", "attnres"}, GradCase{"kda", "lower_bound"},
+                                           GradCase{"kimi_linear", "f32"}, GradCase{"kimi_k3", "text_only"}),
                          [](const auto& info) { return info.param.family + "_" + info.param.name; });
 
 }  // namespace

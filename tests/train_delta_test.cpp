@@ -145,6 +145,10 @@ INSTANTIATE_TEST_SUITE_P(
                [](model::Model& m) {
                  for (model::Block& b : m.blocks) std::get<DeltaRule>(b.mixer).g_b_has_bias = false;
                }},
+        // Block Attention Residuals (fla's attnres_block_size, in sublayers): every sublayer's output its
+        // own block; blocks of one layer (two sublayers), so the channel mixer mixes in a partial block.
+        FdCase{"kda_attnres_every_sublayer", {{"model_type", "kda"}, {"head_dim", 8}, {"attnres_block_size", 1}}},
+        FdCase{"kda_attnres_per_layer", {{"model_type", "kda"}, {"head_dim", 8}, {"attnres_block_size", 2}}},
         // Kimi K3's switches (full-rank decay input with the lower-bound gate, long A_log, full-rank
         // sigmoid gate, SiTU with u capped and uncapped).
         FdCase{"k3_kda_situ", {{"model_type", "kda"}, {"head_dim", 8}}, [](model::Model& m) { k3_switches(m, 25.0f); }},
@@ -152,13 +156,11 @@ INSTANTIATE_TEST_SUITE_P(
                [](model::Model& m) { k3_switches(m, 0.0f); }}),
     [](const auto& info) { return info.param.name; });
 
-// The delta-rule family, its gated MLP, MLA and MoE train; what has no backward yet is named.
-TEST(TrainDelta, UntrainableReasonNamesWhatHasNoBackward) {
-  for (const char* name : {"linear-attention", "mamba2-decay", "deltanet", "gated-deltanet", "kda"})
+// Every row of the lineage trains: the delta-rule family, Kimi Linear (KDA + dense MLP, MLA + MoE,
+// KDA + MoE) and Kimi K3 (Block AttnRes, latent MoE, gated MLA).
+TEST(TrainDelta, EveryPresetFamilyIsTrainable) {
+  for (const char* name : {"linear-attention", "mamba2-decay", "deltanet", "gated-deltanet", "kda", "kimi-linear", "kimi-k3"})
     EXPECT_EQ(train::untrainable_reason(test::tiny_preset(name)), "") << name;
-  EXPECT_EQ(train::untrainable_reason(test::tiny_preset("kimi-k3")), "Block Attention Residuals have no backward yet");
-  // Tiny Kimi Linear (KDA + dense MLP, MLA + MoE, KDA + MoE) trains: MLA and MoE have backwards.
-  EXPECT_EQ(train::untrainable_reason(test::tiny_preset("kimi-linear")), "");
 }
 
 std::vector<float> all_grads(train::Backprop& bp) {

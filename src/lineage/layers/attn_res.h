@@ -32,4 +32,12 @@ struct AttnRes {
 // softmax weights (S = sources.size() ≥ 1). out must not alias a source. Threaded over rows.
 void mix(const AttnRes& m, std::span<const float* const> sources, int64_t N, float* out, float* weights);
 
+// The backward of mix (training): from the forward's sources and weights [N, S] and dout [N, D],
+// adds ∂L/∂(source j) into dsources[j] ([N, D], none aliasing another or dout) and ∂L/∂ of the
+// keys' norm weight and the pseudo-query into grad.norm and grad.proj (F32). Threaded over rows
+// for the sources and over columns for the two weights (each column summed over rows in order: the
+// same bits for any thread count). Twin: kernels/ref/backward_ref.h attn_res_mix_backward.
+void mix_backward(const AttnRes& m, std::span<const float* const> sources, int64_t N, const float* weights,
+                  const float* dout, std::span<float* const> dsources, AttnRes& grad);
+
 }  // namespace lineage::layers

@@ -8,6 +8,7 @@
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/backward.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/layers/attn_res.h"
 
 namespace lineage::train {
 
@@ -63,7 +64,6 @@ void visit_trainable(const Variant& v, F&& f) {
 }  // namespace
 
 std::string untrainable_reason(const Model& m) {
-  if (m.config.residual != model::ResidualKind::Plain) return "Block Attention Residuals have no backward yet";
   for (size_t i = 0; i < m.blocks.size(); ++i) {
     const model::Block& b = m.blocks[i];
     for (const std::string& why : {layer_reason(b.mixer), layer_reason(b.ffn)})
@@ -72,11 +72,14 @@ std::string untrainable_reason(const Model& m) {
   return "";
 }
 
-// What one block's forward keeps: the stream entering it, the normalized input of each sublayer,
-// the stream between the two sublayers, and each layer's own saved activations (one per trainable
-// kind; the block's own mixer and channel mixer use theirs, of() picks it).
+// What one block's forward keeps, for each of its two sublayers (0: the mixer, 1: the channel mixer):
+// the input its norm read (the stream, or the Block AttnRes mix), the normalized input, and for a
+// mix the partial block it mixed in and its softmax weights; then each layer's own saved
+// activations (one per trainable kind; the block's own mixer and channel mixer use theirs, of()
+// picks it).
 struct Backprop::BlockSaved {
-  layers::Buffer x_in, normed1, x_mid, normed2;
+  layers::Buffer input[2], normed[2], partial[2], mix_weights[2];
+  int64_t mix_sources[2] = {0, 0};  // 0: the sublayer read the stream itself, no mix
   layers::Attention::Saved attention;
   layers::DeltaRule::Saved delta_rule;
   layers::Mla::Saved mla;
@@ -191,9 +194,30 @@ void Backprop::predict(std::span<const int32_t> inputs, int64_t B, int64_t T, st
   }
 }
 
+namespace {
+
+// The mix's sources: the finished blocks [0, n), then the partial one.
+std::vector<const float*> mix_sources(std::vector<layers::Buffer>& blocks, int64_t n, const float* partial) {
+  std::vector<const float*> out;
+  for (int64_t j = 0; j < n; ++j) out.push_back(blocks[size_t(j)].get(0));
+  out.push_back(partial);
+  return out;
+}
+
+// The Block AttnRes query of sublayer s (0: the block's mixer, 1: its channel mixer).
+template <class BlockT>
+auto& mix_query(BlockT& b, int64_t s) { return s % 2 ? b.mlp_res : b.attn_res; }
+
+}  // namespace
+
+// The residual wiring as model.h's ResidualStream runs it (spec §6.3), keeping what the backward
+// reads. Plain: each sublayer reads the stream and adds its output to it. Block AttnRes: x is the
+// partial block; a sublayer reads the mix of [finished blocks, partial] once a block is finished;
+// at s % block == 0 the partial is finished (pushed) and the sublayer's output starts the next.
 const float* Backprop::forward(int64_t B, int64_t T) {
   const int64_t D = m_.config.d_model, N = B * T;
   const layers::TrainShape shape{B, T};
+  const bool attn_res = m_.config.residual == model::ResidualKind::BlockAttention;
 
   // Embeddings: the token's row plus its position's.
   float* x = x_.get(size_t(N) * D);
@@ -207,25 +231,47 @@ const float* Backprop::forward(int64_t B, int64_t T) {
   }, 16);
 
   float* y = dmix_.get(size_t(N) * D);
-  for (size_t i = 0; i < m_.blocks.size(); ++i) {
-    const model::Block& blk = m_.blocks[i];
-    BlockSaved& s = *saved_[i];
-    s.delta_rule.path = m_.options.delta_rule_path;
-    float* x_in = s.x_in.get(size_t(N) * D);
-    std::memcpy(x_in, x, size_t(N * D) * sizeof(float));
-    float* a = s.normed1.get(size_t(N) * D);
-    layers::forward(blk.norm1, x_in, N, a);
-    visit_trainable(blk.mixer, [&](const auto& mixer) { layers::forward_train(mixer, shape, a, y, s.of(mixer)); });
-    add_into(x, y, N * D);
-    float* x_mid = s.x_mid.get(size_t(N) * D);
-    std::memcpy(x_mid, x, size_t(N * D) * sizeof(float));
-    float* a2 = s.normed2.get(size_t(N) * D);
-    layers::forward(blk.norm2, x_mid, N, a2);
-    visit_trainable(blk.ffn, [&](const auto& ffn) { layers::forward_train(ffn, shape, a2, y, s.of(ffn)); });
-    add_into(x, y, N * D);
+  blocks_used_ = 0;
+  for (int64_t s = 0; s < 2 * int64_t(m_.blocks.size()); ++s) {
+    const model::Block& blk = m_.blocks[size_t(s / 2)];
+    BlockSaved& sv = *saved_[size_t(s / 2)];
+    const int64_t k = s % 2;
+    sv.delta_rule.path = m_.options.delta_rule_path;
+    float* in = sv.input[k].get(size_t(N) * D);
+    sv.mix_sources[k] = attn_res && blocks_used_ > 0 ? blocks_used_ + 1 : 0;
+    if (sv.mix_sources[k]) {
+      float* partial = sv.partial[k].get(size_t(N) * D);
+      std::memcpy(partial, x, size_t(N * D) * sizeof(float));
+      layers::mix(mix_query(blk, s), mix_sources(blocks_, blocks_used_, partial), N, in,
+                  sv.mix_weights[k].get(size_t(N * sv.mix_sources[k])));
+    } else {
+      std::memcpy(in, x, size_t(N * D) * sizeof(float));
+    }
+    const bool push = attn_res && s % m_.config.attn_res_block == 0;
+    if (push) {
+      if (blocks_.size() <= size_t(blocks_used_)) blocks_.resize(size_t(blocks_used_ + 1));
+      std::memcpy(blocks_[size_t(blocks_used_++)].get(size_t(N) * D), x, size_t(N * D) * sizeof(float));
+    }
+    float* a = sv.normed[k].get(size_t(N) * D);
+    if (k == 0) {
+      layers::forward(blk.norm1, in, N, a);
+      visit_trainable(blk.mixer, [&](const auto& mixer) { layers::forward_train(mixer, shape, a, y, sv.of(mixer)); });
+    } else {
+      layers::forward(blk.norm2, in, N, a);
+      visit_trainable(blk.ffn, [&](const auto& ffn) { layers::forward_train(ffn, shape, a, y, sv.of(ffn)); });
+    }
+    if (push) std::memcpy(x, y, size_t(N * D) * sizeof(float));
+    else add_into(x, y, N * D);
+  }
+  final_in_ = x;
+  if (attn_res) {
+    float* mixed = mixed_out_.get(size_t(N) * D);
+    layers::mix(m_.output_res, mix_sources(blocks_, blocks_used_, x), N, mixed,
+                out_weights_.get(size_t(N * (blocks_used_ + 1))));
+    final_in_ = mixed;
   }
   float* h = normed_.get(size_t(N) * D);
-  layers::forward(m_.final_norm, x, N, h);
+  layers::forward(m_.final_norm, final_in_, N, h);
   return h;
 }
 
@@ -233,7 +279,6 @@ double Backprop::run(int64_t B, int64_t T, float scale, bool grads) {
   const int64_t D = m_.config.d_model, N = B * T;
   const layers::TrainShape shape{B, T};
   const float* h = forward(B, T);
-  const float* x = x_.get(0);
   const bool positions = m_.pos_embed.defined() && m_.pos_embed.numel();
   Tensor& head_grad = grads_.config.tied_lm_head ? grads_.embed : grads_.lm_head;
   float* dh = grads ? dnormed_.get(size_t(N) * D) : nullptr;
@@ -241,28 +286,59 @@ double Backprop::run(int64_t B, int64_t T, float scale, bool grads) {
                                                       grads ? head_grad.data<float>() : nullptr);
   if (!grads) return loss;
 
-  // Backward: dx is ∂L/∂(the residual stream) at each point, walking the blocks in reverse.
+  // Backward: dx is ∂L/∂(the stream, or the partial block) at each point, walking the sublayers in
+  // reverse; dblocks_[j] gathers ∂L/∂(finished block j) from every mix that read it.
   float* dx = dx_.get(size_t(N) * D);
-  layers::backward(m_.final_norm, x, N, dh, dx, grads_.final_norm);
-  float* da = dnormed_.get(size_t(N) * D);
   float* dsub = dmix_.get(size_t(N) * D);
-  for (size_t i = m_.blocks.size(); i-- > 0;) {
-    const model::Block& blk = m_.blocks[i];
-    model::Block& gb = grads_.blocks[i];
-    BlockSaved& s = *saved_[i];
-    visit_trainable(blk.ffn, [&](const auto& ffn) {
-      using L = std::decay_t<decltype(ffn)>;
-      layers::backward(ffn, shape, s.normed2.get(0), dx, s.of(ffn), da, std::get<L>(gb.ffn));
-    });
-    layers::backward(blk.norm2, s.x_mid.get(0), N, da, dsub, gb.norm2);
-    add_into(dx, dsub, N * D);
-    visit_trainable(blk.mixer, [&](const auto& mixer) {
-      using L = std::decay_t<decltype(mixer)>;
-      layers::backward(mixer, shape, s.normed1.get(0), dx, s.of(mixer), da, std::get<L>(gb.mixer));
-    });
-    layers::backward(blk.norm1, s.x_in.get(0), N, da, dsub, gb.norm1);
-    add_into(dx, dsub, N * D);
+  if (dblocks_.size() < blocks_.size()) dblocks_.resize(blocks_.size());
+  for (int64_t j = 0; j < blocks_used_; ++j) std::memset(dblocks_[size_t(j)].get(size_t(N) * D), 0, size_t(N * D) * sizeof(float));
+  int64_t blocks = blocks_used_;
+  // Scatters ∂L/∂(a mix's output) over its sources: the finished blocks and the partial (into dx).
+  const auto mix_backward = [&](const layers::AttnRes& q, layers::AttnRes& gq, const float* partial, const float* weights,
+                                int64_t S, const float* dout) {
+    LINEAGE_CHECK(S == blocks + 1, "AttnRes backward: ", S, " sources with ", blocks, " finished blocks");
+    std::vector<float*> dsources;
+    for (int64_t j = 0; j < blocks; ++j) dsources.push_back(dblocks_[size_t(j)].get(0));
+    dsources.push_back(dx);
+    layers::mix_backward(q, mix_sources(blocks_, blocks, partial), N, weights, dout, dsources, gq);
+  };
+  if (m_.config.residual == model::ResidualKind::BlockAttention) {
+    layers::backward(m_.final_norm, final_in_, N, dh, dsub, grads_.final_norm);
+    std::memset(dx, 0, size_t(N * D) * sizeof(float));
+    mix_backward(m_.output_res, grads_.output_res, x_.get(0), out_weights_.get(0), blocks + 1, dsub);
+  } else {
+    layers::backward(m_.final_norm, final_in_, N, dh, dx, grads_.final_norm);
   }
+  float* da = dnormed_.get(size_t(N) * D);
+  for (int64_t s = 2 * int64_t(m_.blocks.size()); s-- > 0;) {
+    const model::Block& blk = m_.blocks[size_t(s / 2)];
+    model::Block& gb = grads_.blocks[size_t(s / 2)];
+    BlockSaved& sv = *saved_[size_t(s / 2)];
+    const int64_t k = s % 2;
+    // dx is ∂L/∂(this sublayer's output): through the layer and its norm to ∂L/∂(its input), dsub.
+    if (k == 0) {
+      visit_trainable(blk.mixer, [&](const auto& mixer) {
+        using L = std::decay_t<decltype(mixer)>;
+        layers::backward(mixer, shape, sv.normed[0].get(0), dx, sv.of(mixer), da, std::get<L>(gb.mixer));
+      });
+      layers::backward(blk.norm1, sv.input[0].get(0), N, da, dsub, gb.norm1);
+    } else {
+      visit_trainable(blk.ffn, [&](const auto& ffn) {
+        using L = std::decay_t<decltype(ffn)>;
+        layers::backward(ffn, shape, sv.normed[1].get(0), dx, sv.of(ffn), da, std::get<L>(gb.ffn));
+      });
+      layers::backward(blk.norm2, sv.input[1].get(0), N, da, dsub, gb.norm2);
+    }
+    // The output started a new partial block: what came before it is the block it pushed.
+    if (m_.config.residual == model::ResidualKind::BlockAttention && s % m_.config.attn_res_block == 0) {
+      --blocks;
+      std::memcpy(dx, dblocks_[size_t(blocks)].get(0), size_t(N * D) * sizeof(float));
+    }
+    if (sv.mix_sources[k]) mix_backward(mix_query(blk, s), mix_query(gb, s), sv.partial[k].get(0), sv.mix_weights[k].get(0),
+                                        sv.mix_sources[k], dsub);
+    else add_into(dx, dsub, N * D);
+  }
+  LINEAGE_CHECK(blocks == 0);
   // Embedding rows, summed over the tokens that read them in row order (deterministic); positions
   // split over columns.
   float* dE = grads_.embed.data<float>();

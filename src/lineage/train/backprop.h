@@ -63,7 +63,13 @@ class Backprop {
   model::Model& m_;
   model::Model grads_;
   std::vector<std::unique_ptr<BlockSaved>> saved_;
-  layers::Buffer x_, normed_, dx_, dnormed_, dmix_, targets_f_;
+  layers::Buffer x_, normed_, dx_, dnormed_, dmix_;
+  const float* final_in_ = nullptr;  // what the final norm read: the stream, or the output mix
+  // Block AttnRes: the finished blocks of the last forward (the embedding first) and their
+  // gradients, the output mix and its softmax weights.
+  std::vector<layers::Buffer> blocks_, dblocks_;
+  int64_t blocks_used_ = 0;
+  layers::Buffer mixed_out_, out_weights_;
   std::vector<int32_t> inputs_, targets_;
 };
 

@@ -3,6 +3,7 @@
 // Plain loops in the textbook order; attention forms the whole T × T score matrix per head.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -197,6 +198,56 @@ F cross_entropy(const F* h, int64_t N, int64_t D, const F* W, int64_t V, const i
     }
   }
   return loss;
+}
+
+// Block Attention Residuals' mix (layers/attn_res.h) over S sources src[j] [N, D]: per row,
+// z_j = fold·s_j / sqrt(mean(s_j²) + eps), p = softmax(z), out = Σ_j p_j s_j. p: [N, S].
+template <class F>
+void attn_res_mix(const F* const* src, int64_t S, int64_t N, int64_t D, const F* fold, F eps, F* out, F* p) {
+  for (int64_t t = 0; t < N; ++t) {
+    F* pt = p + t * S;
+    F top = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < S; ++j) {
+      F ss = 0, dot = 0;
+      for (int64_t d = 0; d < D; ++d) ss += src[j][t * D + d] * src[j][t * D + d], dot += fold[d] * src[j][t * D + d];
+      pt[j] = dot / std::sqrt(ss / F(D) + eps);
+      top = std::max(top, pt[j]);
+    }
+    for (int64_t j = 0; j < S; ++j) sum += (pt[j] = std::exp(pt[j] - top));
+    for (int64_t j = 0; j < S; ++j) pt[j] /= sum;
+    for (int64_t d = 0; d < D; ++d) {
+      F o = 0;
+      for (int64_t j = 0; j < S; ++j) o += pt[j] * src[j][t * D + d];
+      out[t * D + d] = o;
+    }
+  }
+}
+
+// Its backward: dsrc[j] [N, D] and dfold [D] are added to. p is the forward's.
+template <class F>
+void attn_res_mix_backward(const F* const* src, int64_t S, int64_t N, int64_t D, const F* fold, F eps, const F* p,
+                           const F* dout, F* const* dsrc, F* dfold) {
+  std::vector<F> dp(static_cast<size_t>(S));
+  for (int64_t t = 0; t < N; ++t) {
+    const F* pt = p + t * S;
+    const F* g = dout + t * D;
+    F mean_dp = 0;
+    for (int64_t j = 0; j < S; ++j) {
+      dp[size_t(j)] = 0;
+      for (int64_t d = 0; d < D; ++d) dp[size_t(j)] += g[d] * src[j][t * D + d];
+      mean_dp += pt[j] * dp[size_t(j)];
+    }
+    for (int64_t j = 0; j < S; ++j) {
+      const F* s = src[j] + t * D;
+      F ss = 0, dot = 0;
+      for (int64_t d = 0; d < D; ++d) ss += s[d] * s[d], dot += fold[d] * s[d];
+      const F r = std::sqrt(ss / F(D) + eps), dz = pt[j] * (dp[size_t(j)] - mean_dp);
+      for (int64_t d = 0; d < D; ++d) {
+        dsrc[j][t * D + d] += pt[j] * g[d] + dz * (fold[d] / r - dot * s[d] / (F(D) * r * r * r));
+        dfold[d] += dz * s[d] / r;
+      }
+    }
+  }
 }
 
 }  // namespace lineage::kernels::ref
