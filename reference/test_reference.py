@@ -8,8 +8,9 @@ forms; kimi_k3.py's decode against its prefill, its Block AttnRes against the pa
 with folded pseudo-queries, its MXFP4 decode against E2M1's bit fields, its lower-bound KDA against
 delta_family's, its -inf group mask, its latent MoE against a per-token loop, the published configs and
 K3's parameter count; the gradient goldens (grad_goldens.py: autograd through the chunked form equals
-autograd through the recurrence, autograd equals finite differences, the grad/ layout); and bit-identical
-golden re-runs.
+autograd through the recurrence, autograd equals finite differences, the grad/ layout); bench_train.py's
+PyTorch baseline (fla's naive chunked mixers, batched layers) against delta_family's recurrence; and
+bit-identical golden re-runs.
 Run: /usr/bin/python3 reference/test_reference.py   (also collectable by pytest)"""
 
 import dataclasses
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import bench_train  # noqa: E402
 import delta_family  # noqa: E402
 import delta_family_goldens  # noqa: E402
 import grad_goldens  # noqa: E402
@@ -331,6 +333,47 @@ def test_delta_family_decode_matches_prefill():
             assert err < 1e-12, (f"{case.model_type}/{case.name}{' bf16 inputs' if inputs else ''}: decode vs "
                                  f"prefill relative RMS {err:.3g}")
 
+
+
+def test_bench_train_matches_recurrence():
+    """bench_train.py's delta-rule models (the `lineage bench-train --pytorch` baseline: fla's naive chunked
+    forms, chunks of 64) against delta_family's token-by-token recurrence at 1 layer x 64, T = 128 (two
+    chunks), one sequence, the golden cases' init: each model type's mixer output (fla_mixer vs
+    linear_attention / delta_mixer) and logits (fla_logits vs fla_forward), within 1e-12 relative RMS in
+    float64 (the same function) and 1e-5 in float32 (the baseline's dtype; ~5e-7 measured); and the
+    additive write with a per-head decay (lineage_delta_rule false, which delta_family does not build) at the
+    kernel, T = 100 (a padded chunk)."""
+    base = {"vocab_size": 97, "hidden_size": 64, "num_hidden_layers": 1, "num_heads": 4, "intermediate_size": 96}
+    extra = {"linear_attn": {"feature_map": "elu", "norm_feature_map": True},
+             "delta_net": {},
+             "gated_deltanet": {"head_dim": 16, "expand_v": 1.0, "num_v_heads": 8},
+             "kda": {"head_dim": 16, "expand_v": 1.0}}
+    T, p = 128, "model.layers.0.attn."
+    for model_type, fields in extra.items():
+        cfg = delta_family.FlaConfig.from_json({"model_type": model_type, **base, **fields})
+        params = delta_family_goldens.init_params(cfg, torch.Generator().manual_seed(21))
+        x = torch.randn(1, T, cfg.hidden_size, generator=torch.Generator().manual_seed(22), dtype=torch.float64)
+        tokens = torch.from_numpy(np.random.RandomState(23).randint(0, cfg.vocab_size, T)).long()
+        mixer = delta_family.linear_attention if model_type == "linear_attn" else delta_family.delta_mixer
+        for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+            w = delta_family.Weights(delta_family.canonical_weights(cfg, params, dtype))
+            want = mixer(cfg, w, p, x[0].to(dtype), delta_family.initial_cache(cfg, dtype)[0], lambda name, t: t)
+            err = relative_rms(bench_train.fla_mixer(cfg, w, p, x.to(dtype))[0], want)
+            assert err < tol, f"{model_type} {dtype}: chunked mixer vs recurrence relative RMS {err:.3g}"
+            logits = bench_train.fla_logits(cfg, w, tokens[None])[0]
+            err = relative_rms(logits, delta_family.fla_forward(cfg, w, tokens))
+            assert err < tol, f"{model_type} {dtype}: logits vs fla_forward relative RMS {err:.3g}"
+    gen = torch.Generator().manual_seed(24)
+    T, HV, K, V = 100, 3, 16, 8
+    q = delta_family.l2_normalize(torch.randn(T, HV, K, generator=gen, dtype=torch.float64)) * K ** -0.5
+    k = delta_family.l2_normalize(torch.randn(T, HV, K, generator=gen, dtype=torch.float64))
+    v, a = torch.randn(T, HV, V, generator=gen, dtype=torch.float64), -F.softplus(torch.randn(T, HV, generator=gen))
+    want, _ = delta_family.gated_delta_recurrent(q, k, v, None, a.double(), torch.zeros(HV, K, V, dtype=torch.float64))
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        heads = [t.to(dtype).transpose(0, 1)[None] for t in (q, k, v, a)]
+        got = bench_train.chunked_mixer(heads[0], heads[1], heads[2], None, heads[3])[0].transpose(0, 1)
+        err = relative_rms(got, want)
+        assert err < tol, f"additive write, per-head decay, {dtype}: chunked vs recurrence relative RMS {err:.3g}"
 
 
 def test_fla_attnres_matches_block_formulation():

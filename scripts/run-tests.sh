@@ -17,8 +17,9 @@ cmake --build build -j "$jobs"
 # Left to the full sanitizer run (ctest --preset asan): the presets at their real size, the goldens
 # through the narrower ISA tables, tour and bench (minutes each under ASan), the reference's
 # self-test (Python, nothing sanitized), and the numeric sweeps over every family and chunk size
-# (the same code paths as the tests that stay, many times over).
-slow='^(golden_isa_|reference_self_test|Presets/PresetSplit\.|Cli\.Tour|Cli\.LogitsOfAPreset|BenchCli\.|Linear\.GemmPaths|BatchCheckpoints\.BatchedEqualsAloneForEveryFamily|Cli\.RecurrentFamilyLogitsMatchGoldenForEveryChunkSize|GoldenDeltaFamily\.SplitInvarianceAcrossConvTailAndChunks|Cli\.GenerateSamplingFlagsSampleAsDocumented)'
+# (the same code paths as the tests that stay, many times over), and the recall study's training
+# run (the training code stays under ASan through the Train* tests).
+slow='^(golden_isa_|reference_self_test|Presets/PresetSplit\.|Cli\.Tour|Cli\.LogitsOfAPreset|BenchCli\.|Linear\.GemmPaths|BatchCheckpoints\.BatchedEqualsAloneForEveryFamily|Cli\.RecurrentFamilyLogitsMatchGoldenForEveryChunkSize|GoldenDeltaFamily\.SplitInvarianceAcrossConvTailAndChunks|Cli\.GenerateSamplingFlagsSampleAsDocumented|StudyRecall\.TheDeltaRuleRecallsWhereTheAdditiveRuleCannot)'
 cmake --preset asan -DLINEAGE_UNITY=ON >/dev/null
 if cmake --build build-asan -j "$jobs"; then
   (cd build-asan && UBSAN_OPTIONS=print_stacktrace=1 \
