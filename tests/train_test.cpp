@@ -4,11 +4,13 @@
 
 #include <cmath>
 #include <filesystem>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "lineage/core/parallel.h"
 #include "lineage/core/rng.h"
+#include "lineage/io/load_model.h"
 #include "lineage/io/safetensors.h"
 #include "lineage/model/archs/arch.h"
 #include "lineage/model/archs/presets.h"
@@ -156,6 +158,33 @@ TEST(TrainGpt2, ResumeContinuesTheRunBitForBit) {
   EXPECT_EQ(tr.log().size(), 4u);
   while (tr.steps_done() < 8) tr.step();
   EXPECT_EQ(weights_of(resumed), weights_of(straight));
+}
+
+// A checkpoint lineage trains from a Hugging Face one is written as that family's checkpoints are:
+// every stored tensor under its own name and in its own shape (Kimi Linear's A_log [1, 1, H, 1],
+// KDA's f_a_proj, GPT-2's Conv1D [in, out]), so the family's own code loads it.
+TEST(Train, SavedCheckpointKeepsTheSourceNamesAndShapes) {
+  for (const char* source : {"gpt2/f32_tanh", "delta_net/f32", "kda/attnres", "kimi_linear/f32", "kimi_k3/text_only"}) {
+    const fs::path src = test::testdata() / source, out = test::temp_dir() / "saved";
+    io::LoadedModel loaded = io::load_model(src, false);
+    train::to_trainable(loaded.model);
+    train::TrainConfig c;
+    c.batch = 1, c.seq_len = 8, c.steps = 1, c.warmup = 0, c.eval_every = 0;
+    train::Trainer tr(loaded.model, c, periodic_data(100, 5, loaded.model.config.vocab_size));
+    tr.step();
+    tr.save(out, test::slurp(src / "config.json"), std::nullopt);
+    const io::Checkpoint before = io::Checkpoint::open(src), after = io::Checkpoint::open(out);
+    std::set<std::string> written;
+    for (const std::string& name : after.names()) written.insert(name);
+    for (const std::string& name : before.names()) {
+      const bool parameter = written.count(name) > 0;
+      // Not parameters: GPT-2's mask buffers.
+      if (!parameter && name.find(".attn.bias") == std::string::npos && name.find(".attn.masked_bias") == std::string::npos)
+        ADD_FAILURE() << source << ": " << name << " is not in the trained checkpoint";
+      if (parameter) EXPECT_EQ(after.tensor(name).shape(), before.tensor(name).shape()) << source << ": " << name;
+    }
+    EXPECT_LE(written.size(), before.names().size()) << source;
+  }
 }
 
 }  // namespace

@@ -42,12 +42,31 @@ struct BindingTable {
   // Parameters (by suffix) that may come with extra dimensions of size 1: Kimi stores A_log
   // [1, 1, H, 1] for a parameter of shape [H]. Bound as a reshaped view.
   std::vector<std::string> squeeze;
+  // How a writer of this family's checkpoints stores such a parameter: with `leading` and `trailing`
+  // dimensions of size 1 around its own shape (Kimi Linear's A_log: 2 and 1, [1, 1, H, 1]).
+  struct Unsqueeze {
+    std::string suffix;
+    int leading = 0, trailing = 0;
+  };
+  std::vector<Unsqueeze> unsqueeze_on_save;
   // Parameters (by suffix) the checkpoint may leave out: left undefined, the layer does without.
   std::vector<std::string> optional;
   // Stored tensors that are no parameter (GPT-2's attn.bias masks, a tied head's lm_head.weight,
   // vision towers): by suffix, or by prefix.
   std::vector<std::string> ignore_suffixes, ignore_prefixes;
 };
+
+// The shape under which a checkpoint of this family stores the parameter `param` of shape `shape`.
+inline Shape stored_shape(const BindingTable& b, const std::string& param, const Shape& shape) {
+  for (const BindingTable::Unsqueeze& u : b.unsqueeze_on_save)
+    if (param.size() >= u.suffix.size() && param.compare(param.size() - u.suffix.size(), u.suffix.size(), u.suffix) == 0) {
+      Shape out(static_cast<size_t>(u.leading), 1);
+      out.insert(out.end(), shape.begin(), shape.end());
+      out.insert(out.end(), static_cast<size_t>(u.trailing), 1);
+      return out;
+    }
+  return shape;
+}
 
 // The name under which a checkpoint of this family stores the parameter `param` (its renames
 // applied): what a writer of such a checkpoint uses.

@@ -205,7 +205,8 @@ void Trainer::save(const fs::path& dir, const std::string& config_json,
   size_t i = 0;
   m_.for_each_tensor([&](const std::string& name, Tensor& t, const Shape&, layers::Init) {
     if (!t.defined()) return;
-    weights.emplace_back(model::stored_name(m_.binding, name), c_.save_dtype == DType::F32 ? t : convert(t, c_.save_dtype));
+    const Tensor saved = c_.save_dtype == DType::F32 ? t : convert(t, c_.save_dtype);
+    weights.emplace_back(model::stored_name(m_.binding, name), saved.reshaped(model::stored_shape(m_.binding, name, t.shape())));
     moments.emplace_back("exp_avg." + name, Tensor::borrow(DType::F32, t.shape(), opt_.m()[i].data(), nullptr));
     moments.emplace_back("exp_avg_sq." + name, Tensor::borrow(DType::F32, t.shape(), opt_.v()[i].data(), nullptr));
     ++i;

@@ -251,6 +251,7 @@ Model build_kimi(const ConfigFields& c, const Source& src) {
   m.names = {P + "model.embed_tokens.weight", "", P + "model.layers.", P + "model.norm", P + "lm_head.weight"};
   if (m.config.tied_lm_head) m.binding.ignore_suffixes.push_back("lm_head.weight");
   m.binding.squeeze.push_back(".A_log");  // Kimi Linear stores [1, 1, H, 1]
+  if (!src.k3) m.binding.unsqueeze_on_save.push_back({".A_log", 2, 1});  // and so do checkpoints lineage writes
   // KDA's low-rank pairs under Kimi's names (fla's f_proj.0 is Kimi's f_a_proj, ...).
   for (const auto& [fla, kimi] : {std::pair{"f_proj.0", "f_a_proj"}, {"f_proj.1", "f_b_proj"},
                                   {"g_proj.0", "g_a_proj"}, {"g_proj.1", "g_b_proj"}})
