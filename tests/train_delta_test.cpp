@@ -163,12 +163,6 @@ TEST(TrainDelta, EveryPresetFamilyIsTrainable) {
     EXPECT_EQ(train::untrainable_reason(test::tiny_preset(name)), "") << name;
 }
 
-std::vector<float> all_grads(train::Backprop& bp) {
-  std::vector<float> all;
-  for (const train::ParamRef& p : bp.params()) all.insert(all.end(), p.grad, p.grad + p.n);
-  return all;
-}
-
 // The chunked kernels (forward and backward) and the token-by-token ones give the same gradients over
 // lengths that are not whole chunks, strong decay included (KDA's lower-bound gate reaches e^-5 a step).
 TEST(TrainDelta, ChunkedAndRecurrentPathsGiveTheSameGradients) {
@@ -184,7 +178,7 @@ TEST(TrainDelta, ChunkedAndRecurrentPathsGiveTheSameGradients) {
       m.options.delta_rule_path = path;
       train::Backprop bp(m);
       losses.push_back(bp.step(random_tokens(3 * 38, 6), 3, 37, 1.0f / 111));
-      grads.push_back(all_grads(bp));
+      grads.push_back(test::all_grads(bp));
     }
     const double err = test::rel_rms(grads[0].data(), grads[1].data(), int64_t(grads[1].size()));
     std::cout << "[ measured ] " << cfg["model_type"].get<std::string>() << ": chunked vs recurrent gradients " << err
@@ -195,37 +189,17 @@ TEST(TrainDelta, ChunkedAndRecurrentPathsGiveTheSameGradients) {
 }
 
 TEST(TrainDelta, GradientsDoNotDependOnTheThreadCount) {
-  std::vector<std::vector<float>> grads;
-  for (const int threads : {1, 2}) {
-    ScopedThreads st(threads);
-    model::Model m = tiny_fla({{"model_type", "kda"}, {"num_heads", 1}, {"num_v_heads", 2}, {"head_dim", 8}}, 7);
-    train::Backprop bp(m);
-    bp.step(random_tokens(3 * 31, 8), 3, 30, 1.0f / 90);
-    grads.push_back(all_grads(bp));
-  }
-  EXPECT_LE(test::rel_rms(grads[1].data(), grads[0].data(), int64_t(grads[0].size())), 1e-5);
+  test::expect_thread_count_invariant(
+      [] { return tiny_fla({{"model_type", "kda"}, {"num_heads", 1}, {"num_v_heads", 2}, {"head_dim", 8}}, 7); }, kVocab);
 }
 
 // A sequence that repeats with period 7 is learnable by a 2-layer Gated DeltaNet: the held-out loss
 // (the same cycle at other offsets) must fall far below uniform guessing.
 TEST(TrainDelta, LossFallsOnARepeatingSequence) {
   model::Model m = tiny_fla({{"model_type", "gated_deltanet"}, {"head_dim", 8}}, 9);
-  Rng r(9);
-  std::vector<int32_t> cycle(7);
-  for (int32_t& x : cycle) x = int32_t(r.next_u64() % uint64_t(kVocab));
-  train::TokenData data;
-  for (int64_t i = 0; i < 2000; ++i) data.train.push_back(cycle[size_t(i % 7)]);
-  for (int64_t i = 0; i < 500; ++i) data.val.push_back(cycle[size_t((i + 3) % 7)]);
-  train::TrainConfig c;
-  c.batch = 4, c.seq_len = 24, c.steps = 60, c.warmup = 5, c.lr = 1e-2, c.min_lr = 1e-3;
-  c.eval_every = 20, c.eval_batches = 2;
-  train::Trainer tr(m, c, data);
-  const double before = tr.evaluate();
-  train::LogRow last;
-  while (tr.steps_done() < c.steps) last = tr.step();
-  ASSERT_TRUE(last.val_loss.has_value());
-  EXPECT_GT(before, 2.5);
-  EXPECT_LT(*last.val_loss, 0.3) << "held-out loss before training " << before;
+  const test::HeldOut h = test::train_on_a_cycle(m, kVocab);
+  EXPECT_GT(h.before, 2.5);
+  EXPECT_LT(h.after, 0.3) << "held-out loss before training " << h.before;
 }
 
 }  // namespace

@@ -180,22 +180,9 @@ TEST(TrainMla, TrainingLossMatchesInferenceForward) {
   }
 }
 
-std::vector<float> all_grads(train::Backprop& bp) {
-  std::vector<float> all;
-  for (const train::ParamRef& p : bp.params()) all.insert(all.end(), p.grad, p.grad + p.n);
-  return all;
-}
-
 TEST(TrainMla, GradientsDoNotDependOnTheThreadCount) {
-  std::vector<std::vector<float>> grads;
-  for (const int threads : {1, 2}) {
-    ScopedThreads st(threads);
-    model::Model m = tiny_mla({{"q_lora_rank", 6}, {"mla_use_output_gate", true}}, 7);
-    train::Backprop bp(m);
-    bp.step(random_tokens(3 * 31, 8), 3, 30, 1.0f / 90);
-    grads.push_back(all_grads(bp));
-  }
-  EXPECT_LE(test::rel_rms(grads[1].data(), grads[0].data(), int64_t(grads[0].size())), 1e-5);
+  test::expect_thread_count_invariant([] { return tiny_mla({{"q_lora_rank", 6}, {"mla_use_output_gate", true}}, 7); },
+                                      kVocab);
 }
 
 // A sequence that repeats with period 7 is learnable by 2 MLA layers: the held-out loss (the same
@@ -203,23 +190,10 @@ TEST(TrainMla, GradientsDoNotDependOnTheThreadCount) {
 TEST(TrainMla, LossFallsOnARepeatingSequence) {
   for (const nlohmann::json& cfg : {nlohmann::json::object(), nlohmann::json{{"q_lora_rank", 6}, {"mla_use_output_gate", true}}}) {
     model::Model m = tiny_mla(cfg, 9);
-    Rng r(9);
-    std::vector<int32_t> cycle(7);
-    for (int32_t& x : cycle) x = int32_t(r.next_u64() % uint64_t(kVocab));
-    train::TokenData data;
-    for (int64_t i = 0; i < 2000; ++i) data.train.push_back(cycle[size_t(i % 7)]);
-    for (int64_t i = 0; i < 500; ++i) data.val.push_back(cycle[size_t((i + 3) % 7)]);
-    train::TrainConfig c;
-    c.batch = 4, c.seq_len = 24, c.steps = 60, c.warmup = 5, c.lr = 1e-2, c.min_lr = 1e-3;
-    c.eval_every = 20, c.eval_batches = 2;
-    train::Trainer tr(m, c, data);
-    const double before = tr.evaluate();
-    train::LogRow last;
-    while (tr.steps_done() < c.steps) last = tr.step();
-    ASSERT_TRUE(last.val_loss.has_value());
-    std::cout << "[ measured ] " << cfg.dump() << ": held-out loss " << before << " → " << *last.val_loss << "\n";
-    EXPECT_GT(before, 2.5);
-    EXPECT_LT(*last.val_loss, 0.3) << cfg.dump() << ": held-out loss before training " << before;
+    const test::HeldOut h = test::train_on_a_cycle(m, kVocab);
+    std::cout << "[ measured ] " << cfg.dump() << ": held-out loss " << h.before << " → " << h.after << "\n";
+    EXPECT_GT(h.before, 2.5);
+    EXPECT_LT(h.after, 0.3) << cfg.dump() << ": held-out loss before training " << h.before;
   }
 }
 

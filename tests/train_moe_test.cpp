@@ -20,6 +20,7 @@
 #include "lineage/train/backprop.h"
 #include "lineage/train/trainer.h"
 #include "test_support.h"
+#include "train_check.h"
 
 namespace lineage {
 namespace train_moe_test {
@@ -265,22 +266,8 @@ TEST_P(TrainMoeFd, ModelGradientsMatchFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Moe, TrainMoeFd, ::testing::ValuesIn(kCases), [](const auto& info) { return info.param.name; });
 
-std::vector<float> all_grads(train::Backprop& bp) {
-  std::vector<float> all;
-  for (const train::ParamRef& p : bp.params()) all.insert(all.end(), p.grad, p.grad + p.n);
-  return all;
-}
-
 TEST(TrainMoe, GradientsDoNotDependOnTheThreadCount) {
-  std::vector<std::vector<float>> grads;
-  for (const int threads : {1, 2}) {
-    ScopedThreads st(threads);
-    model::Model m = tiny_kimi(kCases[2].config, 7);
-    train::Backprop bp(m);
-    bp.step(random_tokens(3 * 31, 8), 3, 30, 1.0f / 90);
-    grads.push_back(all_grads(bp));
-  }
-  EXPECT_LE(test::rel_rms(grads[1].data(), grads[0].data(), int64_t(grads[0].size())), 1e-5);
+  test::expect_thread_count_invariant([] { return tiny_kimi(kCases[2].config, 7); }, kVocab);
 }
 
 // A sequence that repeats with period 7 is learnable by the 2-layer KDA + MoE model: the held-out
@@ -288,23 +275,10 @@ TEST(TrainMoe, GradientsDoNotDependOnTheThreadCount) {
 TEST(TrainMoe, LossFallsOnARepeatingSequence) {
   for (const MoeCase& mc : {kCases[0], kCases[2]}) {
     model::Model m = tiny_kimi(mc.config, 9);
-    Rng r(9);
-    std::vector<int32_t> cycle(7);
-    for (int32_t& x : cycle) x = int32_t(r.next_u64() % uint64_t(kVocab));
-    train::TokenData data;
-    for (int64_t i = 0; i < 2000; ++i) data.train.push_back(cycle[size_t(i % 7)]);
-    for (int64_t i = 0; i < 500; ++i) data.val.push_back(cycle[size_t((i + 3) % 7)]);
-    train::TrainConfig c;
-    c.batch = 4, c.seq_len = 24, c.steps = 60, c.warmup = 5, c.lr = 1e-2, c.min_lr = 1e-3;
-    c.eval_every = 20, c.eval_batches = 2;
-    train::Trainer tr(m, c, data);
-    const double before = tr.evaluate();
-    train::LogRow last;
-    while (tr.steps_done() < c.steps) last = tr.step();
-    ASSERT_TRUE(last.val_loss.has_value());
-    std::cout << "[ measured ] " << mc.name << ": held-out loss " << before << " -> " << *last.val_loss << "\n";
-    EXPECT_GT(before, 2.5) << mc.name;
-    EXPECT_LT(*last.val_loss, 0.3) << mc.name << ": held-out loss before training " << before;
+    const test::HeldOut h = test::train_on_a_cycle(m, kVocab);
+    std::cout << "[ measured ] " << mc.name << ": held-out loss " << h.before << " -> " << h.after << "\n";
+    EXPECT_GT(h.before, 2.5) << mc.name;
+    EXPECT_LT(h.after, 0.3) << mc.name << ": held-out loss before training " << h.before;
   }
 }
 

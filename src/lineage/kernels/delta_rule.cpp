@@ -11,6 +11,7 @@
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/blas_threads.h"
+#include "lineage/kernels/delta_rule_loops.h"
 #include "lineage/kernels/x86/delta_rule_avx512.h"
 #include "lineage/kernels/x86/gemv.h"
 
@@ -32,47 +33,7 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Shared by both paths.
 
-int64_t qk_head(const DeltaRuleArgs& a, int64_t j) { return j / (a.HV / a.H); }
-
-float beta_at(const DeltaRuleArgs& a, int64_t t, int64_t j) { return a.beta ? a.beta[t * a.HV + j] : 1.0f; }
-
-// Number of decay factors per token: one per key channel, or one per head (also for Gate::None,
-// whose factor is exactly 1, so "no gate" runs the same arithmetic with exact multiplications by 1).
-int64_t gate_width(const DeltaRuleArgs& a) { return a.gate == Gate::PerChannel ? a.K : 1; }
-
-
-// e[0 .. gate_width) = exp(g) of token t, value head j.
-void step_factors(const DeltaRuleArgs& a, int64_t t, int64_t j, float* e) {
-  switch (a.gate) {
-    case Gate::None: e[0] = 1.0f; break;
-    case Gate::PerHead: e[0] = std::exp(a.log_decay[t * a.HV + j]); break;
-    case Gate::PerChannel: exp_nonpositive(a.log_decay + (t * a.HV + j) * a.K, e, a.K); break;
-  }
-}
-
-// Small vector loops, marked simd: the baseline build's cost model would leave them scalar.
-float dot(const float* x, const float* y, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += x[i] * y[i];
-  return s;
-}
-
-void mul(const float* x, const float* y, float* dst, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = x[i] * y[i];
-}
-
-void scale(const float* x, float s, float* dst, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = s * x[i];
-}
-
-// dst = x ⊙ f, where f holds gate_width factors: one per channel, or one broadcast over the row.
-void apply_factors(const float* x, const float* f, int64_t ew, float* dst, int64_t n) {
-  if (ew == 1) scale(x, f[0], dst, n);
-  else mul(x, f, dst, n);
-}
+using namespace delta_rule_loops;  // delta_rule_loops.h
 
 // ---------------------------------------------------------------------------------------------
 // Recurrent path.

@@ -9,6 +9,7 @@
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/blas_threads.h"
+#include "lineage/kernels/delta_rule_loops.h"
 #include "lineage/kernels/vmath.h"
 
 namespace lineage::kernels {
@@ -28,50 +29,12 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Shared by both paths.
 
-int64_t qk_head(const DeltaRuleArgs& a, int64_t j) { return j / (a.HV / a.H); }
+using namespace delta_rule_loops;
 
-float beta_at(const DeltaRuleArgs& a, int64_t t, int64_t j) { return a.beta ? a.beta[t * a.HV + j] : 1.0f; }
-
-// Decay factors per token: one per key channel, or one per head (also for Gate::None, factor 1).
-int64_t gate_width(const DeltaRuleArgs& a) { return a.gate == Gate::PerChannel ? a.K : 1; }
-
-// e[0 .. gate_width) = exp(g) of token t, value head j, exactly as the forward kernels form it.
-void step_factors(const DeltaRuleArgs& a, int64_t t, int64_t j, float* e) {
-  switch (a.gate) {
-    case Gate::None: e[0] = 1.0f; break;
-    case Gate::PerHead: e[0] = std::exp(a.log_decay[t * a.HV + j]); break;
-    case Gate::PerChannel: exp_nonpositive(a.log_decay + (t * a.HV + j) * a.K, e, a.K); break;
-  }
-}
-
-float dot(const float* x, const float* y, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += x[i] * y[i];
-  return s;
-}
-
-// Small vector loops, marked simd: the baseline build's cost model would leave them scalar.
 // y += s·x
 void axpy(float s, const float* x, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += s * x[i];
-}
-
-void mul(const float* x, const float* y, float* dst, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = x[i] * y[i];
-}
-
-void scale(const float* x, float s, float* dst, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = s * x[i];
-}
-
-// dst = x ⊙ f, where f holds gate_width factors: one per channel, or one broadcast over the row.
-void apply_factors(const float* x, const float* f, int64_t ew, float* dst, int64_t n) {
-  if (ew == 1) scale(x, f[0], dst, n);
-  else mul(x, f, dst, n);
 }
 
 // The rows of one value head's dq and dk: straight into [T, H, K] when the q/k head has only this
