@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "grad_check.h"
 #include "lineage/core/parallel.h"
 #include "lineage/core/rng.h"
 #include "lineage/kernels/ref/moe_router_ref.h"
@@ -104,15 +105,7 @@ TEST(MoeRouterBackward, FastKernelMatchesTheTwin) {
       std::vector<float> got(in.z.size(), 7.0f);
       moe_router_backward({c.N, c.E, c.k, c.renormalize, c.scaling, c.bias ? bias.data() : nullptr}, z.data(),
                           in.ids.data(), dw.data(), got.data());
-      double num = 0, den = 0, worst = -1;
-      size_t at = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        const double d = double(got[i]) - want[i];
-        num += d * d, den += want[i] * want[i];
-        if (std::fabs(d) > worst) worst = std::fabs(d), at = i;
-      }
-      EXPECT_LE(std::sqrt(num / den), 1e-6)
-          << name(c) << ", " << threads << " threads: worst element " << at << " is " << got[at] << ", expected " << want[at];
+      test::expect_close(got.data(), want, 1e-6, name(c) + ", " + std::to_string(threads) + " threads");
     }
   }
 }
