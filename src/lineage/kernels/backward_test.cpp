@@ -19,12 +19,7 @@ namespace lineage::kernels {
 namespace backward_test {
 namespace {
 
-using test::dot;
-using test::expect_close;
-using test::expect_fd;
-using test::randn;
-using test::rel_err;
-using test::to_float;
+using namespace test;  // grad_check.h: randn, expect_fd, expect_close, ...
 
 TEST(TrainKernelsRef, NormsMatchFiniteDifferences) {
   const int64_t T = 3, D = 7;

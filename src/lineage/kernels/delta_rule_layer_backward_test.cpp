@@ -20,13 +20,7 @@ namespace lineage::kernels {
 namespace delta_rule_layer_backward_test {
 namespace {
 
-using test::dot;
-using test::expect_close;
-using test::expect_fd;
-using test::randn;
-using test::rel_err;
-using test::to_float;
-using Vec = test::Vec;
+using namespace test;  // grad_check.h: randn, expect_fd, expect_close, ...
 
 Tensor conv_weight(const Vec& w, int64_t C, int64_t W) {
   Tensor t = Tensor::empty(DType::F32, {C, 1, W});

@@ -19,13 +19,7 @@ namespace lineage::kernels {
 namespace glu_backward_test {
 namespace {
 
-using test::dot;
-using test::expect_close;
-using test::expect_fd;
-using test::randn;
-using test::rel_err;
-using test::to_float;
-using Vec = test::Vec;
+using namespace test;  // grad_check.h: randn, expect_fd, expect_close, ...
 
 TEST(GluBackwardRef, SwiGluAndSituMatchFiniteDifferences) {
   const Vec g = randn(12, 15, 3.0), u = randn(12, 16, 20.0);
