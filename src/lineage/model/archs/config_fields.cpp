@@ -18,16 +18,25 @@ int64_t ConfigFields::integer(const std::string& key, int64_t max) const {
 }
 
 int64_t ConfigFields::integer(const std::string& key, int64_t fallback, int64_t max) const {
+  return whole_number(key, fallback, 1, max);
+}
+
+int64_t ConfigFields::count(const std::string& key, int64_t fallback, int64_t max) const {
+  return whole_number(key, fallback, 0, max);
+}
+
+int64_t ConfigFields::whole_number(const std::string& key, int64_t fallback, int64_t min, int64_t max) const {
   if (!has(key)) return fallback;
   const auto& v = j_[key];
+  const std::string want = cat("an integer in [", min, ", ", max, "]");
   // 4096.0 is how some exporters write an integer; 4096.5 is not one.
   const bool whole = v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
                                                 v.get<double>() == std::floor(v.get<double>()));
-  if (!whole) fail(key, cat("an integer in [1, ", max, "]"));
-  if (v.is_number_unsigned() ? (v.get<uint64_t>() < 1 || v.get<uint64_t>() > uint64_t(max))
-      : v.is_number_integer() ? (v.get<int64_t>() < 1 || v.get<int64_t>() > max)
-                              : (v.get<double>() < 1 || v.get<double>() > double(max)))
-    fail(key, cat("an integer in [1, ", max, "]"));
+  if (!whole) fail(key, want);
+  if (v.is_number_unsigned() ? (v.get<uint64_t>() < uint64_t(min) || v.get<uint64_t>() > uint64_t(max))
+      : v.is_number_integer() ? (v.get<int64_t>() < min || v.get<int64_t>() > max)
+                              : (v.get<double>() < double(min) || v.get<double>() > double(max)))
+    fail(key, want);
   return v.is_number_float() ? int64_t(v.get<double>()) : v.get<int64_t>();
 }
 

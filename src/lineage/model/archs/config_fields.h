@@ -31,6 +31,8 @@ class ConfigFields {
   // An integer in [1, max]: required, or `fallback` when null or absent.
   int64_t integer(const std::string& key, int64_t max) const;
   int64_t integer(const std::string& key, int64_t fallback, int64_t max) const;
+  // An integer in [0, max] (a count that may be none), or `fallback` when null or absent.
+  int64_t count(const std::string& key, int64_t fallback, int64_t max) const;
   // A token id in [0, vocab); nothing when null; `fallback` when absent (the family's published
   // default), unless that lies outside the vocabulary.
   std::optional<int32_t> token_id(const std::string& key, int64_t vocab, std::optional<int32_t> fallback) const;
@@ -43,6 +45,8 @@ class ConfigFields {
   [[noreturn]] void fail(const std::string& key, const std::string& what) const;
 
  private:
+  int64_t whole_number(const std::string& key, int64_t fallback, int64_t min, int64_t max) const;
+
   const nlohmann::json& j_;
   std::string file_;
 };

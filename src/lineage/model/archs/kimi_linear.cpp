@@ -25,12 +25,6 @@ namespace {
 
 using layers::DeltaRule;
 
-// A count that may be 0 (num_shared_experts, first_k_dense_replace): `fallback` when null or absent.
-int64_t count(const ConfigFields& c, const std::string& key, int64_t fallback, int64_t max) {
-  if (c.has(key) && c.json()[key].is_number() && c.json()[key].get<double>() == 0) return 0;
-  return c.integer(key, fallback, max);
-}
-
 // A one-based list of layer numbers in [1, L], each once.
 std::vector<int64_t> layer_list(const ConfigFields& c, const std::string& key, int64_t L) {
   const std::string want = cat("a list of distinct one-based layer numbers in [1, ", L, "] (num_hidden_layers)");
@@ -91,7 +85,7 @@ layers::Mla mla_layer(const ConfigFields& c, int64_t D) {
   x.q_lora_rank = c.has("q_lora_rank") ? c.integer("q_lora_rank", limits::kWidth) : 0;  // K3: q_a → norm → q_b
   x.kv_lora_rank = c.integer("kv_lora_rank", limits::kWidth);
   x.d_nope = c.integer("qk_nope_head_dim", limits::kWidth);
-  x.d_rope = count(c, "qk_rope_head_dim", 0, limits::kWidth);
+  x.d_rope = c.count("qk_rope_head_dim", 0, limits::kWidth);
   x.d_v = c.integer("v_head_dim", limits::kWidth);
   if (x.kv_lora_rank > kernels::kLatentMaxValue)
     c.fail("kv_lora_rank", cat("at most ", kernels::kLatentMaxValue, " (the latent attention kernel's width)"));
@@ -160,7 +154,7 @@ Model build_kimi(const ConfigFields& c, const Source& src) {
                                          c.json()["activation_situ_linear_beta"].is_null()
                                      ? 0.0f
                                      : float(c.positive("activation_situ_linear_beta", 25.0, 1e6));
-  if (c.has("num_nextn_predict_layers") && count(c, "num_nextn_predict_layers", 0, 16) != 0)
+  if (c.has("num_nextn_predict_layers") && c.count("num_nextn_predict_layers", 0, 16) != 0)
     c.fail("num_nextn_predict_layers", "0 (multi-token prediction layers are not supported)");
   // MXFP4 as compressed-tensors packs it; which matrices are packed comes from the tensors present
   // (the config's ignore list disagrees with real files), from the config only without them.
@@ -203,7 +197,7 @@ Model build_kimi(const ConfigFields& c, const Source& src) {
 
   // The MLPs: dense below first_k_dense_replace and off the moe_layer_freq beat, else MoE.
   const int64_t dense_width = c.integer("intermediate_size", limits::kWidth);
-  const int64_t E = count(c, "num_experts", 0, limits::kWidth);
+  const int64_t E = c.count("num_experts", 0, limits::kWidth);
   layers::Moe::Config moe;
   int64_t first_dense = 0, freq = 1;
   if (E > 0) {
@@ -212,7 +206,7 @@ Model build_kimi(const ConfigFields& c, const Source& src) {
     moe.top_k = c.integer("num_experts_per_token", limits::kWidth);
     if (moe.top_k > E) c.fail("num_experts_per_token", cat("at most num_experts = ", E));
     moe.hidden = c.integer("moe_intermediate_size", limits::kWidth);
-    moe.shared_hidden = moe.hidden * count(c, "num_shared_experts", 0, 1024);
+    moe.shared_hidden = moe.hidden * c.count("num_shared_experts", 0, 1024);
     if (c.string("moe_router_activation_func", "sigmoid") != "sigmoid")
       c.fail("moe_router_activation_func", "\"sigmoid\" (softmax routing is not supported)");
     moe.renormalize = c.boolean("moe_renormalize", true);
@@ -231,7 +225,7 @@ Model build_kimi(const ConfigFields& c, const Source& src) {
     if (E % moe.n_group) c.fail("num_expert_group", cat("a divisor of num_experts = ", E));
     if (moe.topk_group * (E / moe.n_group) < moe.top_k)
       c.fail("topk_group", cat("enough groups for num_experts_per_token = ", moe.top_k, " experts"));
-    first_dense = count(c, "first_k_dense_replace", 0, L);
+    first_dense = c.count("first_k_dense_replace", 0, L);
     freq = c.integer("moe_layer_freq", 1, L);
   }
   const auto is_moe = [&](int64_t i) { return E > 0 && i >= first_dense && i % freq == 0; };
