@@ -141,6 +141,8 @@ class FlaConfig:
                 bad("tie_feature_map_qk", True, "false (shared feature-map tensors are not implemented)")
             if self.num_heads % self.kv_proj_heads:
                 bad("num_kv_heads", self.num_kv_heads, f"a divisor of num_heads {self.num_heads}")
+            if self.use_short_conv and self.kv_proj_heads != self.num_heads:
+                bad("use_short_conv", True, "false with num_kv_heads < num_heads")
         if self.model_type == "delta_net":
             if self.qk_activation not in ("silu", "relu", "elu", "identity"):
                 bad("qk_activation", self.qk_activation, "silu, relu, elu or identity")
@@ -211,8 +213,9 @@ class FlaConfig:
 
     @property
     def conv_channels(self) -> dict:
-        """Short-conv channels per projection, or {} without short convs (linear_attn never has them)."""
-        if self.model_type == "linear_attn" or not self.use_short_conv:
+        """Short-conv channels per projection, or {} without short convs. fla's linear_attn never has them;
+        lineage's use_short_conv gives it the same three (no GQA), with no activation after them."""
+        if not self.use_short_conv:
             return {}
         return {"q": self.key_dim, "k": self.key_dim, "v": self.value_dim}
 
@@ -231,6 +234,7 @@ def _attn_specs(cfg: FlaConfig, p: str) -> list:
         HKV = cfg.kv_proj_heads
         specs += [(p + "q_proj.weight", [H * K, D], "matrix"), (p + "k_proj.weight", [HKV * K, D], "matrix"),
                   (p + "v_proj.weight", [HKV * V, D], "matrix")]
+        specs += [(f"{p}{c}_conv1d.weight", [n, 1, W], "conv") for c, n in cfg.conv_channels.items()]
         if cfg.elementwise_affine:
             specs.append((p + "norm.weight", [V], "norm_weight"))
         return specs + [(p + "o_proj.weight", [D, H * V], "matrix")]
@@ -424,9 +428,12 @@ def linear_attention(cfg: FlaConfig, w: Weights, p: str, x: torch.Tensor, state:
     consecutively to the H query heads; scale K^-0.5; optional normaliser o / (scale q.z_t + 1e-10)."""
     T, H, K, V = x.shape[0], cfg.num_heads, cfg.head_k_dim, cfg.head_v_dim
     G = H // cfg.kv_proj_heads
-    q = w.linear(x, p + "q_proj.weight").reshape(T, H, K)
-    k = w.linear(x, p + "k_proj.weight").reshape(T, H // G, K).repeat_interleave(G, dim=1)
-    v = w.linear(x, p + "v_proj.weight").reshape(T, H // G, V).repeat_interleave(G, dim=1)
+    proj = {c: w.linear(x, f"{p}{c}_proj.weight") for c in ("q", "k", "v")}
+    for c in cfg.conv_channels:  # lineage's use_short_conv: no activation
+        proj[c], state["conv"][c] = short_conv(proj[c], w[f"{p}{c}_conv1d.weight"], state["conv"][c], False)
+    q = proj["q"].reshape(T, H, K)
+    k = proj["k"].reshape(T, H // G, K).repeat_interleave(G, dim=1)
+    v = proj["v"].reshape(T, H // G, V).repeat_interleave(G, dim=1)
     q = _feature_map(cfg, w, p + "feature_map_q", q)
     k = _feature_map(cfg, w, p + "feature_map_k", k)
     rec("attn.q", q.reshape(T, H * K))

@@ -39,13 +39,16 @@ class FlaCase:
     weights_dtype: str = "F32"        # "F32" or "BF16" (A_log and dt_bias stay F32)
     minimal: bool = False             # config.json holds model_type and `config` only: the rest is fla's defaults
 
+    # config.json fields that are lineage's, not fla's (delta_family.FlaConfig documents them).
+    LINEAGE_FIELDS = {"linear_attn": {"use_short_conv", "conv_size"}}
+
     def json_config(self) -> dict:
         """config.json as fla's configuration class would save it: every field, defaults filled in (or,
         minimal, only model_type and the case's own fields, so that the readers fill in the defaults)."""
         d = {"architectures": [ARCHITECTURES[self.model_type]], "model_type": self.model_type}
         d.update(COMMON_DEFAULTS)
         d.update(MIXER_DEFAULTS[self.model_type])
-        unknown = set(self.config) - set(d)
+        unknown = set(self.config) - set(d) - self.LINEAGE_FIELDS.get(self.model_type, set())
         if unknown:
             raise ValueError(f"{self.model_type}/{self.name}: not fla config fields: {sorted(unknown)}")
         if self.minimal:
@@ -66,6 +69,9 @@ CASES = [
     _case("linear_attn", "f32_elu_normalized", 2002, vocab_size=211, hidden_size=32, num_heads=2,
           expand_v=2.0, feature_map="elu", norm_feature_map=True, intermediate_size=96,
           tie_word_embeddings=True, norm_eps=1e-5),
+    # lineage's use_short_conv (fla's linear attention has none): the study's additive row.
+    _case("linear_attn", "f32_elu_conv", 2010, vocab_size=211, hidden_size=32, num_heads=2, feature_map="elu",
+          norm_feature_map=True, use_short_conv=True, intermediate_size=64),
     _case("linear_attn", "f32_relu_normqk_gqa", 2003, vocab_size=300, hidden_size=64, num_heads=4,
           num_kv_heads=2, expand_k=0.5, feature_map="relu", norm_q=True, norm_k=True,
           elementwise_affine=False, hidden_ratio=2),

@@ -29,6 +29,9 @@ class GPT2Config:
     layer_norm_epsilon: float = 1e-5
     scale_attn_weights: bool = True
     tie_word_embeddings: bool = True  # false: the checkpoint holds its own lm_head.weight
+    # Not GPT-2's: lineage's study extension. > 0: q | k | v += a causal depthwise convolution of
+    # conv_size taps over them (h.{i}.attn.c_attn_conv1d.weight [3D, 1, conv_size], no bias, no activation).
+    conv_size: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -45,7 +48,7 @@ class GPT2Config:
 
 def tensor_specs(cfg: GPT2Config) -> list:
     """Every parameter of a GPT-2 model once, in module order: (name without prefix, shape, kind).
-    kind is "embed", "matrix", "norm_weight", "bias" or "lm_head" (untied only, [vocab, D] as nn.Linear
+    kind is "embed", "matrix", "norm_weight", "bias", "conv" or "lm_head" (untied only, [vocab, D] as nn.Linear
     stores it); Conv1D weights are [in, out]."""
     D, F = cfg.n_embd, cfg.mlp_width
     specs = [("wte.weight", [cfg.vocab_size, D], "embed"), ("wpe.weight", [cfg.n_positions, D], "embed")]
@@ -54,6 +57,10 @@ def tensor_specs(cfg: GPT2Config) -> list:
         specs += [
             (p + "ln_1.weight", [D], "norm_weight"), (p + "ln_1.bias", [D], "bias"),
             (p + "attn.c_attn.weight", [D, 3 * D], "matrix"), (p + "attn.c_attn.bias", [3 * D], "bias"),
+        ]
+        if cfg.conv_size:
+            specs.append((p + "attn.c_attn_conv1d.weight", [3 * D, 1, cfg.conv_size], "conv"))
+        specs += [
             (p + "attn.c_proj.weight", [D, D], "matrix"), (p + "attn.c_proj.bias", [D], "bias"),
             (p + "ln_2.weight", [D], "norm_weight"), (p + "ln_2.bias", [D], "bias"),
             (p + "mlp.c_fc.weight", [D, F], "matrix"), (p + "mlp.c_fc.bias", [F], "bias"),
@@ -138,6 +145,14 @@ def causal_attention(qkv: torch.Tensor, n_head: int, scale: float) -> torch.Tens
     return (probs @ v).transpose(0, 1).reshape(T, D)
 
 
+def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [T, C], weight [C, 1, W] -> y [T, C], y[t, c] = sum_j weight[c, 0, j] x[t - W + 1 + j, c] (zeros
+    before t = 0)."""
+    T, W = x.shape[0], weight.shape[2]
+    padded = torch.cat([torch.zeros(W - 1, x.shape[1], dtype=x.dtype), x])
+    return sum(weight[:, 0, j] * padded[j:j + T] for j in range(W))
+
+
 def gpt2_forward(cfg: GPT2Config, w: dict, tokens: torch.Tensor, record: Optional[dict] = None,
                  bf16_inputs: frozenset = frozenset()):
     """tokens [T] int at positions 0..T-1 -> logits [T, V], in the dtype of w (from canonical_weights).
@@ -161,7 +176,10 @@ def gpt2_forward(cfg: GPT2Config, w: dict, tokens: torch.Tensor, record: Optiona
     for i in range(cfg.n_layer):
         p, n = f"h.{i}.", f"h{i}."
         a = rec(n + "ln_1", layer_norm(x, w[p + "ln_1.weight"], w[p + "ln_1.bias"], eps))
-        qkv = rec(n + "attn.qkv", linear(a, p + "attn.c_attn.weight") + w[p + "attn.c_attn.bias"])
+        qkv = linear(a, p + "attn.c_attn.weight") + w[p + "attn.c_attn.bias"]
+        if cfg.conv_size:
+            qkv = qkv + causal_depthwise_conv(qkv, w[p + "attn.c_attn_conv1d.weight"])
+        qkv = rec(n + "attn.qkv", qkv)
         ctx = rec(n + "attn.context", causal_attention(qkv, cfg.n_head, scale))
         o = rec(n + "attn.out", linear(ctx, p + "attn.c_proj.weight") + w[p + "attn.c_proj.bias"])
         x = rec(n + "resid_mid", x + o)

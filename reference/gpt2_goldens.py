@@ -67,6 +67,9 @@ CASES = [
     GPT2Case("f32_head64", GPT2Config(vocab_size=300, n_positions=64, n_embd=128, n_layer=2, n_head=2),
              T=50, seed=1006, weights_dtype="F32"),
     # A separate lm_head.weight, drawn independently of wte (tie_word_embeddings false).
+    # lineage's extension for the study: q | k | v plus a causal short convolution over them.
+    GPT2Case("f32_conv", GPT2Config(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4, conv_size=4),
+             T=37, seed=1008, weights_dtype="F32"),
     GPT2Case("f32_untied_lm_head", GPT2Config(vocab_size=280, n_positions=48, n_embd=64, n_layer=2, n_head=4,
                                               tie_word_embeddings=False),
              T=40, seed=1007, weights_dtype="F32"),
@@ -83,7 +86,8 @@ _MATRIX_GAIN = {"attn.c_attn.weight": 1.5, "attn.c_proj.weight": 1.0,
 def init_params(cfg: GPT2Config, gen: torch.Generator) -> dict:
     """float32 parameters by canonical name: wte ~ N(0, 0.02), wpe ~ N(0, 0.1), Conv1D weights as
     _MATRIX_GAIN says, LayerNorm weights 1 + N(0, 0.1), all biases N(0, 0.02) (so none is a no-op), and an
-    untied lm_head N(0, 1 / n_embd) (logits of std ~1, far from the tied head's)."""
+    untied lm_head N(0, 1 / n_embd) (logits of std ~1, far from the tied head's), and the study's short
+    convolution N(0, 0.3) (a tenth or more of q | k | v, so a wrong tap shows)."""
     out = {}
     for name, shape, kind in tensor_specs(cfg):
         noise = torch.randn(shape, generator=gen, dtype=torch.float32)
@@ -94,6 +98,8 @@ def init_params(cfg: GPT2Config, gen: torch.Generator) -> dict:
             out[name] = (gain / math.sqrt(shape[0])) * noise
         elif kind == "lm_head":
             out[name] = noise / math.sqrt(shape[1])
+        elif kind == "conv":
+            out[name] = 0.3 * noise
         elif name == "wpe.weight":
             out[name] = 0.1 * noise
         else:
@@ -147,6 +153,8 @@ def hf_config(case: GPT2Case) -> dict:
         "tie_word_embeddings": c.tie_word_embeddings,
         "torch_dtype": _HF_DTYPE_NAME[case.weights_dtype],
     }
+    if c.conv_size:
+        full["conv_size"] = c.conv_size
     if case.config_fields is None:
         return full
     return {key: full[key] for key in case.config_fields}

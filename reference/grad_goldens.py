@@ -65,8 +65,10 @@ class GradCase:
 # cover what the first does not (kda's lower_bound: a plain-residual KDA case the engine can train while its
 # attnres is beyond it). Every seed is unique.
 GRAD_CASES = {
-    "gpt2": [GradCase("f32_tanh", 9001)],                   # tied wte (embedding + head), mask buffers, gelu_new
-    "linear_attn": [GradCase("f32_elu_normalized", 9002)],  # elu feature map, normaliser, tied, expand_v 2
+    "gpt2": [GradCase("f32_tanh", 9001),                    # tied wte (embedding + head), mask buffers, gelu_new
+             GradCase("f32_conv", 9009)],                   # lineage's study extension: q | k | v + short conv
+    "linear_attn": [GradCase("f32_elu_normalized", 9002),   # elu feature map, normaliser, tied, expand_v 2
+                    GradCase("f32_elu_conv", 9010)],        # lineage's short conv (no activation after it)
     "delta_net": [GradCase("f32", 9003)],                   # short convs, silu, l2 norm, beta
     "gated_deltanet": [GradCase("f32_gva", 9004)],          # GVA (HV = 2H), output gate, per-head decay
     "kda": [GradCase("attnres", 9005),                      # per-channel decay, fla Block AttnRes over 3 layers

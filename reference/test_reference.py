@@ -94,6 +94,7 @@ def _decode_reference(cfg, w, tokens, bf16_inputs=frozenset()):
 
     approximate = "tanh" if cfg.activation_function == "gelu_new" else "none"
     cache = [([], []) for _ in range(cfg.n_layer)]
+    raws = [[torch.zeros(3 * D, dtype=w["wte.weight"].dtype)] * (cfg.conv_size - 1) for _ in range(cfg.n_layer)]
     rows = []
     for pos, tok in enumerate(tokens.tolist()):
         x = w["wte.weight"][tok] + w["wpe.weight"][pos]
@@ -101,6 +102,10 @@ def _decode_reference(cfg, w, tokens, bf16_inputs=frozenset()):
             p = f"h.{i}."
             a = F.layer_norm(x, (D,), w[p + "ln_1.weight"], w[p + "ln_1.bias"], cfg.layer_norm_epsilon)
             qkv = linear(a, p + "attn.c_attn.weight", w[p + "attn.c_attn.bias"])
+            if cfg.conv_size:  # lineage's short conv: F.conv1d over the last conv_size raw rows, plus the row
+                window = torch.stack(raws[i][len(raws[i]) - cfg.conv_size + 1:] + [qkv], 1)  # [3D, conv_size]
+                raws[i].append(qkv)
+                qkv = qkv + F.conv1d(window[None], w[p + "attn.c_attn_conv1d.weight"], groups=3 * D)[0, :, 0]
             q, k, v = qkv.view(3, H, hd)
             cache[i][0].append(k)
             cache[i][1].append(v)

@@ -80,7 +80,9 @@ TEST_P(GoldenGrad, LossAndEveryGradientMatchAutograd) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GoldenGrad,
-                         ::testing::Values(GradCase{"gpt2", "f32_tanh"}, GradCase{"linear_attn", "f32_elu_normalized"},
+                         ::testing::Values(GradCase{"gpt2", "f32_tanh"}, GradCase{"gpt2", "f32_conv"},
+                                           GradCase{"linear_attn", "f32_elu_normalized"},
+                                           GradCase{"linear_attn", "f32_elu_conv"},
                                            GradCase{"delta_net", "f32"}, GradCase{"gated_deltanet", "f32_gva"},
                                            GradCase{"kda", "attnres"}, GradCase{"kda", "lower_bound"},
                                            GradCase{"kimi_linear", "f32"}, GradCase{"kimi_k3", "text_only"}),

@@ -80,8 +80,8 @@ TEST_P(StateFile, ContinuesBitForBitAfterSaveAndLoad) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, StateFile,
-                         ::testing::Values("gpt2/f32_defaults", "linear_attn/f32_elu_normalized", "delta_net/f32",
-                                           "kimi_linear/f32", "kimi_k3/mxfp4_routed"),
+                         ::testing::Values("gpt2/f32_defaults", "gpt2/f32_conv", "linear_attn/f32_elu_normalized",
+                                           "delta_net/f32", "kimi_linear/f32", "kimi_k3/mxfp4_routed"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)

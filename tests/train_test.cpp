@@ -25,9 +25,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-model::Model tiny_gpt2(uint64_t seed, int64_t vocab = 50) {
+// conv_size > 0: lineage's study extension, q | k | v plus a short conv over them.
+model::Model tiny_gpt2(uint64_t seed, int64_t vocab = 50, int64_t conv_size = 0) {
   const nlohmann::json cfg = {{"model_type", "gpt2"}, {"vocab_size", vocab}, {"n_positions", 32}, {"n_embd", 16},
-                              {"n_layer", 2},         {"n_head", 2},         {"layer_norm_epsilon", 1e-5}};
+                              {"n_layer", 2},         {"n_head", 2},         {"layer_norm_epsilon", 1e-5},
+                              {"conv_size", conv_size}};
   model::Model m = model::build_gpt2({model::ConfigFields(cfg, "tiny"), [](const std::string&) { return false; }});
   model::init_random(m, seed, DType::F32);
   // Larger weights than the preset's 0.02 so every path carries a gradient well above rounding.
@@ -51,18 +53,22 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
 // loose (1 %); a missing term, a wrong sign or a transposed gradient in any one tensor still fails
 // it. The PyTorch goldens (golden_grad_test.cpp) hold the same gradients to 1e-5.
 TEST(TrainGpt2, GradientOfEveryTensorMatchesFiniteDifferences) {
-  model::Model m = tiny_gpt2(3);
-  train::Backprop bp(m);
-  const int64_t B = 2, T = 9;
-  const std::vector<int32_t> tokens = random_tokens(B * (T + 1), 50, 4);
-  const float scale = 1.0f / float(B * T);
-  bp.step(tokens, B, T, scale);
-  std::vector<train::ParamRef> params = bp.params();
-  ASSERT_EQ(params.size(), 2u + 2u * 12u + 2u);  // wte, wpe, 12 per block, ln_f
-  for (size_t i = 0; i < params.size(); ++i) {
-    const train::ParamRef& p = params[i];
-    const auto [fd, gd] = test::directional_derivative(bp, p, 100 + i, 2e-3, [&] { return bp.step(tokens, B, T, scale, false); });
-    EXPECT_NEAR(fd, gd, 1e-2 * std::fabs(gd) + 1e-4) << p.name;
+  for (const int64_t conv : {0, 3}) {
+    SCOPED_TRACE(conv ? "with a short conv" : "GPT-2");
+    model::Model m = tiny_gpt2(3, 50, conv);
+    train::Backprop bp(m);
+    const int64_t B = 2, T = 9;
+    const std::vector<int32_t> tokens = random_tokens(B * (T + 1), 50, 4);
+    const float scale = 1.0f / float(B * T);
+    bp.step(tokens, B, T, scale);
+    std::vector<train::ParamRef> params = bp.params();
+    ASSERT_EQ(params.size(), 2u + 2u * (conv ? 13u : 12u) + 2u);  // wte, wpe, 12 (13) per block, ln_f
+    for (size_t i = 0; i < params.size(); ++i) {
+      const train::ParamRef& p = params[i];
+      const auto [fd, gd] =
+          test::directional_derivative(bp, p, 100 + i, 2e-3, [&] { return bp.step(tokens, B, T, scale, false); });
+      EXPECT_NEAR(fd, gd, 1e-2 * std::fabs(gd) + 1e-4) << p.name;
+    }
   }
 }
 

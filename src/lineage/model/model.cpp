@@ -99,6 +99,7 @@ std::vector<StateArray> state_arrays(const Model& m, SequenceState& s, size_t la
     const int64_t H = a->config.n_heads, hd = a->config.head_dim, L = st.length, cap = st.capacity;
     for (auto [name, t] : {std::pair<const char*, Tensor*>{"k", &st.k}, {"v", &st.v}})
       out.push_back({name, {H, L, hd}, {cap * hd, hd, 1}, L ? t->data<float>() : nullptr});
+    if (st.conv_tail.defined()) out.push_back(contiguous("conv_tail", st.conv_tail));
   } else if (const auto* l = std::get_if<layers::Mla>(&mixer)) {
     auto& st = std::get<layers::Mla::State>(s.layers[layer]);
     const int64_t w = l->config.latent(), L = st.length;
@@ -129,8 +130,10 @@ void set_length(const Model& m, SequenceState& s, int64_t length) {
 }
 
 bool truncatable(const Model& m) {
-  return std::none_of(m.blocks.begin(), m.blocks.end(),
-                      [](const Block& b) { return std::holds_alternative<layers::DeltaRule>(b.mixer); });
+  return std::none_of(m.blocks.begin(), m.blocks.end(), [](const Block& b) {
+    const auto* a = std::get_if<layers::Attention>(&b.mixer);
+    return std::holds_alternative<layers::DeltaRule>(b.mixer) || (a && a->config.conv_size > 0);
+  });
 }
 
 std::string Identity::str() const { return cat("config:", hex64(config_hash), " tensors:", hex64(tensors_hash)); }

@@ -130,7 +130,8 @@ struct Model {
   int64_t n_layers() const { return int64_t(blocks.size()); }
 };
 
-// Layer `layer`'s arrays in s, views into its buffers: softmax attention "k", "v" [H, length, hd];
+// Layer `layer`'s arrays in s, views into its buffers: softmax attention "k", "v" [H, length, hd]
+// (and "conv_tail" [W − 1, 3D] with lineage's short conv);
 // MLA "kv" [length, kv_lora_rank + rope dims] (the latents ĉ | k_r); delta rule "S" [HV, K, V], "z"
 // [HV, K] (normalized linear attention only) and "conv_tail" [W − 1, C] (with a short conv).
 std::vector<StateArray> state_arrays(const Model& m, SequenceState& s, size_t layer);
@@ -139,7 +140,8 @@ std::vector<StateArray> state_arrays(const Model& m, SequenceState& s, size_t la
 // past `length` dropped where it had more. Recurrent layers are left as they are, so shortening a
 // state is exact only for a model without them (the prefix cache's use).
 void set_length(const Model& m, SequenceState& s, int64_t length);
-// Whether every layer's state can be cut back to an earlier position (only KV caches and latents).
+// Whether every layer's state can be cut back to an earlier position (only KV caches and latents;
+// not a recurrent state or a short conv's tail).
 bool truncatable(const Model& m);
 // The model's identity for state files: its config_hash and the hash of every tensor's name and
 // shape, "config:<16 hex> tensors:<16 hex>". Two models with the same identity hold states of the

@@ -7,6 +7,8 @@
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/attention.h"
 #include "lineage/kernels/backward.h"
+#include "lineage/kernels/delta_rule_layer_backward.h"
+#include "lineage/kernels/short_conv.h"
 
 namespace lineage::layers {
 
@@ -28,6 +30,17 @@ void copy_cache(const Attention::State& s, int64_t H, int64_t hd, int64_t cap, T
   if (s.length) copy_positions(s, H, hd, cap, k, v);
 }
 
+// qkv = raw + the short conv of raw: T rows of 3D continuing `tail` (which then holds their last rows).
+void convolve_rows(const Attention& a, const float* raw, int64_t T, float* tail, float* qkv) {
+  const int64_t C = 3 * a.config.d_model;
+  kernels::short_conv(raw, T, C, C, a.weights.c_attn_conv, tail, C, false, qkv, C);
+  const auto add = [&](int64_t t0, int64_t t1) {
+    for (int64_t i = t0 * C; i < t1 * C; ++i) qkv[i] += raw[i];
+  };
+  if (T > 1) parallel_for(T, add, grain_for(C));
+  else add(0, T);
+}
+
 void grow(Attention::State& s, int64_t H, int64_t hd, int64_t needed) {
   if (needed <= s.capacity) return;
   const int64_t cap = std::max<int64_t>({needed, 2 * s.capacity, 16});
@@ -41,15 +54,21 @@ void grow(Attention::State& s, int64_t H, int64_t hd, int64_t needed) {
 }  // namespace
 
 size_t Attention::State::bytes() const {
-  if (!capacity) return 0;
+  if (!capacity) return conv_tail.nbytes();
   const int64_t H = k.dim(0), hd = k.dim(2);
-  return 2 * size_t(H * length * hd) * sizeof(float);
+  return 2 * size_t(H * length * hd) * sizeof(float) + conv_tail.nbytes();
+}
+
+void Attention::State::clear() {
+  length = 0;
+  if (conv_tail.nbytes()) std::memset(conv_tail.raw_mut(), 0, conv_tail.nbytes());
 }
 
 // A compact snapshot: only the filled positions are copied (and held), not the spare capacity.
 Attention::State Attention::State::clone() const {
   State c;
   c.length = length;
+  c.conv_tail = conv_tail.clone();
   if (length) {
     c.capacity = length;
     copy_cache(*this, k.dim(0), k.dim(2), length, c.k, c.v);
@@ -58,6 +77,8 @@ Attention::State Attention::State::clone() const {
 }
 
 void Attention::State::assign(const State& from) {
+  if (conv_tail.shape() != from.conv_tail.shape()) conv_tail = from.conv_tail.clone();
+  else if (conv_tail.nbytes()) std::memcpy(conv_tail.raw_mut(), from.conv_tail.raw(), conv_tail.nbytes());
   if (!from.length) {
     length = 0;
     return;
@@ -74,7 +95,7 @@ void Attention::State::assign(const State& from) {
 
 std::string Attention::describe() const {
   return "softmax attention, " + std::to_string(config.n_heads) + " heads x " + std::to_string(config.head_dim) +
-         ", KV cache";
+         (config.conv_size > 0 ? ", short conv " + std::to_string(config.conv_size) : "") + ", KV cache";
 }
 
 void Attention::for_each_tensor(const std::string& prefix, const TensorVisitor& f) {
@@ -83,6 +104,8 @@ void Attention::for_each_tensor(const std::string& prefix, const TensorVisitor& 
   f(prefix + ".c_attn.bias", weights.c_attn_bias, {3 * D}, Init::Zeros);
   visit_matrix(f, prefix + ".c_proj.weight", weights.c_proj, D, D);
   f(prefix + ".c_proj.bias", weights.c_proj_bias, {D}, Init::Zeros);
+  if (config.conv_size > 0)
+    f(prefix + ".c_attn_conv1d.weight", weights.c_attn_conv, {3 * D, 1, config.conv_size}, Init::Normal);
 }
 
 void Attention::State::reserve(int64_t H, int64_t hd, int64_t positions) {
@@ -101,7 +124,15 @@ void forward(const Attention& a, const Call& call, const float* x, std::span<Att
   const bool dot = call.options.bf16_dot;
   float* qkv = buf.qkv.get(size_t(N) * 3 * D);
   float* ctx = buf.context.get(size_t(N) * D);
-  kernels::linear(x, N, a.weights.c_attn, &a.weights.c_attn_bias, qkv, std::nullopt, dot);
+  if (a.config.conv_size > 0) {  // each sequence's rows through the conv from its own tail
+    float* raw = buf.raw.get(size_t(N) * 3 * D);
+    kernels::linear(x, N, a.weights.c_attn, &a.weights.c_attn_bias, raw, std::nullopt, dot);
+    for (int64_t b = 0; b < step.n_seqs(); ++b)
+      convolve_rows(a, raw + step.begin(b) * 3 * D, step.length(b), states[size_t(b)]->conv_tail.data<float>(),
+                    qkv + step.begin(b) * 3 * D);
+  } else {
+    kernels::linear(x, N, a.weights.c_attn, &a.weights.c_attn_bias, qkv, std::nullopt, dot);
+  }
   trace("attn.qkv", qkv, {N, 3 * D});
 
   buf.seqs.clear();
@@ -148,9 +179,19 @@ kernels::AttentionTrainArgs train_args(const Attention& a, const TrainShape& s, 
 }  // namespace
 
 void forward_train(const Attention& a, const TrainShape& s, const float* x, float* y, Attention::Saved& saved) {
-  const int64_t N = s.N();
+  const int64_t N = s.N(), C = 3 * a.config.d_model, W = a.config.conv_size;
   const kernels::AttentionTrainArgs args = train_args(a, s, saved);
-  kernels::linear(x, N, a.weights.c_attn, &a.weights.c_attn_bias, saved.qkv.get(0));
+  if (W > 0) {  // every sequence from a zero tail
+    float* raw = saved.raw.get(size_t(N * C));
+    float* tail = saved.tail.get(size_t((W - 1) * C));
+    kernels::linear(x, N, a.weights.c_attn, &a.weights.c_attn_bias, raw);
+    for (int64_t b = 0; b < s.B; ++b) {
+      std::fill(tail, tail + (W - 1) * C, 0.0f);
+      convolve_rows(a, raw + b * s.T * C, s.T, tail, saved.qkv.get(0) + b * s.T * C);
+    }
+  } else {
+    kernels::linear(x, N, a.weights.c_attn, &a.weights.c_attn_bias, saved.qkv.get(0));
+  }
   kernels::attention_causal_train(args);
   kernels::linear(args.out, N, a.weights.c_proj, &a.weights.c_proj_bias, y);
 }
@@ -164,6 +205,18 @@ void backward(const Attention& a, const TrainShape& s, const float* x, const flo
   kernels::linear_backward(args.out, dy, N, a.weights.c_proj, d_ctx, &grad.weights.c_proj,
                            grad.weights.c_proj_bias.data<float>());
   kernels::attention_causal_backward(args, {d_ctx, d_qkv, d_qkv + D, d_qkv + 2 * D, D, 3 * D, 3 * D, 3 * D});
+  if (a.config.conv_size > 0) {  // ∂raw = ∂qkv through the conv, plus ∂qkv itself (the identity)
+    const int64_t C = 3 * D;
+    float* d_raw = saved.d_raw.get(size_t(N * C));
+    for (int64_t b = 0; b < s.B; ++b)
+      kernels::short_conv_backward(saved.raw.get(0) + b * s.T * C, d_qkv + b * s.T * C, s.T, C, C, C,
+                                   a.weights.c_attn_conv, d_raw + b * s.T * C, C,
+                                   grad.weights.c_attn_conv.data<float>());
+    parallel_for(N, [&](int64_t t0, int64_t t1) {
+      for (int64_t i = t0 * C; i < t1 * C; ++i) d_raw[i] += d_qkv[i];
+    }, grain_for(C));
+    d_qkv = d_raw;
+  }
   kernels::linear_backward(x, d_qkv, N, a.weights.c_attn, dx, &grad.weights.c_attn, grad.weights.c_attn_bias.data<float>());
 }
 

@@ -13,25 +13,31 @@ struct Attention {
   struct Config {
     int64_t d_model = 0, n_heads = 0, head_dim = 0;
     bool scale_attn_weights = true;  // scores / sqrt(head_dim)
+    // Not GPT-2's: lineage's "conv_size" field, for the study's softmax row with the local mixing the
+    // delta-rule rows have. > 0: q | k | v += a causal depthwise convolution of this many taps over
+    // them (no bias, no activation; the identity kept, so at init it is plain GPT-2). 0: none.
+    int64_t conv_size = 0;
   };
   struct Weights {
     kernels::Matrix c_attn;  // [3D, D]: outputs q | k | v, head h at h*hd within each (GPT-2 stores Conv1D [in, out])
     Tensor c_attn_bias;      // [3D]
     kernels::Matrix c_proj;  // [D, D]
     Tensor c_proj_bias;      // [D]
+    Tensor c_attn_conv;      // [3D, 1, conv_size] (conv_size > 0)
   };
   // The KV cache. k, v: [H, capacity, hd] f32 (head-major so one head's keys are contiguous for
-  // decode); rows 0 .. length-1 valid. Grows by doubling; bytes() counts what is in use.
+  // decode); rows 0 .. length-1 valid. Grows by doubling; bytes() counts what is in use. With a
+  // short conv, conv_tail [conv_size − 1, 3D] holds the last raw q | k | v rows (zeros at the start).
   struct State {
-    Tensor k, v;
+    Tensor k, v, conv_tail;
     int64_t length = 0, capacity = 0;
     size_t bytes() const;
-    size_t reserved_bytes() const { return k.nbytes() + v.nbytes(); }
+    size_t reserved_bytes() const { return k.nbytes() + v.nbytes() + conv_tail.nbytes(); }
     State clone() const;  // compact: holds only the `length` filled positions
     // Copies `from` into this state: into the buffers it has when they hold from.length positions
     // of the same heads (no new pages to touch), else into new ones with twice that room.
     void assign(const State& from);
-    void clear() { length = 0; }  // keeps the buffers: a new sequence reuses their pages
+    void clear();  // keeps the buffers: a new sequence reuses their pages
     // Room for `positions` positions of H heads of hd channels, allocated now (a pool of fixed
     // context); keeps what is cached.
     void reserve(int64_t H, int64_t hd, int64_t positions);
@@ -39,15 +45,16 @@ struct Attention {
   // A step's activations: the fused q | k | v projection [N, 3D], the attended context [N, D], and
   // one kernel argument per sequence.
   struct Buffers {
-    Buffer qkv, context;
+    Buffer qkv, context, raw;  // raw: c_attn's output before the short conv
     std::vector<kernels::AttentionSeq> seqs;
   };
 
   // What the training forward keeps for backward (train_step.h): the projection q | k | v [N, 3D],
   // the attended context [N, D] and each query's log-sum-exp [B, H, T]; and backward's own
   // gradients of the context and of q | k | v.
+  // With a short conv, also c_attn's output before it (raw, and its gradient) and a zero tail.
   struct Saved {
-    Buffer qkv, context, lse, d_context, d_qkv;
+    Buffer qkv, context, lse, d_context, d_qkv, raw, d_raw, tail;
   };
 
   Config config;
@@ -59,10 +66,13 @@ struct Attention {
   State new_state(int64_t positions = 0) const {
     State s;
     if (positions > 0) s.reserve(config.n_heads, config.head_dim, positions);
+    if (config.conv_size > 0) s.conv_tail = Tensor::zeros(DType::F32, {config.conv_size - 1, 3 * config.d_model});
     return s;
   }
   size_t state_bytes_per_token() const { return 2 * size_t(config.d_model) * sizeof(float); }
-  size_t state_bytes_fixed() const { return 0; }
+  size_t state_bytes_fixed() const {
+    return config.conv_size > 0 ? size_t((config.conv_size - 1) * 3 * config.d_model) * sizeof(float) : 0;
+  }
   // The mixer's own FLOPs for one token that attends `context` positions, beyond its weights' 2 per
   // parameter: q·k and p·v over the context, 4·D·context.
   double flops_per_token(double context) const { return 4.0 * double(config.d_model) * context; }

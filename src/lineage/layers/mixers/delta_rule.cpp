@@ -289,7 +289,7 @@ void project(Pass& p, const float* x) {
     bool silu;
   };
   const ConvStep steps[3] = {
-      {&w.q_conv, 0, c.qk_conv_silu}, {&w.k_conv, p.Cq, c.qk_conv_silu}, {&w.v_conv, p.Cq + p.Ck, true}};
+      {&w.q_conv, 0, c.qk_conv_silu}, {&w.k_conv, p.Cq, c.qk_conv_silu}, {&w.v_conv, p.Cq + p.Ck, c.delta}};
   const bool conv = c.conv_size > 0;
   float* tail = conv ? p.states[0]->conv_tail.data<float>() : nullptr;
   const auto step = [&](int i, int64_t o0, int64_t o1) {
@@ -324,7 +324,7 @@ void convolve(Pass& p) {
       float* out = p.qkv + t0 * C;
       kernels::short_conv(raw, T, Cq, C, w.q_conv, tail, C, c.qk_conv_silu, out, C);
       kernels::short_conv(raw + Cq, T, Ck, C, w.k_conv, tail + Cq, C, c.qk_conv_silu, out + Cq, C);
-      kernels::short_conv(raw + Cq + Ck, T, Cv, C, w.v_conv, tail + Cq + Ck, C, true, out + Cq + Ck, C);
+      kernels::short_conv(raw + Cq + Ck, T, Cv, C, w.v_conv, tail + Cq + Ck, C, c.delta, out + Cq + Ck, C);
     }
     return;
   }

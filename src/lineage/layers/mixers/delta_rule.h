@@ -41,7 +41,7 @@ struct DeltaRule {
     int64_t n_v_heads = 0;       // HV (value heads; > H is GVA)
     int64_t head_k = 0, head_v = 0;  // K, V
     int64_t conv_size = 0;       // W; 0 = no short convolution
-    bool qk_conv_silu = true;    // SiLU after the q/k short conv (v's always has it)
+    bool qk_conv_silu = true;    // SiLU after the q/k short conv (v's has it where the write is delta)
     FeatureMap qk_map = FeatureMap::Identity;
     QkNorm q_norm = QkNorm::L2, k_norm = QkNorm::L2;
     bool has_beta = true;        // β = sigmoid(b_proj(x)); false: β = 1 (delta) or no β (linear attention)

@@ -265,12 +265,17 @@ float* convolve_backward(Pass& p, DeltaRule::Saved& sv, DeltaRule& grad) {
   } else if (!c.delta) {
     return d_qkv;  // linear attention: the projections themselves
   }
-  if (c.qk_conv_silu) {
+  const bool qk_silu = c.qk_conv_silu, v_silu = c.delta;  // convolve's activations
+  if (qk_silu && v_silu) {
     kernels::activation_backward(kernels::Activation::Silu, pre, d_qkv, d_qkv, N * C);
   } else {
-    for (int64_t t = 0; t < N; ++t)
-      kernels::activation_backward(kernels::Activation::Silu, pre + t * C + Cq + Ck, d_qkv + t * C + Cq + Ck,
-                                   d_qkv + t * C + Cq + Ck, Cv);
+    for (int64_t t = 0; t < N; ++t) {
+      if (qk_silu)
+        kernels::activation_backward(kernels::Activation::Silu, pre + t * C, d_qkv + t * C, d_qkv + t * C, Cq + Ck);
+      if (v_silu)
+        kernels::activation_backward(kernels::Activation::Silu, pre + t * C + Cq + Ck, d_qkv + t * C + Cq + Ck,
+                                     d_qkv + t * C + Cq + Ck, Cv);
+    }
   }
   if (c.conv_size == 0) return d_qkv;
   float* d_raw = sv.d_raw.get(size_t(N * C));

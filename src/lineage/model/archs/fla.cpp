@@ -132,6 +132,11 @@ Model build_linear_attn(const ArchInput& in) {
     c.fail("tie_feature_map_qk", "false (a shared elementwise_product feature map is not supported yet)");
   x.q_norm = c.boolean("norm_q", false) ? DeltaRule::QkNorm::SumEps : DeltaRule::QkNorm::None;
   x.k_norm = c.boolean("norm_k", false) ? DeltaRule::QkNorm::SumEps : DeltaRule::QkNorm::None;
+  // Not in fla's LinearAttention: lineage's use_short_conv (default off, as fla has none), the
+  // delta-rule rows' short conv on q, k and v with no activation after it (the feature map follows).
+  x.conv_size = c.boolean("use_short_conv", false) ? c.integer("conv_size", 4, limits::kConvSize) : 0;
+  if (x.conv_size && x.n_kv_heads != x.n_heads) c.fail("use_short_conv", "false with num_kv_heads < num_heads");
+  x.qk_conv_silu = false;
   x.has_beta = false;
   x.delta = false;
   x.normalize = c.boolean("norm_feature_map", false);

@@ -55,7 +55,7 @@ Model build_gpt2(const ArchInput& in) {
   b.names = {"ln_1", "attn", "ln_2", "mlp"};
   b.norm1 = b.norm2 = ln;
   layers::Attention a;
-  a.config = {D, H, D / H, c.boolean("scale_attn_weights", true)};
+  a.config = {D, H, D / H, c.boolean("scale_attn_weights", true), c.count("conv_size", 0, limits::kConvSize)};
   layers::Mlp mlp;
   mlp.config = {D, F, act};
   // GPT-2's Conv1D stores every matrix [in, out] (the only family that does): bound as the file
