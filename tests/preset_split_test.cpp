@@ -23,9 +23,7 @@ TEST_P(PresetSplit, WholePrefillEqualsPiecesAndTokenByToken) {
   kernels::set_threads(2);
   const model::Model m = model::make_preset(GetParam(), 3, DType::F32);
   const int64_t T = 160, V = m.config.vocab_size;
-  Rng rng(11);
-  std::vector<int32_t> tokens(T);
-  for (auto& t : tokens) t = int32_t(rng.next_u64() % uint64_t(V));
+  const std::vector<int32_t> tokens = random_tokens(T, V, 11);
 
   runtime::Session whole(m), pieces(m), step(m);
   const auto all = whole.prefill(tokens, true);

@@ -62,9 +62,7 @@ inline std::vector<float> all_grads(train::Backprop& bp) {
 // are the same at 1 and 2 threads, to 1e-5 relative RMS (sums may split differently).
 inline void expect_thread_count_invariant(const std::function<model::Model()>& make, int64_t vocab) {
   std::vector<std::vector<float>> grads;
-  Rng r(8);
-  std::vector<int32_t> tokens(3 * 31);
-  for (int32_t& t : tokens) t = int32_t(r.next_u64() % uint64_t(vocab));
+  const std::vector<int32_t> tokens = random_tokens(3 * 31, vocab, 8);
   for (const int threads : {1, 2}) {
     ScopedThreads st(threads);
     model::Model m = make();
@@ -82,9 +80,7 @@ struct HeldOut {
 // 60 steps (batch 4 × 24, lr 1e-2 after 5 warm-up steps, cosine to 1e-3) on a sequence that repeats
 // with period 7 (seeded ids < vocab); held out: the same cycle at other offsets.
 inline HeldOut train_on_a_cycle(model::Model& m, int64_t vocab) {
-  Rng r(9);
-  std::vector<int32_t> cycle(7);
-  for (int32_t& x : cycle) x = int32_t(r.next_u64() % uint64_t(vocab));
+  const std::vector<int32_t> cycle = random_tokens(7, vocab, 9);
   train::TokenData data;
   for (int64_t i = 0; i < 2000; ++i) data.train.push_back(cycle[size_t(i % 7)]);
   for (int64_t i = 0; i < 500; ++i) data.val.push_back(cycle[size_t((i + 3) % 7)]);

@@ -74,13 +74,6 @@ void k3_switches(model::Model& m, float situ_linear_beta) {
   }
 }
 
-std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
-  Rng r(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int32_t& x : t) x = int32_t(r.next_u64() % uint64_t(kVocab));
-  return t;
-}
-
 struct FdCase {
   std::string name;
   nlohmann::json config;
@@ -99,7 +92,7 @@ TEST_P(TrainDeltaFd, GradientOfEveryTensorMatchesFiniteDifferences) {
   model::Model m = tiny_fla(GetParam().config, 3, GetParam().mutate);
   train::Backprop bp(m);
   const int64_t B = 2, T = 21;
-  const std::vector<int32_t> tokens = random_tokens(B * (T + 1), 4);
+  const std::vector<int32_t> tokens = random_tokens(B * (T + 1), kVocab, 4);
   const float scale = 1.0f / float(B * T);
   bp.step(tokens, B, T, scale);
   std::vector<train::ParamRef> params = bp.params();
@@ -177,7 +170,7 @@ TEST(TrainDelta, ChunkedAndRecurrentPathsGiveTheSameGradients) {
       model::Model m = tiny_fla(cfg, 5);
       m.options.delta_rule_path = path;
       train::Backprop bp(m);
-      losses.push_back(bp.step(random_tokens(3 * 38, 6), 3, 37, 1.0f / 111));
+      losses.push_back(bp.step(random_tokens(3 * 38, kVocab, 6), 3, 37, 1.0f / 111));
       grads.push_back(test::all_grads(bp));
     }
     const double err = test::rel_rms(grads[0].data(), grads[1].data(), int64_t(grads[1].size()));

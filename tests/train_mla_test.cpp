@@ -77,13 +77,6 @@ model::Model tiny_mla(const nlohmann::json& extra, uint64_t seed) {
   return m;
 }
 
-std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
-  Rng r(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int32_t& x : t) x = int32_t(r.next_u64() % uint64_t(kVocab));
-  return t;
-}
-
 // Mean next-token NLL of tokens[0..n-2] → tokens[1..n-1] by the inference forward: the whole prompt
 // as one step (the explicit form), or one token a step (the absorbed form, latent cache).
 double inference_nll(const model::Model& m, const std::vector<int32_t>& tokens, bool one_step) {
@@ -130,7 +123,7 @@ TEST_P(TrainMlaFd, GradientOfEveryTensorMatchesFiniteDifferences) {
   ASSERT_EQ(train::untrainable_reason(m), "");
   train::Backprop bp(m);
   const int64_t B = 2, T = 13;
-  const std::vector<int32_t> tokens = random_tokens(B * (T + 1), 4);
+  const std::vector<int32_t> tokens = random_tokens(B * (T + 1), kVocab, 4);
   const float scale = 1.0f / float(B * T);
   bp.step(tokens, B, T, scale);
   std::vector<train::ParamRef> params = bp.params();
@@ -169,7 +162,7 @@ TEST(TrainMla, TrainingLossMatchesInferenceForward) {
     model::Model m = tiny_mla(cfg, 11);
     train::Backprop bp(m);
     const int64_t T = 20;
-    const std::vector<int32_t> tokens = random_tokens(T + 1, 12);
+    const std::vector<int32_t> tokens = random_tokens(T + 1, kVocab, 12);
     std::vector<int32_t> in(tokens.begin(), tokens.end() - 1), tgt(tokens.begin() + 1, tokens.end());
     const double train_loss = bp.step(in, tgt, 1, T, 1.0f / float(T), false);
     const double explicit_form = inference_nll(m, tokens, true), absorbed = inference_nll(m, tokens, false);

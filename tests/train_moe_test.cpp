@@ -103,13 +103,6 @@ const MoeCase kCases[] = {
                {"topk_group", 1}, {"first_k_dense_replace", 0}, {"routed_scaling_factor", 1.0}})},
 };
 
-std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
-  Rng r(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int32_t& x : t) x = int32_t(r.next_u64() % uint64_t(kVocab));
-  return t;
-}
-
 // Central differences along d at 2ε and ε, Richardson-combined. `crossed` says whether a step crossed a
 // change of the chosen experts (a jump): the difference is then retried at a quarter of the step, up
 // to 4 times. Without a way to see the choice, `crossed` may compare the two differences instead
@@ -233,7 +226,7 @@ TEST_P(TrainMoeFd, ModelGradientsMatchFiniteDifferences) {
   EXPECT_EQ(train::untrainable_reason(m), "");
   train::Backprop bp(m);
   const int64_t B = 2, T = 13;
-  const std::vector<int32_t> tokens = random_tokens(B * (T + 1), 4);
+  const std::vector<int32_t> tokens = random_tokens(B * (T + 1), kVocab, 4);
   const float scale = 1.0f / float(B * T);
   bp.step(tokens, B, T, scale);
   std::vector<train::ParamRef> params = bp.params();

@@ -41,13 +41,6 @@ model::Model tiny_gpt2(uint64_t seed, int64_t vocab = 50, int64_t conv_size = 0)
   return m;
 }
 
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  Rng r(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int32_t& x : t) x = int32_t(r.next_u64() % uint64_t(vocab));
-  return t;
-}
-
 // For each parameter tensor p with gradient g, a random direction d on p alone: the central
 // difference of the loss along d against ⟨g, d⟩. The forward is f32, so ε is large and the tolerance
 // loose (1 %); a missing term, a wrong sign or a transposed gradient in any one tensor still fails

@@ -70,8 +70,6 @@ std::string format_bytes(double bytes);
 
 // Seconds on the steady clock (differences time the benchmarks).
 double steady_seconds();
-// n token ids drawn uniformly from [0, vocab) by the engine's seeded generator.
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed);
 
 // Registration of each subcommand (one file each).
 void add_generate(CLI::App& app);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace lineage {
 
@@ -43,5 +44,13 @@ class Rng {
   float spare_ = 0.0f;
   bool has_spare_ = false;
 };
+
+// n token ids uniform in [0, vocab) from `seed` (prompts for benchmarks, checks and tests).
+inline std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t& x : t) x = int32_t(rng.next_u64() % uint64_t(vocab));
+  return t;
+}
 
 }  // namespace lineage

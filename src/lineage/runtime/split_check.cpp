@@ -10,10 +10,7 @@
 namespace lineage::runtime {
 
 std::vector<int32_t> split_check_tokens(int64_t vocab, int64_t count, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(count));
-  for (auto& x : t) x = int32_t(rng.next_u64() % uint64_t(vocab));
-  return t;
+  return random_tokens(count, vocab, seed);
 }
 
 double relative_rms(std::span<const float> got, std::span<const float> want) {
