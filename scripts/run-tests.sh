@@ -19,7 +19,7 @@ cmake --build build -j "$jobs"
 # self-test (Python, nothing sanitized), and the numeric sweeps over every family and chunk size
 # (the same code paths as the tests that stay, many times over), and the recall study's training
 # run (the training code stays under ASan through the Train* tests).
-slow='^(golden_isa_|reference_self_test|Presets/PresetSplit\.|Cli\.Tour|Cli\.LogitsOfAPreset|BenchCli\.|Linear\.GemmPaths|BatchCheckpoints\.BatchedEqualsAloneForEveryFamily|Cli\.RecurrentFamilyLogitsMatchGoldenForEveryChunkSize|GoldenDeltaFamily\.SplitInvarianceAcrossConvTailAndChunks|Cli\.GenerateSamplingFlagsSampleAsDocumented|StudyRecall\.TheDeltaRuleRecallsWhereTheAdditiveRuleCannot)'
+slow='^(golden_isa_|reference_self_test|Presets/PresetSplit\.|Cli\.Tour|Cli\.LogitsOfAPreset|BenchCli\.|Linear\.GemmPaths|BatchCheckpoints\.BatchedEqualsAloneForEveryFamily|Cli\.RecurrentFamilyLogitsMatchGoldenForEveryChunkSize|GoldenDeltaFamily\.SplitInvarianceAcrossConvTailAndChunks|Cli\.GenerateSamplingFlagsSampleAsDocumented|StudyRecall\.SoftmaxAndTheDeltaRuleRecallWhereTheAdditiveRuleCannot)'
 cmake --preset asan -DLINEAGE_UNITY=ON >/dev/null
 if cmake --build build-asan -j "$jobs"; then
   (cd build-asan && UBSAN_OPTIONS=print_stacktrace=1 \

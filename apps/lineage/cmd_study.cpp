@@ -102,25 +102,28 @@ void run_recall(RecallOpts& o) {
   std::vector<std::string> names;
   for (const train::RecallArch& a : train::recall_archs(o.config)) {
     names.push_back(a.name);
-    if (!a.trainable && !o.json) std::printf("%-20s not trained: %s\n", a.name.c_str(), a.why.c_str());
+    if (!a.trainable && !o.json) std::printf("%-24s not trained: %s\n", a.name.c_str(), a.why.c_str());
   }
   for (const std::string& a : o.config.archs)
-    if (std::find(names.begin(), names.end(), a) == names.end())
-      throw Error(cat("--archs: unknown row \"", a, "\"; expected some of: softmax attention, linear attention, DeltaNet, "
-                      "Gated DeltaNet, KDA, KDA/MLA 3:1 hybrid"));
-  if (!o.json) std::printf("%-20s %6s %8s %9s %11s %13s %8s\n", "architecture", "pairs", "seq len", "accuracy",
+    if (std::find(names.begin(), names.end(), a) == names.end()) {
+      std::string known;
+      for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+      throw Error(cat("--archs: unknown row \"", a, "\"; expected some of: ", known));
+    }
+  if (!o.json) std::printf("%-24s %6s %8s %9s %11s %13s %8s\n", "architecture", "pairs", "seq len", "accuracy",
                            "final loss", "state bytes", "seconds");
   const auto rows = train::run_recall(o.config, [&](const train::RecallRow& r) {
     if (o.json) return;
-    std::printf("%-20s %6lld %8lld %9.3f %11.4f %13zu %8.1f\n", r.arch.c_str(), (long long)r.pairs, (long long)r.seq_len,
+    std::printf("%-24s %6lld %8lld %9.3f %11.4f %13zu %8.1f\n", r.arch.c_str(), (long long)r.pairs, (long long)r.seq_len,
                 r.accuracy, r.final_loss, r.state_bytes, r.seconds);
     std::fflush(stdout);
   });
   nlohmann::json j = nlohmann::json::array();
   std::vector<train::PlotSeries> series;
   for (const train::RecallRow& r : rows) {
-    j.push_back({{"arch", r.arch}, {"pairs", r.pairs}, {"seq_len", r.seq_len}, {"accuracy", r.accuracy},
-                 {"final_loss", r.final_loss}, {"state_bytes", r.state_bytes}, {"seconds", r.seconds}});
+    j.push_back({{"arch", r.arch}, {"pairs", r.pairs}, {"seq_len", r.seq_len}, {"batch", r.batch},
+                 {"accuracy", r.accuracy}, {"final_loss", r.final_loss}, {"state_bytes", r.state_bytes},
+                 {"seconds", r.seconds}});
     if (series.empty() || series.back().label != r.arch) {
       series.emplace_back();
       series.back().label = r.arch;
@@ -179,6 +182,9 @@ void add_study(CLI::App& app) {
   rec->add_option("--values", r.config.values, "value vocabulary (default 64)")->check(CLI::Range(1, 100000));
   rec->add_option("--steps", r.config.steps, "training steps per model (default 300)")->check(CLI::Range(1, 1000000));
   rec->add_option("--batch", r.config.batch, "sequences per step (default 16)")->check(CLI::Range(1, 4096));
+  rec->add_option("--tokens-per-step", r.config.tokens_per_step,
+                  "instead of --batch: max(1, N / (4 x pairs)) sequences per step, the same tokens at every P")
+      ->check(CLI::Range(1, 1 << 24));
   rec->add_option("--lr", r.config.lr, "peak learning rate (default 3e-3)")->check(CLI::PositiveNumber);
   rec->add_option("--eval", r.config.eval_sequences, "held-out sequences scored (default 64)")->check(CLI::Range(1, 100000));
   rec->add_option("--seed", r.config.seed, "seed of the weights and the sequences")->check(whole_number());

@@ -38,11 +38,21 @@ std::vector<std::pair<std::string, nlohmann::json>> arch_configs(const RecallCon
                  {"qk_rope_head_dim", hd / 2}, {"v_head_dim", hd}});
   hybrid["linear_attn_config"].update({{"kda_layers", {1, 2, 3}}, {"full_attn_layers", {4}}, {"num_heads", c.heads},
                                        {"head_dim", hd}});
+  const auto gpt2 = [&](int64_t conv) {
+    return nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", vocab}, {"n_positions", positions},
+                          {"n_embd", c.d_model},  {"n_layer", c.layers},   {"n_head", c.heads},
+                          {"conv_size", conv}};
+  };
+  const nlohmann::json additive = {{"feature_map", "elu"}, {"norm_feature_map", true}};
+  nlohmann::json additive_conv = additive;
+  additive_conv["use_short_conv"] = true;
+  // The delta-rule rows carry fla's short convolution; "+ conv" gives the softmax and additive rows
+  // the same (lineage's conv_size / use_short_conv), so that the write rule is all that differs.
   return {
-      {"softmax attention",
-       {{"model_type", "gpt2"}, {"vocab_size", vocab}, {"n_positions", positions}, {"n_embd", c.d_model},
-        {"n_layer", c.layers}, {"n_head", c.heads}}},
-      {"linear attention", fla("linear_attn", {{"feature_map", "elu"}, {"norm_feature_map", true}})},
+      {"softmax attention", gpt2(0)},
+      {"softmax attention + conv", gpt2(4)},
+      {"linear attention", fla("linear_attn", additive)},
+      {"linear attention + conv", fla("linear_attn", additive_conv)},
       {"DeltaNet", fla("delta_net", {})},
       {"Gated DeltaNet", fla("gated_deltanet", {{"head_dim", hd}, {"expand_v", 1.0}})},
       {"KDA", fla("kda", {{"head_dim", hd}, {"expand_v", 1.0}})},
@@ -115,13 +125,13 @@ std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<voi
       AdamW opt(params);
       AdamWConfig adam;
       adam.weight_decay = 0.0;
-      const int64_t T = 4 * P;
+      const int64_t T = 4 * P, batch = c.tokens_per_step > 0 ? std::max<int64_t>(1, c.tokens_per_step / T) : c.batch;
       std::vector<int32_t> inputs, targets;
-      RecallRow row{name, P, T};
+      RecallRow row{name, P, T, batch};
       for (int64_t s = 0; s < c.steps; ++s) {
         bp.zero_grads();
-        mqar_batch(c.batch, P, c.keys, c.values, c.seed * 1000003 + uint64_t(s), inputs, targets);
-        row.final_loss = bp.step(inputs, targets, c.batch, T, 1.0f / float(c.batch * P));
+        mqar_batch(batch, P, c.keys, c.values, c.seed * 1000003 + uint64_t(s), inputs, targets);
+        row.final_loss = bp.step(inputs, targets, batch, T, 1.0f / float(batch * P));
         const double norm = grad_norm(params);
         opt.step(params, adam, schedule_lr(s, c.steps, c.steps / 10, c.lr, c.lr / 10), norm > 1.0 ? float(1.0 / norm) : 1.0f);
         bp.refresh();

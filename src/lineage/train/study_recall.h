@@ -16,6 +16,9 @@ struct RecallConfig {
   std::vector<int64_t> pairs{8, 16, 32, 64};  // key-value pairs per sequence (P)
   int64_t keys = 64, values = 64;             // vocabulary: a separator, keys, values
   int64_t batch = 16, steps = 300;
+  // > 0: sequences per step max(1, tokens_per_step / 4P) instead of `batch`, so that every P sees the
+  // same number of tokens (and queries) per step.
+  int64_t tokens_per_step = 0;
   double lr = 3e-3;
   int64_t eval_sequences = 64;
   uint64_t seed = 1;
@@ -24,7 +27,7 @@ struct RecallConfig {
 
 struct RecallRow {
   std::string arch;        // "softmax attention", "linear attention", "DeltaNet", ...
-  int64_t pairs = 0, seq_len = 0;
+  int64_t pairs = 0, seq_len = 0, batch = 0;  // batch: sequences per training step
   double accuracy = 0;     // argmax at the query positions equal to the key's value
   double final_loss = 0;   // training loss of the last step
   size_t state_bytes = 0;  // the model's per-sequence memory after seq_len tokens
