@@ -82,8 +82,9 @@ TEST(StudyRecall, CommandTrainsTheRows) {
 // same short convolution over q, k and v, so the write rule is all that differs): softmax attention
 // and DeltaNet learn to recall them, linear attention with the normalizer does not (the additive
 // write blends every pair it stores; the delta write replaces what a key held; attention keeps every
-// pair). Measured at seeds 2, 3, 5, 7: softmax attention + conv 1.000, DeltaNet 0.992 to 1.000, linear
-// attention + conv 0.17 to 0.19 (chance 1/8 of the values in context); about 35 s on one thread.
+// pair). Measured: softmax attention + conv 1.000 at seeds 2, 3, 5 and 7; DeltaNet 0.998 and 0.996,
+// linear attention + conv 0.176 and 0.174 (about 1/8: a guess among the values in context) at seeds 2
+// and 5; about 35 s on one thread.
 // Softmax attention without the conv stays near 0.16 at this budget (it needs ~15× the steps).
 TEST(StudyRecall, SoftmaxAndTheDeltaRuleRecallWhereTheAdditiveRuleCannot) {
   ScopedThreads one(1);
