@@ -15,25 +15,6 @@ namespace lineage::kernels {
 
 namespace {
 
-// Grow-only per-thread scratch: a training step reuses the same pages (a first touch costs ~10 µs
-// per 4 KiB page here).
-float* scratch(int slot, size_t n) {
-  thread_local std::vector<float> s[4];
-  if (s[slot].size() < n) s[slot].resize(n);
-  return s[slot].data();
-}
-
-// out[c, r] = a[r, c] for a [rows, cols] with row stride lda; out [cols, rows] contiguous.
-void transpose(const float* a, int64_t rows, int64_t cols, int64_t lda, float* out) {
-  constexpr int64_t kB = 32;
-  parallel_for((cols + kB - 1) / kB, [&](int64_t b0, int64_t b1) {
-    for (int64_t c0 = b0 * kB; c0 < std::min(cols, b1 * kB); c0 += kB)
-      for (int64_t r0 = 0; r0 < rows; r0 += kB)
-        for (int64_t c = c0; c < std::min(cols, c0 + kB); ++c)
-          for (int64_t r = r0; r < std::min(rows, r0 + kB); ++r) out[c * rows + r] = a[r * lda + c];
-  });
-}
-
 void gemm_blas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
@@ -66,28 +47,13 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
     return;
   }
   // The engine's own AVX-512 GEMM (linear(): x [M, K] times a weight stored [N, K] or [K, N]) runs
-  // about twice OpenBLAS's AVX2 code here; it wants x contiguous, so a transposed A is copied first.
-  if (!kernel_table().own_gemm || ldb != (trans_b ? K : N) || (beta != 0.0f && beta != 1.0f)) {
-    gemm_blas(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
-    return;
+  // about twice OpenBLAS's AVX2 code here; it reads a transposed A and C's strides in place.
+  if ((beta == 0.0f || beta == 1.0f) && ldb == (trans_b ? K : N)) {
+    const Tensor w = Tensor::borrow(DType::F32, trans_b ? Shape{N, K} : Shape{K, N}, B, nullptr);
+    if (linear_strided(A, lda, trans_a, M, Weight{&w, trans_b ? Layout::OutIn : Layout::InOut}, C, ldc, beta == 1.0f))
+      return;
   }
-  const float* x = A;
-  if (trans_a || lda != K) {
-    float* t = scratch(0, size_t(M * K));
-    if (trans_a) transpose(A, K, M, lda, t);
-    else
-      for (int64_t i = 0; i < M; ++i) std::memcpy(t + i * K, A + i * lda, size_t(K) * sizeof(float));
-    x = t;
-  }
-  const Tensor w = Tensor::borrow(DType::F32, trans_b ? Shape{N, K} : Shape{K, N}, B, nullptr);
-  const bool direct = beta == 0.0f && ldc == N;
-  float* y = direct ? C : scratch(1, size_t(M * N));
-  linear(x, M, Weight{&w, trans_b ? Layout::OutIn : Layout::InOut}, nullptr, y);
-  if (direct) return;
-  parallel_for(M, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = (beta == 0.0f ? 0.0f : C[i * ldc + j]) + y[i * N + j];
-  }, 4);
+  gemm_blas(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
 namespace {
@@ -347,7 +313,9 @@ double cross_entropy_backward(const float* h, int64_t N, int64_t D, const Tensor
     const int64_t n = std::min(chunk, N - r0);
     gemm(false, true, n, V, D, h + r0 * D, D, w, D, 0.0f, logits.data(), V);
     parallel_for(n, [&](int64_t i0, int64_t i1) {
-      float* e = scratch(2, size_t(V));
+      thread_local std::vector<float> exps;  // grow-only: the same pages every step
+      if (exps.size() < size_t(V)) exps.resize(size_t(V));
+      float* e = exps.data();
       for (int64_t i = i0; i < i1; ++i) {
         float* z = logits.data() + i * V;
         const int32_t target = targets[r0 + i];

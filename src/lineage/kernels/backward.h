@@ -12,8 +12,10 @@
 namespace lineage::kernels {
 
 // C[M, N] = op(A)·op(B) + beta·C, f32 row-major; op(A) is [M, K] (A stored [K, M] when trans_a),
-// op(B) is [K, N] (B stored [N, K] when trans_b). Split over the engine's threads along the larger
-// of M and N (OpenBLAS single-threaded inside each part): deterministic for a thread count.
+// op(B) is [K, N] (B stored [N, K] when trans_b). With β ∈ {0, 1} and B dense (ldb = its row length)
+// on the engine's own AVX-512 GEMM (linear_strided: A read in place or, transposed, in strips;
+// β = 1 accumulated in the register tiles); otherwise OpenBLAS, split over the engine's threads along
+// the larger of M and N. Deterministic for a thread count.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
           int64_t ldb, float beta, float* C, int64_t ldc);
 

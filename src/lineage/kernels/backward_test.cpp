@@ -152,6 +152,49 @@ TEST(TrainKernels, LinearBackwardMatchesItsTwinInBothLayouts) {
       }
 }
 
+// gemm() is what every backward's products go through: on the engine's own GEMM where B is dense
+// (A transposed through the strips path, β = 1 accumulating in the tiles, C's row stride in place),
+// on OpenBLAS otherwise. Shapes cross the 8-row tiles, the 16-row strip pairs and the reduction's
+// slicing (K > 2048); padded strides on A and C; C starts from values β = 1 must keep.
+TEST(TrainKernels, GemmMatchesADoubleProductInEveryLayout) {
+  struct Shape3 {
+    int64_t M, N, K;
+  };
+  for (const int threads : {1, 2})
+    for (const Shape3 sh : {Shape3{1, 5, 3}, Shape3{37, 50, 300}, Shape3{70, 97, 2500}})
+      for (const bool ta : {false, true})
+        for (const bool tb : {false, true})
+          for (const float beta : {0.0f, 1.0f})
+            for (const int64_t b_pad : {0, 2}) {
+              ScopedThreads st(threads);
+              const int64_t M = sh.M, N = sh.N, K = sh.K;
+              const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + b_pad, ldc = N + 5;
+              const std::vector<double> a = randn((ta ? K : M) * lda, 50), b = randn((tb ? N : K) * ldb, 51),
+                                        c0 = randn(M * ldc, 52);
+              std::vector<double> want(static_cast<size_t>(M * N));
+              for (int64_t i = 0; i < M; ++i)
+                for (int64_t j = 0; j < N; ++j) {
+                  double sum = beta * c0[size_t(i * ldc + j)];
+                  for (int64_t k = 0; k < K; ++k)
+                    sum += a[size_t(ta ? k * lda + i : i * lda + k)] * b[size_t(tb ? j * ldb + k : k * ldb + j)];
+                  want[size_t(i * N + j)] = sum;
+                }
+              const std::vector<float> af = to_float(a), bf = to_float(b);
+              std::vector<float> c = to_float(c0);
+              gemm(ta, tb, M, N, K, af.data(), lda, bf.data(), ldb, beta, c.data(), ldc);
+              std::vector<float> got(static_cast<size_t>(M * N));
+              for (int64_t i = 0; i < M; ++i)
+                for (int64_t j = 0; j < N; ++j) got[size_t(i * N + j)] = c[size_t(i * ldc + j)];
+              for (int64_t i = 0; i < M; ++i)  // C's padding is not written
+                for (int64_t j = N; j < ldc; ++j)
+                  ASSERT_EQ(c[size_t(i * ldc + j)], float(c0[size_t(i * ldc + j)])) << "padding at " << i << ", " << j;
+              const std::string what = "gemm " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+                                       (ta ? " Aᵀ" : " A") + (tb ? " Bᵀ" : " B") + " beta " + std::to_string(beta) +
+                                       " threads " + std::to_string(threads);
+              expect_close(got.data(), want, 1e-6, what);
+            }
+}
+
 TEST(TrainKernels, AttentionMatchesItsTwinAcrossTiles) {
   for (const int threads : {1, 2})
     for (const int64_t T : {1, 63, 64, 65, 130}) {

@@ -450,6 +450,18 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
   if (act) activate(*act, y, T * W.out());
 }
 
+bool linear_strided(const float* x, int64_t ldx, bool x_trans, int64_t T, const Weight& W, float* y, int64_t ldy,
+                    bool accumulate) {
+  LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
+  const GemmPath* own = x_trans ? gemm_table().exact_strips : gemm_table().exact;
+  if (!own || W.mxfp4() || W.w->dtype() != DType::F32) return false;
+  if (T <= 0) return true;
+  GemmProblem p{x, W.w->raw(), 0, W.layout == Layout::OutIn, T, W.in(), W.out(), y};
+  p.ldx = ldx, p.ldy = ldy, p.accumulate = accumulate;
+  gemm_blocked(*own, p);
+  return true;
+}
+
 void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs) {
   for (const LinearOut& o : outs) {
     LINEAGE_CHECK(o.W.w && o.W.w->ndim() == 2, "linear needs a 2-D weight");

@@ -48,6 +48,14 @@ struct Weight {
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y,
             std::optional<Activation> act = std::nullopt);
 
+// y (+)= op(x) · W for an F32 weight (either layout) on the engine's own GEMM, reading x and y in
+// place: op(x)[t, i] is x[t·ldx + i], or x[i·ldx + t] when x_trans (x stored [in, T], as the
+// output gradient is in a weight gradient dW = dYᵀ·X); y[t, o] is y[t·ldy + o]. With `accumulate`,
+// y += op(x)·W, each element one FMA chain starting from y's value. Returns false, doing nothing,
+// where the own GEMM does not run (no AVX-512 table; LINEAGE_ISA) or W is not F32.
+bool linear_strided(const float* x, int64_t ldx, bool x_trans, int64_t T, const Weight& W, float* y, int64_t ldy,
+                    bool accumulate);
+
 // BF16 weights with Weight::bf16_dot: multiplied with bf16 dot products (vdpbf16ps) instead of
 // widening W to f32. x is rounded to bf16 once per product, in decode (T = 1) and prefill alike, so
 // the two stay interchangeable; the price is a relative error of ~1.7e-3 per product (llama.cpp

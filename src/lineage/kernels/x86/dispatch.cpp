@@ -60,9 +60,10 @@ bool has_avx512_bf16() {
 
 const GemmTable& gemm_table() {
   static const GemmTable table = [] {
-    GemmTable t{gemv_table().isa, nullptr, nullptr, nullptr};
+    GemmTable t{gemv_table().isa, nullptr, nullptr, nullptr, nullptr};
     if (!std::strcmp(t.isa, "avx512")) {
       t.exact = &gemm_exact_avx512();
+      t.exact_strips = &gemm_exact_strips_avx512();
       t.mxfp4 = &gemm_mxfp4_avx512();
       if (has_avx512_bf16()) t.bf16_dot = &gemm_bf16_dot_avx512bf16();
     }

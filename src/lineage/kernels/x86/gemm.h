@@ -19,6 +19,11 @@ struct GemmProblem {
   const float* bias = nullptr;  // [out] f32 added to y after the whole reduction, or null
   bool gelu = false;            // then y ← GELU(y), tanh form (GPT-2's gelu_new), as y is stored
   const uint8_t* scales = nullptr;  // MXFP4: E8M0 exponents [out, in/32]
+  // The exact paths only (linear_strided in linear.h): x[t, i] at x[t·ldx + i], or at x[i·ldx + t]
+  // for the strips path (x stored transposed, [in, T]); y[t, o] at y[t·ldy + o]; 0 means dense. With
+  // `accumulate` each y element's sum starts from y's value instead of zero (y += x·W in one pass).
+  int64_t ldx = 0, ldy = 0;
+  bool accumulate = false;
 };
 
 // One GEMM implementation. `prepare`, where not null, converts rows [t0, t1) of x into the shared
@@ -36,6 +41,11 @@ struct GemmPath {
 
 // Exact f32 products: weights widened to f32 while packing, f32 FMA. Any dtype.
 const GemmPath& gemm_exact_avx512();
+// The exact path for an x stored transposed ([in, T]: the output gradient of a weight gradient
+// dW = dYᵀ·X), F32 weights: `prepare` copies x into strips of 8 rows (8 × in floats each, 8 rows side
+// by side per step of i), which the same register tiles then read. Same results as transposing x
+// first and running gemm_exact_avx512.
+const GemmPath& gemm_exact_strips_avx512();
 // MXFP4 weights [out, in] only: x reordered by `prepare` (per 32 columns the even ones, then the odd
 // ones), the codes decoded (exactly: code value · 2^(s - 127)) into f32 panels in the same order while
 // packing, then the exact path's register tiles.
@@ -47,6 +57,7 @@ const GemmPath& gemm_bf16_dot_avx512bf16();
 struct GemmTable {
   const char* isa;
   const GemmPath* exact;     // null: this ISA has no own GEMM and linear() calls OpenBLAS
+  const GemmPath* exact_strips;  // with exact: x stored transposed
   const GemmPath* bf16_dot;  // null: the CPU lacks AVX512_BF16 (or the ISA was forced lower)
   const GemmPath* mxfp4;     // null: this ISA has no own GEMM (linear() decodes panels for OpenBLAS)
 };

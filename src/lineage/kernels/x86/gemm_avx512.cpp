@@ -126,8 +126,9 @@ void pack_mxfp4(const GemmProblem& p, int64_t k0, int64_t kc, int64_t o0, int64_
   }
 }
 
-// y[M rows at c, 48 columns] (+)= Σ_k a[m*lda + k] · b[k][48] over k < kc.
-template <int M>
+// y[M rows at c, 48 columns] (+)= Σ_k x(m, k) · b[k][48] over k < kc, x(m, k) = a[m*lda + k], or
+// a[k*lda + m] when Trans (x stored transposed: the M values of one k lie side by side).
+template <int M, bool Trans = false>
 void tile(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc, int64_t nv, bool accumulate,
           Store st) {
   __m512 acc[M][3];
@@ -135,7 +136,7 @@ void tile(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int
   for (int64_t k = 0; k < kc; ++k, b += kNR) {
     const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), b2 = _mm512_load_ps(b + 32);
     for (int m = 0; m < M; ++m) {
-      const __m512 av = _mm512_set1_ps(a[m * lda + k]);
+      const __m512 av = _mm512_set1_ps(Trans ? a[k * lda + m] : a[m * lda + k]);
       acc[m][0] = _mm512_fmadd_ps(av, b0, acc[m][0]);
       acc[m][1] = _mm512_fmadd_ps(av, b1, acc[m][1]);
       acc[m][2] = _mm512_fmadd_ps(av, b2, acc[m][2]);
@@ -146,10 +147,15 @@ void tile(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int
 
 using TileFn = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t, bool, Store);
 constexpr TileFn kTiles[kMR + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
+constexpr TileFn kTilesTrans[kMR + 1] = {nullptr,           tile<1, true>, tile<2, true>, tile<3, true>, tile<4, true>,
+                                         tile<5, true>,     tile<6, true>, tile<7, true>, tile<8, true>};
 
+// Strips of x for the tiles: without `strips`, x[t, i] read in place (row stride ldx); with it, the
+// prepared strips of a transposed x (prepare_strips), 8 rows of x side by side per step of i.
 template <int DT>
-void block(const GemmProblem& p, int64_t t0, int64_t t1, int64_t o0, int64_t o1, void* scratch) {
+void block(const GemmProblem& p, const float* strips, int64_t t0, int64_t t1, int64_t o0, int64_t o1, void* scratch) {
   float* bp = static_cast<float*>(scratch);
+  const int64_t ldx = p.ldx ? p.ldx : p.in, ldy = p.ldy ? p.ldy : p.out;
   walk_block(
       p, t0, t1, o0, o1, p.in * kNR * int64_t(sizeof(float)), kWholeTileMax, kPanelMax, kKC,
       [&](int64_t k0, int64_t kc, int64_t s0, int64_t nc) {
@@ -157,15 +163,55 @@ void block(const GemmProblem& p, int64_t t0, int64_t t1, int64_t o0, int64_t o1,
         else pack_in_out<DT>(p.w, p.out, k0, kc, s0, nc, bp);
       },
       [&](int64_t t, int64_t k0, int64_t kc, int64_t s0, int64_t j, int64_t nv, bool accumulate, Store st) {
-        kTiles[min64(kMR, t1 - t)](kc, p.x + t * p.in + k0, p.in, bp + j * kc, p.y + t * p.out + s0 + j, p.out, nv,
-                                   accumulate, st);
+        const int64_t rows = min64(kMR, t1 - t);
+        float* y = p.y + t * ldy + s0 + j;
+        if (strips)  // t is a multiple of 8: blocks start at whole register tiles
+          kTilesTrans[rows](kc, strips + (t / kMR * p.in + k0) * kMR, kMR, bp + j * kc, y, ldy, nv,
+                            accumulate || p.accumulate, st);
+        else
+          kTiles[rows](kc, p.x + t * ldx + k0, ldx, bp + j * kc, y, ldy, nv, accumulate || p.accumulate, st);
       });
 }
 
+// x stored transposed ([in, T], row stride ldx) rearranged for the tiles: strip s = t / 8 holds
+// x[t, i] at [s][i][t % 8]. Read in place instead, every step of i of every column tile would touch
+// another row of x's storage (another page); here each row's 64 bytes are read once, and a pass over
+// kPassRows rows keeps their pages in the TLB while t moves along them.
+void prepare_strips(const GemmProblem& p, int64_t t0, int64_t t1, void* prepared) {
+  constexpr int64_t kPassRows = 256;
+  float* out = static_cast<float*>(prepared);
+  const int64_t ldx = p.ldx ? p.ldx : p.T;
+  const auto one = [&](int64_t t, int64_t i0, int64_t i1) {
+    float* dst = out + (t / kMR * p.in) * kMR + t % kMR;
+    for (int64_t i = i0; i < i1; ++i) dst[i * kMR] = p.x[i * ldx + t];
+  };
+  for (int64_t i0 = 0; i0 < p.in; i0 += kPassRows) {
+    const int64_t i1 = min64(p.in, i0 + kPassRows);
+    int64_t t = t0;
+    for (; t < t1 && t % (2 * kMR); ++t) one(t, i0, i1);
+    for (; t + 2 * kMR <= t1; t += 2 * kMR) {  // two whole strips from each row's 64 bytes
+      float* lo = out + t / kMR * p.in * kMR;
+      float* hi = lo + p.in * kMR;
+      for (int64_t i = i0; i < i1; ++i) {
+        const float* src = p.x + i * ldx + t;
+        _mm256_storeu_ps(lo + i * kMR, _mm256_loadu_ps(src));
+        _mm256_storeu_ps(hi + i * kMR, _mm256_loadu_ps(src + kMR));
+      }
+    }
+    for (; t < t1; ++t) one(t, i0, i1);
+  }
+}
+size_t prepared_strips_bytes(int64_t T, int64_t in) { return size_t((T + kMR - 1) / kMR * kMR * in) * sizeof(float); }
+
+void block_strips(const GemmProblem& p, const void* prepared, int64_t t0, int64_t t1, int64_t o0, int64_t o1,
+                  void* scratch) {
+  block<0>(p, static_cast<const float*>(prepared), t0, t1, o0, o1, scratch);
+}
+
 void block_any(const GemmProblem& p, const void*, int64_t t0, int64_t t1, int64_t o0, int64_t o1, void* scratch) {
-  if (p.dtype == 0) block<0>(p, t0, t1, o0, o1, scratch);
-  else if (p.dtype == 1) block<1>(p, t0, t1, o0, o1, scratch);
-  else block<2>(p, t0, t1, o0, o1, scratch);
+  if (p.dtype == 0) block<0>(p, nullptr, t0, t1, o0, o1, scratch);
+  else if (p.dtype == 1) block<1>(p, nullptr, t0, t1, o0, o1, scratch);
+  else block<2>(p, nullptr, t0, t1, o0, o1, scratch);
 }
 
 // Rows [t0, t1) of x in pack_mxfp4's order (per 32 columns the even ones, then the odd), [T, in] f32.
@@ -193,6 +239,13 @@ void block_mxfp4(const GemmProblem& p, const void* prepared, int64_t t0, int64_t
 const GemmPath& gemm_exact_avx512() {
   using namespace gemm_avx512;
   static const GemmPath path{nullptr, nullptr, block_any, kNR, kNC, size_t(std::max(kWholeTileMax, kPanelMax))};
+  return path;
+}
+
+const GemmPath& gemm_exact_strips_avx512() {
+  using namespace gemm_avx512;
+  static const GemmPath path{prepare_strips, prepared_strips_bytes, block_strips, kNR, kNC,
+                             size_t(std::max(kWholeTileMax, kPanelMax))};
   return path;
 }
 
