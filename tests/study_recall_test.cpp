@@ -48,6 +48,23 @@ TEST(StudyRecall, SequencesHoldPairsThenEachKeyQueriedOnce) {
   }
 }
 
+// --decay-scale starts the gated rows' decay slower (every A_log shifted by log S) and leaves the
+// rows without a decay as they were: after the same steps from the same seed, the gated rows'
+// losses move and DeltaNet's stays bit for bit.
+TEST(StudyRecall, DecayScaleReachesTheGatedRowsOnly) {
+  train::RecallConfig c;
+  c.d_model = 16, c.pairs = {4}, c.steps = 3, c.batch = 2, c.eval_sequences = 2;
+  c.archs = {"DeltaNet", "Gated DeltaNet", "KDA"};
+  ScopedThreads st(1);
+  const std::vector<train::RecallRow> fla = train::run_recall(c);
+  c.decay_scale = 0.01;
+  const std::vector<train::RecallRow> slow = train::run_recall(c);
+  ASSERT_EQ(fla.size(), 3u);
+  ASSERT_EQ(slow.size(), 3u);
+  EXPECT_EQ(fla[0].final_loss, slow[0].final_loss) << "DeltaNet has no decay to scale";
+  for (size_t i = 1; i < 3; ++i) EXPECT_NE(fla[i].final_loss, slow[i].final_loss) << fla[i].arch;
+}
+
 TEST(StudyRecall, CommandTrainsTheRows) {
   const auto r = test::run_lineage("study recall --pairs 4 --steps 2 --tokens-per-step 40 --eval 4 --d-model 16 --archs "
                                    "'softmax attention,DeltaNet,softmax attention + conv' --json --threads 2");
@@ -72,7 +89,8 @@ TEST(StudyRecall, CommandTrainsTheRows) {
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("KDA/MLA 3:1 hybrid            4"), std::string::npos) << table.out;
   EXPECT_EQ(table.out.find("not trained"), std::string::npos) << table.out;
-  for (const char* bad : {"--pairs 0", "--pairs 100", "--d-model 30 --heads 4", "--archs Mamba", "--steps x"}) {
+  for (const char* bad : {"--pairs 0", "--pairs 100", "--d-model 30 --heads 4", "--archs Mamba", "--steps x",
+                          "--decay-scale 0", "--decay-scale inf"}) {
     const auto b = test::run_lineage(std::string("study recall ") + bad);
     EXPECT_EQ(b.exit_code, 2) << bad << "\n" << b.err;
   }

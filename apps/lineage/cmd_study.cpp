@@ -186,6 +186,9 @@ void add_study(CLI::App& app) {
                   "instead of --batch: max(1, N / (4 x pairs)) sequences per step, the same tokens at every P")
       ->check(CLI::Range(1, 1 << 24));
   rec->add_option("--lr", r.config.lr, "peak learning rate (default 3e-3)")->check(CLI::PositiveNumber);
+  rec->add_option("--decay-scale", r.config.decay_scale,
+                  "the gated rows' initial decay rate A = exp(A_log) as fla's U(1, 16) times this (default 1)")
+      ->check(CLI::Range(1e-6, 1e6));
   rec->add_option("--eval", r.config.eval_sequences, "held-out sequences scored (default 64)")->check(CLI::Range(1, 100000));
   rec->add_option("--seed", r.config.seed, "seed of the weights and the sequences")->check(whole_number());
   rec->add_option("--out", r.out, "write recall.svg and recall.json into this directory");

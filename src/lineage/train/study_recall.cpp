@@ -122,6 +122,12 @@ std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<voi
       to_trainable(m);
       Backprop bp(m);
       std::vector<ParamRef> params = bp.params();
+      if (c.decay_scale != 1.0) {
+        for (const ParamRef& p : params)
+          if (p.name.ends_with(".A_log"))
+            for (int64_t i = 0; i < p.n; ++i) p.value[i] += float(std::log(c.decay_scale));
+        bp.refresh();
+      }
       AdamW opt(params);
       AdamWConfig adam;
       adam.weight_decay = 0.0;

@@ -20,6 +20,10 @@ struct RecallConfig {
   // same number of tokens (and queries) per step.
   int64_t tokens_per_step = 0;
   double lr = 3e-3;
+  // The gated rows' decay rates at the start: A = exp(A_log) is fla's U(1, 16) times this (A_log +=
+  // log of it). A per-token decay of exp(−A·softplus(·)) ≈ exp(−A·dt) with dt in [1e-3, 0.1]: at 1,
+  // a 2-head model at this width forgets within the sequence before it learns to hold a pair.
+  double decay_scale = 1.0;
   int64_t eval_sequences = 64;
   uint64_t seed = 1;
   std::vector<std::string> archs;  // empty: every row that has a backward
