@@ -299,6 +299,36 @@ void attention_causal_backward(const AttentionTrainArgs& a, const AttentionGrads
 // ---------------------------------------------------------------------------------------------
 // The loss.
 
+namespace {
+
+// A row's largest element and its sum in double, over kLanes running maxima or sums side by side
+// (one chain each would wait on the previous add for every one of a vocabulary's 50,257 logits);
+// the maximum is exact in any order, the sum's order is fixed.
+constexpr int64_t kLanes = 8;
+
+float row_max(const float* z, int64_t n) {
+  float m[kLanes];
+  std::fill(m, m + kLanes, -INFINITY);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t c = 0; c < kLanes; ++c) m[c] = z[j + c] > m[c] ? z[j + c] : m[c];
+  for (; j < n; ++j) m[0] = std::max(m[0], z[j]);
+  return *std::max_element(m, m + kLanes);
+}
+
+double row_sum(const float* e, int64_t n) {
+  double l[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t c = 0; c < kLanes; ++c) l[c] += double(e[j + c]);
+  for (; j < n; ++j) l[0] += double(e[j]);
+  double sum = 0;
+  for (int64_t c = 0; c < kLanes; ++c) sum += l[c];
+  return sum;
+}
+
+}  // namespace
+
 double cross_entropy_backward(const float* h, int64_t N, int64_t D, const Tensor& W, const int32_t* targets,
                               float scale, float* dh, float* dW, int64_t chunk) {
   const int64_t V = W.dim(0), rows = std::min(chunk, N);
@@ -325,13 +355,10 @@ double cross_entropy_backward(const float* h, int64_t N, int64_t D, const Tensor
           continue;
         }
         LINEAGE_CHECK(target < V, "target ", target, " outside the vocabulary of ", V);
-        float m = -INFINITY;
-        for (int64_t j = 0; j < V; ++j) m = std::max(m, z[j]);
-        const float zt = z[target];
+        const float m = row_max(z, V), zt = z[target];
         for (int64_t j = 0; j < V; ++j) z[j] -= m;
         exp_nonpositive(z, e, V);
-        double l = 0;
-        for (int64_t j = 0; j < V; ++j) l += e[j];
+        const double l = row_sum(e, V);
         row_loss[size_t(i)] = double(m) + std::log(l) - double(zt);
         const float inv = float(double(scale) / l);
         for (int64_t j = 0; j < V; ++j) z[j] = e[j] * inv;
