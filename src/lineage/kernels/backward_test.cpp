@@ -160,26 +160,27 @@ TEST(TrainKernels, GemmMatchesADoubleProductInEveryLayout) {
   struct Shape3 {
     int64_t M, N, K;
   };
-  for (const int threads : {1, 2})
-    for (const Shape3 sh : {Shape3{1, 5, 3}, Shape3{37, 50, 300}, Shape3{70, 97, 2500}})
-      for (const bool ta : {false, true})
-        for (const bool tb : {false, true})
+  for (const Shape3 sh : {Shape3{1, 5, 3}, Shape3{37, 50, 300}, Shape3{70, 97, 2500}})
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true})
+        for (const int64_t b_pad : {0, 2}) {
+          const int64_t M = sh.M, N = sh.N, K = sh.K;
+          const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + b_pad, ldc = N + 5;
+          const std::vector<double> a = randn((ta ? K : M) * lda, 50), b = randn((tb ? N : K) * ldb, 51),
+                                    c0 = randn(M * ldc, 52);
+          std::vector<double> product(static_cast<size_t>(M * N), 0.0);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t k = 0; k < K; ++k) {
+              const double aik = a[size_t(ta ? k * lda + i : i * lda + k)];
+              for (int64_t j = 0; j < N; ++j) product[size_t(i * N + j)] += aik * b[size_t(tb ? j * ldb + k : k * ldb + j)];
+            }
+          const std::vector<float> af = to_float(a), bf = to_float(b);
           for (const float beta : {0.0f, 1.0f})
-            for (const int64_t b_pad : {0, 2}) {
+            for (const int threads : {1, 2}) {
               ScopedThreads st(threads);
-              const int64_t M = sh.M, N = sh.N, K = sh.K;
-              const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + b_pad, ldc = N + 5;
-              const std::vector<double> a = randn((ta ? K : M) * lda, 50), b = randn((tb ? N : K) * ldb, 51),
-                                        c0 = randn(M * ldc, 52);
-              std::vector<double> want(static_cast<size_t>(M * N));
+              std::vector<double> want = product;
               for (int64_t i = 0; i < M; ++i)
-                for (int64_t j = 0; j < N; ++j) {
-                  double sum = beta * c0[size_t(i * ldc + j)];
-                  for (int64_t k = 0; k < K; ++k)
-                    sum += a[size_t(ta ? k * lda + i : i * lda + k)] * b[size_t(tb ? j * ldb + k : k * ldb + j)];
-                  want[size_t(i * N + j)] = sum;
-                }
-              const std::vector<float> af = to_float(a), bf = to_float(b);
+                for (int64_t j = 0; j < N; ++j) want[size_t(i * N + j)] += beta * c0[size_t(i * ldc + j)];
               std::vector<float> c = to_float(c0);
               gemm(ta, tb, M, N, K, af.data(), lda, bf.data(), ldb, beta, c.data(), ldc);
               std::vector<float> got(static_cast<size_t>(M * N));
@@ -193,6 +194,7 @@ TEST(TrainKernels, GemmMatchesADoubleProductInEveryLayout) {
                                        " threads " + std::to_string(threads);
               expect_close(got.data(), want, 1e-6, what);
             }
+        }
 }
 
 TEST(TrainKernels, AttentionMatchesItsTwinAcrossTiles) {
