@@ -1,6 +1,7 @@
 // lineage study recall: the MQAR sequences are what the task says, the command trains every row,
-// the KDA/MLA hybrid included, and trained from scratch the delta rule recalls where the additive
-// rule cannot (the part of the seeds' ordering this machine shows in seconds; docs/study.md).
+// the KDA/MLA hybrid included, and trained from scratch past a head's key width softmax attention
+// recalls every pair, the delta rule part of them, the additive rule next to none (the seeds'
+// ordering at the size this machine trains in under a minute; docs/study.md).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -96,21 +97,21 @@ TEST(StudyRecall, CommandTrainsTheRows) {
   }
 }
 
-// Trained identically from scratch on 8 pairs (two layers of width 64, two heads; every row with the
-// same short convolution over q, k and v, so the write rule is all that differs): softmax attention
-// and DeltaNet learn to recall them, linear attention with the normalizer does not (the additive
-// write blends every pair it stores; the delta write replaces what a key held; attention keeps every
-// pair). Measured: softmax attention + conv 1.000 at seeds 2, 3, 5 and 7; DeltaNet 0.998 and 0.996,
-// linear attention + conv 0.176 and 0.174 (about 1/8: a guess among the values in context) at seeds 2
-// and 5; about 35 s on one thread.
-// Softmax attention without the conv stays near 0.16 at this budget (it needs ~15× the steps).
+// Trained identically from scratch on 16 pairs, twice what a head's keys can keep apart (width 32,
+// four heads of 8, two layers; every row with the same short convolution over q, k and v, so the
+// write rule is all that differs): softmax attention, whose cache keeps every pair, recalls them
+// all; DeltaNet, whose 8 × 8 state per head replaces what a key held, recalls part of them; linear
+// attention with the normalizer, whose additive write blends every pair it stores, about a guess
+// among the values in context. Measured at seeds 1, 2, 3: softmax attention + conv 1.000 each,
+// DeltaNet 0.387, 0.417, 0.374, linear attention + conv 0.098, 0.107, 0.099; about 50 s on one
+// thread. (At 1,000 steps softmax attention has not yet learned the task at seeds 2 and 3.)
 TEST(StudyRecall, SoftmaxAndTheDeltaRuleRecallWhereTheAdditiveRuleCannot) {
   ScopedThreads one(1);
   train::RecallConfig c;
   c.archs = {"softmax attention + conv", "linear attention + conv", "DeltaNet"};
-  c.pairs = {8};
-  c.d_model = 64, c.heads = 2, c.layers = 2;
-  c.steps = 600, c.batch = 32, c.lr = 2e-3, c.seed = 2;
+  c.pairs = {16};
+  c.d_model = 32, c.heads = 4, c.layers = 2, c.keys = 64, c.values = 64;
+  c.steps = 1500, c.tokens_per_step = 1024, c.lr = 3e-3, c.seed = 1;
   const std::vector<train::RecallRow> rows = train::run_recall(c);
   ASSERT_EQ(rows.size(), 3u);
   const train::RecallRow &softmax = rows[0], &additive = rows[1], &delta = rows[2];
@@ -118,11 +119,11 @@ TEST(StudyRecall, SoftmaxAndTheDeltaRuleRecallWhereTheAdditiveRuleCannot) {
   ASSERT_EQ(additive.arch, "linear attention + conv");
   ASSERT_EQ(delta.arch, "DeltaNet");
   EXPECT_GE(softmax.accuracy, 0.9) << "final loss " << softmax.final_loss;
-  EXPECT_GE(delta.accuracy, 0.9) << "final loss " << delta.final_loss;
-  EXPECT_LE(additive.accuracy, 0.4) << "final loss " << additive.final_loss;
-  // softmax ≥ delta rule (within 2 of the 64 × 8 queries scored) > additive.
-  EXPECT_GE(softmax.accuracy, delta.accuracy - 2.0 / 512);
-  EXPECT_GE(delta.accuracy - additive.accuracy, 0.4);
+  EXPECT_LE(additive.accuracy, 0.2) << "final loss " << additive.final_loss;
+  // softmax ≥ delta rule > additive, each by a margin: the cache past the fixed state's capacity,
+  // the overwrite past the blend.
+  EXPECT_GE(softmax.accuracy - delta.accuracy, 0.3) << "DeltaNet " << delta.accuracy;
+  EXPECT_GE(delta.accuracy - additive.accuracy, 0.15) << "DeltaNet " << delta.accuracy;
 }
 
 }  // namespace
