@@ -15,6 +15,32 @@ namespace lineage::kernels {
 
 namespace {
 
+// A softmax row's largest element (attention's scores, the loss's logits) and a sum in double, over
+// kLanes running maxima or sums side by side (one chain would wait on the previous step for every one
+// of a vocabulary's 50,257 logits); the maximum is exact in any order, the sum's order is fixed.
+constexpr int64_t kLanes = 8;
+
+float row_max(const float* z, int64_t n) {
+  float m[kLanes];
+  std::fill(m, m + kLanes, -INFINITY);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t c = 0; c < kLanes; ++c) m[c] = z[j + c] > m[c] ? z[j + c] : m[c];
+  for (; j < n; ++j) m[0] = std::max(m[0], z[j]);
+  return *std::max_element(m, m + kLanes);
+}
+
+double row_sum(const float* e, int64_t n) {
+  double l[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t c = 0; c < kLanes; ++c) l[c] += double(e[j + c]);
+  for (; j < n; ++j) l[0] += double(e[j]);
+  double sum = 0;
+  for (int64_t c = 0; c < kLanes; ++c) sum += l[c];
+  return sum;
+}
+
 void gemm_blas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
@@ -236,8 +262,7 @@ void attention_causal_train(const AttentionTrainArgs& a) {
       tile_scores(a, q, k, i0, nq, S);
       for (int64_t i = 0; i < nq; ++i) {
         float* s = S + i * nk;
-        float m = -INFINITY;
-        for (int64_t j = 0; j < nk; ++j) m = std::max(m, s[j]);
+        const float m = row_max(s, nk);
         double l = 0;
         for (int64_t j = 0; j < nk; ++j) l += (s[j] = std::exp(s[j] - m));
         const float inv = float(1.0 / l);
@@ -299,35 +324,6 @@ void attention_causal_backward(const AttentionTrainArgs& a, const AttentionGrads
 // ---------------------------------------------------------------------------------------------
 // The loss.
 
-namespace {
-
-// A row's largest element and its sum in double, over kLanes running maxima or sums side by side
-// (one chain each would wait on the previous add for every one of a vocabulary's 50,257 logits);
-// the maximum is exact in any order, the sum's order is fixed.
-constexpr int64_t kLanes = 8;
-
-float row_max(const float* z, int64_t n) {
-  float m[kLanes];
-  std::fill(m, m + kLanes, -INFINITY);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int64_t c = 0; c < kLanes; ++c) m[c] = z[j + c] > m[c] ? z[j + c] : m[c];
-  for (; j < n; ++j) m[0] = std::max(m[0], z[j]);
-  return *std::max_element(m, m + kLanes);
-}
-
-double row_sum(const float* e, int64_t n) {
-  double l[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int64_t c = 0; c < kLanes; ++c) l[c] += double(e[j + c]);
-  for (; j < n; ++j) l[0] += double(e[j]);
-  double sum = 0;
-  for (int64_t c = 0; c < kLanes; ++c) sum += l[c];
-  return sum;
-}
-
-}  // namespace
 
 double cross_entropy_backward(const float* h, int64_t N, int64_t D, const Tensor& W, const int32_t* targets,
                               float scale, float* dh, float* dW, int64_t chunk) {

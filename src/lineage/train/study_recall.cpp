@@ -122,10 +122,10 @@ std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<voi
       to_trainable(m);
       Backprop bp(m);
       std::vector<ParamRef> params = bp.params();
-      if (c.decay_scale != 1.0) {
+      if (c.decay_scale != 1.0) {  // A = exp(A_log) times the scale
+        const float shift = float(std::log(c.decay_scale));
         for (const ParamRef& p : params)
-          if (p.name.ends_with(".A_log"))
-            for (int64_t i = 0; i < p.n; ++i) p.value[i] += float(std::log(c.decay_scale));
+          if (p.name.ends_with(".A_log")) std::for_each(p.value, p.value + p.n, [&](float& v) { v += shift; });
         bp.refresh();
       }
       AdamW opt(params);

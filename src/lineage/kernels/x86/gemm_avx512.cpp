@@ -147,8 +147,8 @@ void tile(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int
 
 using TileFn = void (*)(int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t, bool, Store);
 constexpr TileFn kTiles[kMR + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
-constexpr TileFn kTilesTrans[kMR + 1] = {nullptr,           tile<1, true>, tile<2, true>, tile<3, true>, tile<4, true>,
-                                         tile<5, true>,     tile<6, true>, tile<7, true>, tile<8, true>};
+constexpr TileFn kTilesTrans[kMR + 1] = {nullptr,       tile<1, true>, tile<2, true>, tile<3, true>, tile<4, true>,
+                                         tile<5, true>, tile<6, true>, tile<7, true>, tile<8, true>};
 
 // Strips of x for the tiles: without `strips`, x[t, i] read in place (row stride ldx); with it, the
 // prepared strips of a transposed x (prepare_strips), 8 rows of x side by side per step of i.
