@@ -110,6 +110,7 @@ void Engine::finish(std::vector<Live>& live, size_t k, const char* reason, std::
     std::lock_guard lock(mu_);
     ++stats_.finished;
     stats_.active = int64_t(live.size()) - 1;  // before on_done: a caller woken by it sees the slot free
+    stats_.state_bytes = pool_.bytes();          // and its state gone, also when no step follows
     stats_.generated_tokens += int64_t(l.result.tokens.size());
     cancelled_.erase(l.id);
   }

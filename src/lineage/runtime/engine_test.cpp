@@ -237,6 +237,33 @@ TEST(Engine, CancelFreesTheSlotAndTheQueueIsBounded) {
   EXPECT_EQ(a.finish_reason, "cancelled");
   EXPECT_EQ(a.tokens.size(), 3u);
   EXPECT_EQ(engine.stats().active, 0);
+  EXPECT_EQ(engine.stats().state_bytes, 0u);
+
+  // A running request cancelled from outside (the server's path when a client disconnects), the
+  // only one: it ends at the next step, which then has nothing to run; its state is counted free.
+  std::promise<EngineResult> gone;
+  std::promise<void> running, cancel_sent;
+  std::shared_future<void> sent = cancel_sent.get_future().share();
+  EngineRequest c;
+  c.prompt = {4, 5, 6};
+  c.options.max_tokens = 30;
+  bool first_of_c = true;
+  c.on_token = [&, sent](int32_t) {
+    if (std::exchange(first_of_c, false)) {
+      running.set_value();
+      sent.wait();  // the engine's thread: the next step sees the cancel
+    }
+    return true;
+  };
+  c.on_done = [&](EngineResult&& res) { gone.set_value(std::move(res)); };
+  const auto cid = engine.submit(std::move(c));
+  ASSERT_TRUE(cid);
+  running.get_future().wait();
+  engine.cancel(*cid);
+  cancel_sent.set_value();
+  EXPECT_EQ(gone.get_future().get().finish_reason, "cancelled");
+  EXPECT_EQ(engine.stats().active, 0);
+  EXPECT_EQ(engine.stats().state_bytes, 0u) << "the cancelled request's state still counted";
 
   // The context: a prompt that leaves no room is refused; one that fills it ends "context".
   EXPECT_THROW(engine.submit({std::vector<int32_t>(40, 1), {}, {}, {}, {}}), Error);
