@@ -239,18 +239,21 @@ void tile_scores(const AttentionTrainArgs& a, const float* q, const float* k, in
     for (int64_t j = i0 + i + 1; j < nk; ++j) S[i * nk + j] = -INFINITY;
 }
 
+// f(b, h, S, dP, e) for every (sequence, head), with two [tile, T] buffers and a row of T floats
+// (the exponentials of one row: exp_nonpositive writes apart from its input).
 template <class F>
 void for_each_head(const AttentionTrainArgs& a, F&& f) {
   parallel_for(a.B * a.H, [&](int64_t p0, int64_t p1) {
-    std::vector<float> S(static_cast<size_t>(kAttentionTrainTile * a.T)), dP(static_cast<size_t>(kAttentionTrainTile * a.T));
-    for (int64_t p = p0; p < p1; ++p) f(p / a.H, p % a.H, S.data(), dP.data());
+    std::vector<float> S(static_cast<size_t>(kAttentionTrainTile * a.T)), dP(static_cast<size_t>(kAttentionTrainTile * a.T)),
+        e(static_cast<size_t>(a.T));
+    for (int64_t p = p0; p < p1; ++p) f(p / a.H, p % a.H, S.data(), dP.data(), e.data());
   });
 }
 
 }  // namespace
 
 void attention_causal_train(const AttentionTrainArgs& a) {
-  for_each_head(a, [&](int64_t b, int64_t h, float* S, float*) {
+  for_each_head(a, [&](int64_t b, int64_t h, float* S, float*, float* e) {
     const int64_t row0 = b * a.T;
     const float* q = a.q + row0 * a.ldq + h * a.dk;
     const float* k = a.k + row0 * a.ldk + h * a.dk;
@@ -263,10 +266,11 @@ void attention_causal_train(const AttentionTrainArgs& a) {
       for (int64_t i = 0; i < nq; ++i) {
         float* s = S + i * nk;
         const float m = row_max(s, nk);
-        double l = 0;
-        for (int64_t j = 0; j < nk; ++j) l += (s[j] = std::exp(s[j] - m));
+        for (int64_t j = 0; j < nk; ++j) s[j] -= m;
+        exp_nonpositive(s, e, nk);  // exp(−inf) = 0 above the diagonal
+        const double l = row_sum(e, nk);
         const float inv = float(1.0 / l);
-        for (int64_t j = 0; j < nk; ++j) s[j] *= inv;
+        for (int64_t j = 0; j < nk; ++j) s[j] = e[j] * inv;
         lse[i0 + i] = m + float(std::log(l));
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(a.dv), int(nk), 1.0f, S, int(nk), v, int(a.ldv),
@@ -276,7 +280,7 @@ void attention_causal_train(const AttentionTrainArgs& a) {
 }
 
 void attention_causal_backward(const AttentionTrainArgs& a, const AttentionGrads& g) {
-  for_each_head(a, [&](int64_t b, int64_t h, float* P, float* dP) {
+  for_each_head(a, [&](int64_t b, int64_t h, float* P, float* dP, float* e) {
     const int64_t row0 = b * a.T;
     const float* q = a.q + row0 * a.ldq + h * a.dk;
     const float* k = a.k + row0 * a.ldk + h * a.dk;
@@ -305,10 +309,9 @@ void attention_causal_backward(const AttentionTrainArgs& a, const AttentionGrads
         float* p = P + i * nk;
         float* dp = dP + i * nk;
         const float l = lse[i0 + i];
-        for (int64_t j = 0; j < nk; ++j) {
-          p[j] = std::exp(p[j] - l);  // exp(−inf) = 0 above the diagonal
-          dp[j] = p[j] * (dp[j] - float(di)) * a.scale;
-        }
+        for (int64_t j = 0; j < nk; ++j) e[j] = p[j] - l;  // ≤ 0: lse is at least the row's maximum
+        exp_nonpositive(e, p, nk);                         // exp(−inf) = 0 above the diagonal
+        for (int64_t j = 0; j < nk; ++j) dp[j] = p[j] * (dp[j] - float(di)) * a.scale;
       }
       // dV[0:nk] += Pᵀ·dO; dQ = dS·K (scale folded into dS); dK[0:nk] += dSᵀ·Q.
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(a.dv), int(nq), 1.0f, P, int(nk),
