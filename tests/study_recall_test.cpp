@@ -17,6 +17,22 @@ namespace lineage {
 namespace study_recall_test {
 namespace {
 
+// Rows that train in milliseconds (width 16, 4 pairs, two sequences a step), run once as given and
+// once after `change`: the two results, each checked to hold every row.
+template <class Change>
+std::pair<std::vector<train::RecallRow>, std::vector<train::RecallRow>> tiny_before_after(
+    std::vector<std::string> archs, int64_t steps, Change change) {
+  train::RecallConfig c;
+  c.d_model = 16, c.pairs = {4}, c.steps = steps, c.batch = 2, c.eval_sequences = 2, c.archs = archs;
+  ScopedThreads st(1);
+  auto before = train::run_recall(c);
+  change(c);
+  auto after = train::run_recall(c);
+  EXPECT_EQ(before.size(), archs.size());
+  EXPECT_EQ(after.size(), archs.size());
+  return {std::move(before), std::move(after)};
+}
+
 TEST(StudyRecall, SequencesHoldPairsThenEachKeyQueriedOnce) {
   const int64_t P = 12, keys = 20, values = 30, count = 5;
   std::vector<int32_t> in, tg;
@@ -53,17 +69,36 @@ TEST(StudyRecall, SequencesHoldPairsThenEachKeyQueriedOnce) {
 // rows without a decay as they were: after the same steps from the same seed, the gated rows'
 // losses move and DeltaNet's stays bit for bit.
 TEST(StudyRecall, DecayScaleReachesTheGatedRowsOnly) {
-  train::RecallConfig c;
-  c.d_model = 16, c.pairs = {4}, c.steps = 3, c.batch = 2, c.eval_sequences = 2;
-  c.archs = {"DeltaNet", "Gated DeltaNet", "KDA"};
-  ScopedThreads st(1);
-  const std::vector<train::RecallRow> fla = train::run_recall(c);
-  c.decay_scale = 0.01;
-  const std::vector<train::RecallRow> slow = train::run_recall(c);
-  ASSERT_EQ(fla.size(), 3u);
+  const auto [fla, slow] = tiny_before_after({"DeltaNet", "Gated DeltaNet", "KDA"}, 3,
+                                             [](train::RecallConfig& c) { c.decay_scale = 0.01; });
   ASSERT_EQ(slow.size(), 3u);
   EXPECT_EQ(fla[0].final_loss, slow[0].final_loss) << "DeltaNet has no decay to scale";
   for (size_t i = 1; i < 3; ++i) EXPECT_NE(fla[i].final_loss, slow[i].final_loss) << fla[i].arch;
+}
+
+// --set replaces one field of a row's config.json before the row is built, and names the row so:
+// DeltaNet without its short convolution keeps no conv tail (2 layers × 3 rows of q | k | v fewer
+// bytes), Gated DeltaNet without its output gate trains to another loss from the same seed, the
+// rows not named stay bit for bit.
+TEST(StudyRecall, SetReplacesAFieldOfOneRow) {
+  const auto [plain, set] =
+      tiny_before_after({"linear attention", "DeltaNet", "Gated DeltaNet"}, 2, [](train::RecallConfig& c) {
+        c.overrides = {{"DeltaNet", "use_short_conv", "false"}, {"Gated DeltaNet", "use_gate", "false"}};
+      });
+  ASSERT_EQ(set.size(), 3u);
+  ASSERT_EQ(plain.size(), 3u);
+  EXPECT_EQ(set[0].arch, "linear attention");
+  EXPECT_EQ(set[0].final_loss, plain[0].final_loss);
+  EXPECT_EQ(set[1].arch, "DeltaNet [use_short_conv=false]");
+  EXPECT_EQ(plain[1].state_bytes - set[1].state_bytes, size_t(2 * 3 * 48 * 4));
+  EXPECT_EQ(set[2].arch, "Gated DeltaNet [use_gate=false]");
+  EXPECT_EQ(set[2].state_bytes, plain[2].state_bytes);
+  EXPECT_NE(set[2].final_loss, plain[2].final_loss);
+  train::RecallConfig c;
+  c.overrides = {{"Mamba", "use_gate", "false"}};
+  EXPECT_THROW(train::recall_archs(c), Error);
+  c.overrides = {{"DeltaNet", "use_gate", "yes"}};
+  EXPECT_THROW(train::recall_archs(c), Error);
 }
 
 TEST(StudyRecall, CommandTrainsTheRows) {
@@ -90,8 +125,14 @@ TEST(StudyRecall, CommandTrainsTheRows) {
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("KDA/MLA 3:1 hybrid            4"), std::string::npos) << table.out;
   EXPECT_EQ(table.out.find("not trained"), std::string::npos) << table.out;
+  const auto set = test::run_lineage("study recall --pairs 4 --steps 1 --batch 1 --eval 1 --d-model 16 --archs "
+                                     "'KDA/MLA 3:1 hybrid' --set 'KDA/MLA 3:1 hybrid:intermediate_size=32' --json");
+  ASSERT_EQ(set.exit_code, 0) << set.err;
+  EXPECT_EQ(nlohmann::json::parse(set.out)[0]["arch"], "KDA/MLA 3:1 hybrid [intermediate_size=32]");
   for (const char* bad : {"--pairs 0", "--pairs 100", "--d-model 30 --heads 4", "--archs Mamba", "--steps x",
-                          "--decay-scale 0", "--decay-scale inf"}) {
+                          "--decay-scale 0", "--decay-scale inf", "--set use_gate=false", "--set DeltaNet:use_gate",
+                          "--set Mamba:use_gate=false", "--set DeltaNet:use_gate=yes",
+                          "--set 'KDA/MLA 3:1 hybrid:num_hidden_layers=8'"}) {
     const auto b = test::run_lineage(std::string("study recall ") + bad);
     EXPECT_EQ(b.exit_code, 2) << bad << "\n" << b.err;
   }

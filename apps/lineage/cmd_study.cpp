@@ -89,11 +89,20 @@ void run_study(const StudyOpts& o) {
 
 struct RecallOpts {
   train::RecallConfig config;
+  std::vector<std::string> set;  // ROW:FIELD=VALUE
   std::string out;
   bool json = false;
 };
 
 void run_recall(RecallOpts& o) {
+  o.config.overrides.clear();
+  for (const std::string& s : o.set) {
+    // The row before the last ':' ahead of the first '=' (a row's name may hold ':', "KDA/MLA 3:1 hybrid").
+    const size_t eq = s.find('='), colon = eq == std::string::npos ? eq : s.rfind(':', eq);
+    if (colon == std::string::npos || colon == 0 || colon + 1 == eq || eq + 1 == s.size())
+      throw Error(cat("--set: expected ROW:FIELD=VALUE (e.g. 'Gated DeltaNet:use_gate=false'); got '", s, "'"));
+    o.config.overrides.push_back({s.substr(0, colon), s.substr(colon + 1, eq - colon - 1), s.substr(eq + 1)});
+  }
   for (const int64_t P : o.config.pairs)
     if (P < 1 || P > o.config.keys)
       throw Error(cat("--pairs: ", P, " pairs need as many distinct keys; expected 1 to --keys (", o.config.keys, ")"));
@@ -189,6 +198,9 @@ void add_study(CLI::App& app) {
   rec->add_option("--decay-scale", r.config.decay_scale,
                   "the gated rows' initial decay rate A = exp(A_log) as fla's U(1, 16) times this (default 1)")
       ->check(CLI::Range(1e-6, 1e6));
+  rec->add_option("--set", r.set,
+                  "ROW:FIELD=VALUE: replace one field of a row's config.json (VALUE as JSON), e.g. "
+                  "'Gated DeltaNet:use_gate=false'; repeatable; the row's name in the results shows it");
   rec->add_option("--eval", r.config.eval_sequences, "held-out sequences scored (default 64)")->check(CLI::Range(1, 100000));
   rec->add_option("--seed", r.config.seed, "seed of the weights and the sequences")->check(whole_number());
   rec->add_option("--out", r.out, "write recall.svg and recall.json into this directory");

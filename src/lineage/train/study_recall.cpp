@@ -48,7 +48,7 @@ std::vector<std::pair<std::string, nlohmann::json>> arch_configs(const RecallCon
   additive_conv["use_short_conv"] = true;
   // The delta-rule rows carry fla's short convolution; "+ conv" gives the softmax and additive rows
   // the same (lineage's conv_size / use_short_conv), so that the write rule is all that differs.
-  return {
+  std::vector<std::pair<std::string, nlohmann::json>> rows = {
       {"softmax attention", gpt2(0)},
       {"softmax attention + conv", gpt2(4)},
       {"linear attention", fla("linear_attn", additive)},
@@ -58,6 +58,28 @@ std::vector<std::pair<std::string, nlohmann::json>> arch_configs(const RecallCon
       {"KDA", fla("kda", {{"head_dim", hd}, {"expand_v", 1.0}})},
       {"KDA/MLA 3:1 hybrid", hybrid},
   };
+  for (const RecallOverride& o : c.overrides) {
+    const auto row = std::find_if(rows.begin(), rows.end(), [&](const auto& r) { return r.first == o.row; });
+    if (row == rows.end()) {
+      std::string known;
+      for (const auto& r : rows) known += (known.empty() ? "" : ", ") + r.first;
+      throw Error(cat("--set: unknown row \"", o.row, "\"; expected one of: ", known));
+    }
+    nlohmann::json value = nlohmann::json::parse(o.value, nullptr, false);
+    if (value.is_discarded())
+      throw Error(cat("--set ", o.row, ":", o.field, ": the value '", o.value,
+                      "' is not JSON; expected e.g. false, 0.5, \"silu\" (quoted for a string)"));
+    row->second[o.field] = std::move(value);
+  }
+  return rows;
+}
+
+// A row's name, with the fields that --set replaced in it: "Gated DeltaNet [use_gate=false]".
+std::string label(const RecallConfig& c, const std::string& name) {
+  std::string set;
+  for (const RecallOverride& o : c.overrides)
+    if (o.row == name) set += (set.empty() ? "" : ", ") + o.field + "=" + o.value;
+  return set.empty() ? name : name + " [" + set + "]";
 }
 
 model::Model build(const nlohmann::json& config, const std::string& name) {
@@ -133,7 +155,7 @@ std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<voi
       adam.weight_decay = 0.0;
       const int64_t T = 4 * P, batch = c.tokens_per_step > 0 ? std::max<int64_t>(1, c.tokens_per_step / T) : c.batch;
       std::vector<int32_t> inputs, targets;
-      RecallRow row{name, P, T, batch};
+      RecallRow row{label(c, name), P, T, batch};
       for (int64_t s = 0; s < c.steps; ++s) {
         bp.zero_grads();
         mqar_batch(batch, P, c.keys, c.values, c.seed * 1000003 + uint64_t(s), inputs, targets);

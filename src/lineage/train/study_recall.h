@@ -11,6 +11,13 @@
 
 namespace lineage::train {
 
+// One field of a row's config.json replaced before the row is built (`--set ROW:FIELD=VALUE`), for
+// ablations: Gated DeltaNet without its output gate ("use_gate", "false"), DeltaNet with one.
+struct RecallOverride {
+  std::string row, field;
+  std::string value;  // JSON text: false, 0.5, "silu", [1, 2]
+};
+
 struct RecallConfig {
   int64_t d_model = 64, layers = 2, heads = 2;
   std::vector<int64_t> pairs{8, 16, 32, 64};  // key-value pairs per sequence (P)
@@ -27,10 +34,11 @@ struct RecallConfig {
   int64_t eval_sequences = 64;
   uint64_t seed = 1;
   std::vector<std::string> archs;  // empty: every row that has a backward
+  std::vector<RecallOverride> overrides;
 };
 
 struct RecallRow {
-  std::string arch;        // "softmax attention", "linear attention", "DeltaNet", ...
+  std::string arch;        // "softmax attention", "DeltaNet", ...; "Gated DeltaNet [use_gate=false]" overridden
   int64_t pairs = 0, seq_len = 0, batch = 0;  // batch: sequences per training step
   double accuracy = 0;     // argmax at the query positions equal to the key's value
   double final_loss = 0;   // training loss of the last step
@@ -38,7 +46,8 @@ struct RecallRow {
   double seconds = 0;
 };
 
-// The rows `archs` may name, in lineage order, and whether each can be trained today.
+// The rows `archs` may name, in lineage order, and whether each can be trained today. Throws Error
+// for an override of a row that does not exist or whose value is not JSON.
 struct RecallArch {
   std::string name;
   bool trainable = false;
