@@ -12,7 +12,8 @@
 #   STEPS   default 1000    JOBS  default: every core    OUT  default recall-sweep/
 #   scripts/study-recall-sweep.sh [EXTRA study recall OPTIONS]
 # Uses an existing build/lineage and builds nothing. On the two-core development VM one DeltaNet run of 1,000
-# steps takes about 50 s of one core (KDA 60 s, the hybrid 145 s), so the default sweep is about an hour there.
+# steps takes about 50 s of one core (KDA 60 s, the hybrid 145 s), so the default sweep (64 runs) takes about
+# half an hour there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${LINEAGE_BIN:-build/lineage}
@@ -43,7 +44,9 @@ run_one() {
   if json=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$bin" study recall --pairs "$p" --keys 256 --values 64 \
       --d-model 64 --heads 2 --layers 2 --steps "$steps" --tokens-per-step 2048 --lr "$lr" --threads 1 \
       --archs "$arch" --decay-scale "$scale" "${sets[@]}" --seed "$seed" --json $extra); then
-    printf '{"row":"%s","decay_scale":%s,"seed":%s,"lr":%s,"result":%s}\n' "$row" "$scale" "$seed" "$lr" "$json" \
+    local name=${row//\\/\\\\}  # the row as a JSON string: a --set value may hold quotes
+    name=${name//\"/\\\"}
+    printf '{"row":"%s","decay_scale":%s,"seed":%s,"lr":%s,"result":%s}\n' "$name" "$scale" "$seed" "$lr" "$json" \
       >> "$out/sweep.jsonl"
   else
     echo "study-recall-sweep.sh: run failed: $row P=$p seed=$seed lr=$lr" >&2
