@@ -4,8 +4,11 @@
 // ordering at the size this machine trains in under a minute; docs/study.md).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -136,6 +139,43 @@ TEST(StudyRecall, CommandTrainsTheRows) {
     const auto b = test::run_lineage(std::string("study recall ") + bad);
     EXPECT_EQ(b.exit_code, 2) << bad << "\n" << b.err;
   }
+}
+
+// scripts/study-recall-sweep.sh as docs/study.md runs it, on a sweep small enough for a test: every
+// combination of rows × seeds ends as one JSON line (the row as given, its decay scale, seed and rate,
+// and the command's result, named with its --set), and the table gives each row's seeds and mean.
+TEST(StudyRecall, SweepScriptRunsEveryCombination) {
+  const std::filesystem::path dir = test::temp_dir();
+  const std::string cmd = "LINEAGE_BIN=" + test::shell_quote(test::lineage_bin()) +
+                          " ROWS='DeltaNet;Gated DeltaNet@0.01+use_gate=false' PAIRS=4 SEEDS=1,2 LRS=1e-3 STEPS=1"
+                          " JOBS=2 OUT=" + test::shell_quote(dir.string()) + " " +
+                          test::shell_quote((test::source_dir() / "scripts" / "study-recall-sweep.sh").string()) +
+                          " --eval 2 >" + test::shell_quote((dir / "table").string()) + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << test::slurp(dir / "table");
+  std::set<std::pair<std::string, int>> seen;
+  std::istringstream lines(test::slurp(dir / "sweep.jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    const std::string row = j["row"];
+    seen.emplace(row, j["seed"].get<int>());
+    EXPECT_EQ(j["lr"], 1e-3);
+    ASSERT_EQ(j["result"].size(), 1u);
+    EXPECT_EQ(j["result"][0]["pairs"], 4);
+    if (row == "DeltaNet") {
+      EXPECT_EQ(j["decay_scale"], 1);
+      EXPECT_EQ(j["result"][0]["arch"], "DeltaNet");
+    } else {
+      EXPECT_EQ(j["decay_scale"], 0.01);
+      EXPECT_EQ(j["result"][0]["arch"], "Gated DeltaNet [use_gate=false]");
+    }
+  }
+  const std::set<std::pair<std::string, int>> want = {
+      {"DeltaNet", 1}, {"DeltaNet", 2}, {"Gated DeltaNet@0.01+use_gate=false", 1}, {"Gated DeltaNet@0.01+use_gate=false", 2}};
+  EXPECT_EQ(seen, want);
+  const std::string table = test::slurp(dir / "table");
+  EXPECT_NE(table.find("mean"), std::string::npos) << table;
+  EXPECT_NE(table.find("Gated DeltaNet@0.01+use_gate=false    4   0.001"), std::string::npos) << table;
+  std::filesystem::remove_all(dir);
 }
 
 // Trained identically from scratch on 16 pairs, twice what a head's keys can keep apart (width 32,
