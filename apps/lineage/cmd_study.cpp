@@ -109,8 +109,10 @@ void run_recall(RecallOpts& o) {
   if (o.config.d_model % o.config.heads)
     throw Error(cat("--d-model: ", o.config.d_model, " is not a multiple of --heads (", o.config.heads, ")"));
   std::vector<std::string> names;
+  int width = 24;  // the architecture column: the longest row name, a --set shown in it included
   for (const train::RecallArch& a : train::recall_archs(o.config)) {
     names.push_back(a.name);
+    width = std::max(width, int(train::recall_label(o.config, a.name).size()));
     if (!a.trainable && !o.json) std::printf("%-24s not trained: %s\n", a.name.c_str(), a.why.c_str());
   }
   for (const std::string& a : o.config.archs)
@@ -119,12 +121,12 @@ void run_recall(RecallOpts& o) {
       for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
       throw Error(cat("--archs: unknown row \"", a, "\"; expected some of: ", known));
     }
-  if (!o.json) std::printf("%-24s %6s %8s %9s %11s %13s %8s\n", "architecture", "pairs", "seq len", "accuracy",
+  if (!o.json) std::printf("%-*s %6s %8s %9s %11s %13s %8s\n", width, "architecture", "pairs", "seq len", "accuracy",
                            "final loss", "state bytes", "seconds");
   const auto rows = train::run_recall(o.config, [&](const train::RecallRow& r) {
     if (o.json) return;
-    std::printf("%-24s %6lld %8lld %9.3f %11.4f %13zu %8.1f\n", r.arch.c_str(), (long long)r.pairs, (long long)r.seq_len,
-                r.accuracy, r.final_loss, r.state_bytes, r.seconds);
+    std::printf("%-*s %6lld %8lld %9.3f %11.4f %13zu %8.1f\n", width, r.arch.c_str(), (long long)r.pairs,
+                (long long)r.seq_len, r.accuracy, r.final_loss, r.state_bytes, r.seconds);
     std::fflush(stdout);
   });
   nlohmann::json j = nlohmann::json::array();

@@ -74,13 +74,6 @@ std::vector<std::pair<std::string, nlohmann::json>> arch_configs(const RecallCon
   return rows;
 }
 
-// A row's name, with the fields that --set replaced in it: "Gated DeltaNet [use_gate=false]".
-std::string label(const RecallConfig& c, const std::string& name) {
-  std::string set;
-  for (const RecallOverride& o : c.overrides)
-    if (o.row == name) set += (set.empty() ? "" : ", ") + o.field + "=" + o.value;
-  return set.empty() ? name : name + " [" + set + "]";
-}
 
 model::Model build(const nlohmann::json& config, const std::string& name) {
   const std::string type = config["model_type"];
@@ -92,6 +85,13 @@ model::Model build(const nlohmann::json& config, const std::string& name) {
 int64_t longest(const RecallConfig& c) { return 4 * *std::max_element(c.pairs.begin(), c.pairs.end()); }
 
 }  // namespace
+
+std::string recall_label(const RecallConfig& c, const std::string& row) {
+  std::string set;
+  for (const RecallOverride& o : c.overrides)
+    if (o.row == row) set += (set.empty() ? "" : ", ") + o.field + "=" + o.value;
+  return set.empty() ? row : row + " [" + set + "]";
+}
 
 std::vector<RecallArch> recall_archs(const RecallConfig& c) {
   std::vector<RecallArch> out;
@@ -155,7 +155,7 @@ std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<voi
       adam.weight_decay = 0.0;
       const int64_t T = 4 * P, batch = c.tokens_per_step > 0 ? std::max<int64_t>(1, c.tokens_per_step / T) : c.batch;
       std::vector<int32_t> inputs, targets;
-      RecallRow row{label(c, name), P, T, batch};
+      RecallRow row{recall_label(c, name), P, T, batch};
       for (int64_t s = 0; s < c.steps; ++s) {
         bp.zero_grads();
         mqar_batch(batch, P, c.keys, c.values, c.seed * 1000003 + uint64_t(s), inputs, targets);

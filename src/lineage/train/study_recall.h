@@ -55,6 +55,10 @@ struct RecallArch {
 };
 std::vector<RecallArch> recall_archs(const RecallConfig& c);
 
+// A row's name as the results give it: with the fields that `overrides` replace in it,
+// "Gated DeltaNet [use_gate=false]".
+std::string recall_label(const RecallConfig& c, const std::string& row);
+
 // One MQAR batch: `count` sequences of length 4·P: P pairs (key, value), then P queries (each key
 // once, in random order, at even offsets of the second half, with filler 0 between). inputs and
 // targets [count, 4P]; a target is the value at a query's position and −1 elsewhere.
