@@ -240,12 +240,15 @@ void tile_scores(const AttentionTrainArgs& a, const float* q, const float* k, in
 }
 
 // f(b, h, S, dP, e) for every (sequence, head), with two [tile, T] buffers and a row of T floats
-// (the exponentials of one row: exp_nonpositive writes apart from its input).
+// (the exponentials of one row: exp_nonpositive writes apart from its input). The buffers are each
+// thread's own and only grow: every layer of every step reuses the same pages, unzeroed.
 template <class F>
 void for_each_head(const AttentionTrainArgs& a, F&& f) {
   parallel_for(a.B * a.H, [&](int64_t p0, int64_t p1) {
-    std::vector<float> S(static_cast<size_t>(kAttentionTrainTile * a.T)), dP(static_cast<size_t>(kAttentionTrainTile * a.T)),
-        e(static_cast<size_t>(a.T));
+    thread_local std::vector<float> S, dP, e;
+    const size_t tile = size_t(kAttentionTrainTile * a.T);
+    if (S.size() < tile) S.resize(tile), dP.resize(tile);
+    if (e.size() < size_t(a.T)) e.resize(size_t(a.T));
     for (int64_t p = p0; p < p1; ++p) f(p / a.H, p % a.H, S.data(), dP.data(), e.data());
   });
 }
@@ -326,7 +329,6 @@ void attention_causal_backward(const AttentionTrainArgs& a, const AttentionGrads
 
 // ---------------------------------------------------------------------------------------------
 // The loss.
-
 
 double cross_entropy_backward(const float* h, int64_t N, int64_t D, const Tensor& W, const int32_t* targets,
                               float scale, float* dh, float* dW, int64_t chunk) {
