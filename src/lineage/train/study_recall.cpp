@@ -58,13 +58,17 @@ std::vector<std::pair<std::string, nlohmann::json>> arch_configs(const RecallCon
       {"KDA", fla("kda", {{"head_dim", hd}, {"expand_v", 1.0}})},
       {"KDA/MLA 3:1 hybrid", hybrid},
   };
+  // A row that --archs or --set names must exist.
+  const auto find = [&](const std::string& option, const std::string& name) {
+    const auto row = std::find_if(rows.begin(), rows.end(), [&](const auto& r) { return r.first == name; });
+    if (row != rows.end()) return row;
+    std::string known;
+    for (const auto& r : rows) known += (known.empty() ? "" : ", ") + r.first;
+    throw Error(cat(option, ": unknown row \"", name, "\"; expected one of: ", known));
+  };
+  for (const std::string& name : c.archs) find("--archs", name);
   for (const RecallOverride& o : c.overrides) {
-    const auto row = std::find_if(rows.begin(), rows.end(), [&](const auto& r) { return r.first == o.row; });
-    if (row == rows.end()) {
-      std::string known;
-      for (const auto& r : rows) known += (known.empty() ? "" : ", ") + r.first;
-      throw Error(cat("--set: unknown row \"", o.row, "\"; expected one of: ", known));
-    }
+    const auto row = find("--set", o.row);
     nlohmann::json value = nlohmann::json::parse(o.value, nullptr, false);
     if (value.is_discarded())
       throw Error(cat("--set ", o.row, ":", o.field, ": the value '", o.value,
@@ -73,7 +77,6 @@ std::vector<std::pair<std::string, nlohmann::json>> arch_configs(const RecallCon
   }
   return rows;
 }
-
 
 model::Model build(const nlohmann::json& config, const std::string& name) {
   const std::string type = config["model_type"];

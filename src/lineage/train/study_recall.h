@@ -47,7 +47,7 @@ struct RecallRow {
 };
 
 // The rows `archs` may name, in lineage order, and whether each can be trained today. Throws Error
-// for an override of a row that does not exist or whose value is not JSON.
+// for a row in `archs` or `overrides` that does not exist, or an override whose value is not JSON.
 struct RecallArch {
   std::string name;
   bool trainable = false;
