@@ -8,6 +8,9 @@
 #include "bench_support.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/model/model.h"
+#include "lineage/model/state_pool.h"
+#include "lineage/model/workspace.h"
+#include "lineage/model/forward.h"
 #include "lineage/runtime/cost.h"
 
 namespace lineage::bench {

@@ -1,4 +1,4 @@
-// A chat template's source through io::ChatTemplate: parse, then render over a fixed conversation
+// A chat template's source through chat::ChatTemplate: parse, then render over a fixed conversation
 // (system, user, assistant with a tool call, tool result, user) with and without tools, under tight
 // limits. Parsing or rendering may refuse with an Error; nothing may crash, hang, leak or grow past
 // the limits. A template that renders must render the same bytes twice (no state leaks between
@@ -7,7 +7,7 @@
 
 #include "fuzz_support.h"
 #include "lineage/core/error.h"
-#include "lineage/io/chat_template.h"
+#include "lineage/chat/chat_template.h"
 
 using namespace lineage;
 
@@ -35,9 +35,9 @@ nlohmann::ordered_json conversation(bool with_tools) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string source(reinterpret_cast<const char*>(data), size);
-  std::optional<io::ChatTemplate> t = fuzz::load_or_reject([&] { return io::ChatTemplate(source, "fuzz.jinja"); });
+  std::optional<chat::ChatTemplate> t = fuzz::load_or_reject([&] { return chat::ChatTemplate(source, "fuzz.jinja"); });
   if (!t) return 0;
-  io::ChatTemplate::Limits limits;
+  chat::ChatTemplate::Limits limits;
   limits.max_steps = 200'000;
   limits.max_bytes = 1 << 20;
   limits.max_items = 1 << 16;

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "fuzz_support.h"
-#include "lineage/io/chat_template.h"
+#include "lineage/chat/chat_template.h"
 #include "lineage/serve/openai.h"
 
 using namespace lineage;
@@ -37,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (r.prompt_ids && r.prompt_ids->empty()) fuzz::violated("accepted an empty list of prompt ids");
 
   // The text the filter sees: the prompt (or the rendered conversation), cut into pieces of 1 to 8 bytes.
-  const std::string text = chat ? io::render_plain_chat(r.messages, true) : r.prompt;
+  const std::string text = chat ? chat::render_plain_chat(r.messages, true) : r.prompt;
   serve::StopFilter filter(r.stop);
   std::string out;
   size_t at = 0, step = 0;

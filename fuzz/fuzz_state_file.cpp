@@ -18,6 +18,7 @@
 #include "fuzz_support.h"
 #include "lineage/core/hash.h"
 #include "lineage/io/load_model.h"
+#include "lineage/model/state_pool.h"
 #include "lineage/runtime/state_file.h"
 
 using namespace lineage;

@@ -1,4 +1,4 @@
-// A tiktoken.model model directory (Kimi's layout) through io::Tokenizer::load. The first byte: bit 0
+// A tiktoken.model model directory (Kimi's layout) through tokenizer::Tokenizer::load. The first byte: bit 0
 // set, a tokenizer_config.json follows. The rest is tiktoken.model, then that config, then a text to
 // encode, separated by "\n@@@@\n". A loaded tokenizer has 256 special tokens after its ranks; the
 // text must encode into ids in the vocabulary that decode to the text exactly (every byte is a
@@ -9,7 +9,7 @@
 
 #include "fuzz_support.h"
 #include "lineage/core/error.h"
-#include "lineage/io/tokenizer.h"
+#include "lineage/tokenizer/tokenizer.h"
 
 using namespace lineage;
 namespace fs = std::filesystem;
@@ -20,7 +20,7 @@ const char kDefaultText[] =
     "Hello world! DON'T it's 12345 \xE4\xB8\xAD\xE6\x96\x87\xE3\x81\x8B\xE3\x81\xAA [BOS]<|im_end|>[EOS] "
     " \n\n\t caf\xC3\xA9 \xF0\x9F\x98\x80 \xFF\xC3(";
 
-void check_loaded(const io::Tokenizer& tok, std::string_view text) {
+void check_loaded(const tokenizer::Tokenizer& tok, std::string_view text) {
   const int32_t vocab = tok.vocab_size();
   if (vocab < 256 + 256) fuzz::violated(cat("vocab_size ", vocab, " below 256 bytes + 256 special tokens"));
   for (bool allow_special : {true, false}) {
@@ -31,7 +31,7 @@ void check_loaded(const io::Tokenizer& tok, std::string_view text) {
       if (!allow_special && id >= vocab - 256) fuzz::violated(cat("allow_special = false gave special token ", id));
     }
     if (tok.decode(ids) != text) fuzz::violated("decode(encode(text)) is not the text");
-    io::StreamDecoder stream(tok);
+    tokenizer::StreamDecoder stream(tok);
     std::string streamed;
     for (int32_t id : ids) streamed += stream.push(id);
     streamed += stream.flush();
@@ -64,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (with_config) fuzz::write_file(dir / "tokenizer_config.json", next < sections.size() ? sections[next++] : "");
   std::string_view text = next < sections.size() ? sections[next] : std::string_view(kDefaultText);
   if (text.size() > 4096) text = text.substr(0, 4096);  // the loader is the target, not BPE speed
-  const std::optional<io::Tokenizer> tok = fuzz::load_or_reject([&] { return io::Tokenizer::load(dir); });
+  const std::optional<tokenizer::Tokenizer> tok = fuzz::load_or_reject([&] { return tokenizer::Tokenizer::load(dir); });
   if (tok) check_loaded(*tok, text);
   return 0;
 }

@@ -1,4 +1,4 @@
-// The tokenizer files of a model directory through io::Tokenizer::load. The first byte picks the
+// The tokenizer files of a model directory through tokenizer::Tokenizer::load. The first byte picks the
 // layout: bit 0 clear: tokenizer.json; set: vocab.json + merges.txt; bit 1: a tokenizer_config.json
 // follows. The rest is those files in that order, then a text to encode, separated by "\n@@@@\n".
 // A loaded tokenizer must encode the text (or reject it with an Error) into ids that decode and
@@ -9,7 +9,7 @@
 
 #include "fuzz_support.h"
 #include "lineage/core/error.h"
-#include "lineage/io/tokenizer.h"
+#include "lineage/tokenizer/tokenizer.h"
 
 using namespace lineage;
 namespace fs = std::filesystem;
@@ -25,7 +25,7 @@ void put(const fs::path& path, const std::vector<std::string_view>& sections, si
   ++next;
 }
 
-void check_loaded(const io::Tokenizer& tok, std::string_view text, bool exact_round_trip) {
+void check_loaded(const tokenizer::Tokenizer& tok, std::string_view text, bool exact_round_trip) {
   const int32_t vocab = tok.vocab_size();
   for (bool allow_special : {true, false}) {
     std::vector<int32_t> ids;
@@ -41,7 +41,7 @@ void check_loaded(const io::Tokenizer& tok, std::string_view text, bool exact_ro
     // Not caught: ids that encode produced must decode (an Error here is a bug, not a rejection).
     const std::string decoded = tok.decode(ids);
     if (exact_round_trip && decoded != text) fuzz::violated("byte-level BPE did not give the text back");
-    io::StreamDecoder stream(tok);
+    tokenizer::StreamDecoder stream(tok);
     std::string streamed;
     for (int32_t id : ids) streamed += stream.push(id);
     streamed += stream.flush();
@@ -79,7 +79,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (with_config) put(dir / "tokenizer_config.json", sections, next);
   std::string_view text = next < sections.size() ? sections[next] : std::string_view(kDefaultText);
   if (text.size() > 4096) text = text.substr(0, 4096);  // the loaders are the target, not BPE speed
-  const std::optional<io::Tokenizer> tok = fuzz::load_or_reject([&] { return io::Tokenizer::load(dir); });
+  const std::optional<tokenizer::Tokenizer> tok = fuzz::load_or_reject([&] { return tokenizer::Tokenizer::load(dir); });
   if (tok) check_loaded(*tok, text, vocab_merges);
   return 0;
 }

@@ -20,7 +20,9 @@
 #include "lineage/core/parallel.h"
 #include "lineage/io/load_model.h"
 #include "lineage/kernels/threads.h"
+#include "lineage/model/accounting.h"
 #include "lineage/model/archs/presets.h"
+#include "lineage/model/state_pool.h"
 #include "lineage/runtime/generate.h"
 #include "lineage/runtime/session.h"
 #include "lineage/runtime/state_file.h"
@@ -41,7 +43,7 @@ struct ModelHandle {
   std::string source;
 
   const model::Model& model() const { return loaded.model; }
-  const io::Tokenizer& tokenizer(const char* what) const {
+  const tokenizer::Tokenizer& tokenizer(const char* what) const {
     if (!loaded.tokenizer)
       throw Error(cat(source, ": ", what, " needs a tokenizer, and this model has none (a model directory "
                       "holds tokenizer.json, vocab.json + merges.txt or tiktoken.model; a preset takes "
@@ -144,7 +146,7 @@ class PySession {
   // afterwards are those of the whole sequence and a saved state continues it.
   std::string generate(const std::variant<std::string, std::vector<int32_t>>& prompt, const runtime::GenerateOptions& opt) {
     std::unique_lock lock = claim();
-    const io::Tokenizer& tok = model_->tokenizer("generate");
+    const tokenizer::Tokenizer& tok = model_->tokenizer("generate");
     std::vector<int32_t> ids;
     if (const auto* text = std::get_if<std::string>(&prompt)) {
       ids = tok.encode(*text);
@@ -281,7 +283,7 @@ ModelPtr preset(const std::string& name, uint64_t seed, const std::string& dtype
   {
     py::gil_scoped_release release;
     h->loaded.model = model::make_preset(name, seed, *dt);
-    if (tokenizer) h->loaded.tokenizer = io::Tokenizer::load(*tokenizer);
+    if (tokenizer) h->loaded.tokenizer = tokenizer::Tokenizer::load(*tokenizer);
   }
   h->source = cat("preset ", name);
   return h;

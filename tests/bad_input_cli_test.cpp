@@ -8,7 +8,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
-#include "lineage/io/bpe_model.h"
+#include "lineage/tokenizer/bpe_model.h"
 #include "test_support.h"
 
 namespace lineage {
@@ -67,7 +67,7 @@ json byte_vocab() {
   json vocab = json::object();
   for (int b = 0; b < 256; ++b) {
     std::string symbol;
-    io::append_utf8(symbol, io::byte_to_code_point(uint8_t(b)));
+    tokenizer::append_utf8(symbol, tokenizer::byte_to_code_point(uint8_t(b)));
     vocab[symbol] = b;
   }
   return vocab;

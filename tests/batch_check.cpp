@@ -10,6 +10,9 @@
 #include "lineage/kernels/linear.h"
 #include "lineage/model/archs/arch.h"
 #include "lineage/model/archs/presets.h"
+#include "lineage/model/forward.h"
+#include "lineage/model/state_pool.h"
+#include "lineage/model/workspace.h"
 #include "test_support.h"
 
 namespace lineage::test {
@@ -161,7 +164,9 @@ double expect_batched_equals_alone(const model::Model& m, int B, double tol, uin
     for (size_t i = 0; i < std::min(batched[b].size(), alone[b].size()); ++i) {
       const auto& got = batched[b][i];
       const auto& want = alone[b][i];
-      if (B == 1) EXPECT_EQ(got, want) << "one sequence: position " << i;
+      if (B == 1) {
+        EXPECT_EQ(got, want) << "one sequence: position " << i;
+      }
       const double e = rel_rms(got.data(), want.data(), int64_t(want.size()));
       worst = std::max(worst, e);
       EXPECT_LE(e, tol) << "B " << B << ", sequence " << b << " (prompt " << seqs[b].prompt.size() << ", joins at step "

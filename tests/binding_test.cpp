@@ -10,9 +10,10 @@
 #include <map>
 
 #include "lineage/core/error.h"
-#include "lineage/io/json_read.h"
+#include "lineage/core/json_read.h"
 #include "lineage/io/load_model.h"
 #include "lineage/model/archs/arch.h"
+#include "lineage/model/forward.h"
 #include "lineage/runtime/session.h"
 #include "test_support.h"
 
@@ -39,7 +40,7 @@ model::Model bind_rewritten(const Tensors& tensors, const std::function<void(mod
   const fs::path dir = test::temp_dir();
   fs::copy_file(kda_dir() / "config.json", dir / "config.json");
   io::save_safetensors(dir / "model.safetensors", {tensors.begin(), tensors.end()});
-  const nlohmann::json cfg = io::read_json_file(dir / "config.json");
+  const nlohmann::json cfg = read_json_file(dir / "config.json");
   model::Model m = model::build_kda({model::ConfigFields(cfg, "config.json"), [&](const std::string& n) {
                                        return tensors.count(n) > 0;
                                      }});

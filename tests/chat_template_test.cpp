@@ -2,7 +2,7 @@
 // tests/chat_template/templates over the conversations of render_reference.mjs, whose renders the
 // `reference_chat_templates` fixture writes to $LINEAGE_TESTDATA/chat_template/expected.json. The
 // rest: the model-directory lookup, the plain fallback, whitespace rules, and errors that name the line.
-#include "lineage/io/chat_template.h"
+#include "lineage/chat/chat_template.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include "lineage/core/error.h"
 #include "test_support.h"
 
-namespace lineage::io {
+namespace lineage::chat {
 namespace chat_template_test {
 namespace {
 
@@ -259,4 +259,4 @@ TEST(ChatTemplate, LimitsStopRunawayTemplates) {
 
 }  // namespace
 }  // namespace chat_template_test
-}  // namespace lineage::io
+}  // namespace lineage::chat

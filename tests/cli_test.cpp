@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "lineage/io/load_model.h"
+#include "lineage/model/accounting.h"
 #include "lineage/model/archs/arch.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/io/npy.h"
@@ -328,8 +329,8 @@ size_t first_new_id(const std::vector<int32_t>& ids, const std::vector<int32_t>&
 }
 
 // What generate prints for `ids`: the streaming decoder's text (invalid UTF-8 becomes U+FFFD).
-std::string streamed_text(const io::Tokenizer& tok, std::span<const int32_t> ids) {
-  io::StreamDecoder stream(tok);
+std::string streamed_text(const tokenizer::Tokenizer& tok, std::span<const int32_t> ids) {
+  tokenizer::StreamDecoder stream(tok);
   std::string text;
   for (int32_t id : ids) text += stream.push(id);
   return text + stream.flush();

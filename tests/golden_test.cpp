@@ -12,6 +12,8 @@
 #include "lineage/io/npy.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/layers/mixers/delta_rule.h"
+#include "lineage/model/accounting.h"
+#include "lineage/model/state_pool.h"
 #include "lineage/runtime/session.h"
 #include "test_support.h"
 

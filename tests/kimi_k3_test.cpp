@@ -62,7 +62,9 @@ TEST(KimiK3, InfoFromThePublishedConfigAlone) {
   EXPECT_EQ(plan["fits"], plan["weight_bytes"].get<double>() + plan["state_bytes"].get<double>() <=
                               plan["ram_available_bytes"].get<double>());
   EXPECT_NEAR(plan["routed_expert_bytes_per_token"].get<double>(), 92.0 * 16 * 3 * 3584 * 3072 * 17 / 32, 1e3);
-  if (!plan["fits"].get<bool>()) EXPECT_GT(plan["stream_bytes_per_token"].get<double>(), 0);
+  if (!plan["fits"].get<bool>()) {
+    EXPECT_GT(plan["stream_bytes_per_token"].get<double>(), 0);
+  }
   EXPECT_EQ(plan["attn_res_prefill_bytes_per_token"], (8 + 2) * 7168 * 4) << "8 finished blocks, the partial, the mix";
   const auto text = test::run_lineage("info --model " + test::shell_quote(data_dir("kimi-k3").string()));
   EXPECT_NE(text.out.find("447358976 parameters: vision tower and projector"), std::string::npos) << text.out;

@@ -62,7 +62,9 @@ TEST(StudyCli, JsonIsCompleteAndTheSameForAnyThreadCount) {
   }
   // The delta rule reads the newest value of a repeated key back exactly.
   for (const auto& r : a["repeated_key"]) {
-    if (r["rule"] == "delta") EXPECT_GT(r["cos_new"].get<double>(), 0.999) << r.dump();
+    if (r["rule"] == "delta") {
+      EXPECT_GT(r["cos_new"].get<double>(), 0.999) << r.dump();
+    }
   }
   EXPECT_GT(a["seconds"].get<double>(), 0.0);
   a.erase("seconds"), b.erase("seconds");

@@ -12,8 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
-#include "lineage/train/study_recall.h"
+#include "lineage/study/recall.h"
 #include "test_support.h"
 
 namespace lineage {
@@ -23,14 +24,14 @@ namespace {
 // Rows that train in milliseconds (width 16, 4 pairs, two sequences a step), run once as given and
 // once after `change`: the two results, each checked to hold every row.
 template <class Change>
-std::pair<std::vector<train::RecallRow>, std::vector<train::RecallRow>> tiny_before_after(
+std::pair<std::vector<study::RecallRow>, std::vector<study::RecallRow>> tiny_before_after(
     std::vector<std::string> archs, int64_t steps, Change change) {
-  train::RecallConfig c;
+  study::RecallConfig c;
   c.d_model = 16, c.pairs = {4}, c.steps = steps, c.batch = 2, c.eval_sequences = 2, c.archs = archs;
   ScopedThreads st(1);
-  auto before = train::run_recall(c);
+  auto before = study::run_recall(c);
   change(c);
-  auto after = train::run_recall(c);
+  auto after = study::run_recall(c);
   EXPECT_EQ(before.size(), archs.size());
   EXPECT_EQ(after.size(), archs.size());
   return {std::move(before), std::move(after)};
@@ -39,7 +40,7 @@ std::pair<std::vector<train::RecallRow>, std::vector<train::RecallRow>> tiny_bef
 TEST(StudyRecall, SequencesHoldPairsThenEachKeyQueriedOnce) {
   const int64_t P = 12, keys = 20, values = 30, count = 5;
   std::vector<int32_t> in, tg;
-  train::mqar_batch(count, P, keys, values, 3, in, tg);
+  study::mqar_batch(count, P, keys, values, 3, in, tg);
   ASSERT_EQ(in.size(), size_t(count * 4 * P));
   for (int64_t b = 0; b < count; ++b) {
     const int32_t* x = in.data() + b * 4 * P;
@@ -73,7 +74,7 @@ TEST(StudyRecall, SequencesHoldPairsThenEachKeyQueriedOnce) {
 // losses move and DeltaNet's stays bit for bit.
 TEST(StudyRecall, DecayScaleReachesTheGatedRowsOnly) {
   const auto [fla, slow] = tiny_before_after({"DeltaNet", "Gated DeltaNet", "KDA"}, 3,
-                                             [](train::RecallConfig& c) { c.decay_scale = 0.01; });
+                                             [](study::RecallConfig& c) { c.decay_scale = 0.01; });
   ASSERT_EQ(slow.size(), 3u);
   EXPECT_EQ(fla[0].final_loss, slow[0].final_loss) << "DeltaNet has no decay to scale";
   for (size_t i = 1; i < 3; ++i) EXPECT_NE(fla[i].final_loss, slow[i].final_loss) << fla[i].arch;
@@ -85,7 +86,7 @@ TEST(StudyRecall, DecayScaleReachesTheGatedRowsOnly) {
 // rows not named stay bit for bit.
 TEST(StudyRecall, SetReplacesAFieldOfOneRow) {
   const auto [plain, set] =
-      tiny_before_after({"linear attention", "DeltaNet", "Gated DeltaNet"}, 2, [](train::RecallConfig& c) {
+      tiny_before_after({"linear attention", "DeltaNet", "Gated DeltaNet"}, 2, [](study::RecallConfig& c) {
         c.overrides = {{"DeltaNet", "use_short_conv", "false"}, {"Gated DeltaNet", "use_gate", "false"}};
       });
   ASSERT_EQ(set.size(), 3u);
@@ -97,11 +98,11 @@ TEST(StudyRecall, SetReplacesAFieldOfOneRow) {
   EXPECT_EQ(set[2].arch, "Gated DeltaNet [use_gate=false]");
   EXPECT_EQ(set[2].state_bytes, plain[2].state_bytes);
   EXPECT_NE(set[2].final_loss, plain[2].final_loss);
-  train::RecallConfig c;
+  study::RecallConfig c;
   c.overrides = {{"Mamba", "use_gate", "false"}};
-  EXPECT_THROW(train::recall_archs(c), Error);
+  EXPECT_THROW(study::recall_archs(c), Error);
   c.overrides = {{"DeltaNet", "use_gate", "yes"}};
-  EXPECT_THROW(train::recall_archs(c), Error);
+  EXPECT_THROW(study::recall_archs(c), Error);
 }
 
 TEST(StudyRecall, CommandTrainsTheRows) {
@@ -188,14 +189,14 @@ TEST(StudyRecall, SweepScriptRunsEveryCombination) {
 // thread. (At 1,000 steps softmax attention has not yet learned the task at seeds 2 and 3.)
 TEST(StudyRecall, SoftmaxAndTheDeltaRuleRecallWhereTheAdditiveRuleCannot) {
   ScopedThreads one(1);
-  train::RecallConfig c;
+  study::RecallConfig c;
   c.archs = {"softmax attention + conv", "linear attention + conv", "DeltaNet"};
   c.pairs = {16};
   c.d_model = 32, c.heads = 4, c.layers = 2, c.keys = 64, c.values = 64;
   c.steps = 1500, c.tokens_per_step = 1024, c.lr = 3e-3, c.seed = 1;
-  const std::vector<train::RecallRow> rows = train::run_recall(c);
+  const std::vector<study::RecallRow> rows = study::run_recall(c);
   ASSERT_EQ(rows.size(), 3u);
-  const train::RecallRow &softmax = rows[0], &additive = rows[1], &delta = rows[2];
+  const study::RecallRow &softmax = rows[0], &additive = rows[1], &delta = rows[2];
   ASSERT_EQ(softmax.arch, "softmax attention + conv");
   ASSERT_EQ(additive.arch, "linear attention + conv");
   ASSERT_EQ(delta.arch, "DeltaNet");

@@ -17,6 +17,7 @@
 #include "lineage/model/archs/arch.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/model/model.h"
+#include "lineage/model/forward.h"
 #include "lineage/train/backprop.h"
 #include "lineage/train/trainer.h"
 #include "test_support.h"
@@ -248,7 +249,9 @@ TEST_P(TrainMoeFd, ModelGradientsMatchFiniteDifferences) {
       std::copy(keep.begin(), keep.end(), p.value);
       return l;
     }, eps, [](double fd1, double fd2) { return std::fabs(fd1 - fd2) > 2e-2 * std::fabs(fd1) + 1e-3; });
-    if (p.name.ends_with("e_score_correction_bias")) EXPECT_EQ(gd, 0.0) << p.name;
+    if (p.name.ends_with("e_score_correction_bias")) {
+      EXPECT_EQ(gd, 0.0) << p.name;
+    }
     EXPECT_NEAR(fd, gd, 3e-2 * std::fabs(gd) + 2e-4) << p.name;
     worst = std::max(worst, std::fabs(fd - gd) / (std::fabs(gd) + 2e-4));
   }

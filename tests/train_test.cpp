@@ -180,7 +180,9 @@ TEST(Train, SavedCheckpointKeepsTheSourceNamesAndShapes) {
       // Not parameters: GPT-2's mask buffers.
       if (!parameter && name.find(".attn.bias") == std::string::npos && name.find(".attn.masked_bias") == std::string::npos)
         ADD_FAILURE() << source << ": " << name << " is not in the trained checkpoint";
-      if (parameter) EXPECT_EQ(after.tensor(name).shape(), before.tensor(name).shape()) << source << ": " << name;
+      if (parameter) {
+        EXPECT_EQ(after.tensor(name).shape(), before.tensor(name).shape()) << source << ": " << name;
+      }
     }
     EXPECT_LE(written.size(), before.names().size()) << source;
   }

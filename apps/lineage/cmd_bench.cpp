@@ -17,7 +17,11 @@
 #include "lineage/core/rng.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/roofline.h"
+#include "lineage/model/accounting.h"
 #include "lineage/model/archs/presets.h"
+#include "lineage/model/forward.h"
+#include "lineage/model/state_pool.h"
+#include "lineage/model/workspace.h"
 #include "lineage/runtime/cost.h"
 #include "lineage/runtime/session.h"
 

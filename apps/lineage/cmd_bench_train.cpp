@@ -12,7 +12,7 @@
 #include "common.h"
 #include "lineage/core/error.h"
 #include "lineage/core/rng.h"
-#include "lineage/io/json_read.h"
+#include "lineage/core/json_read.h"
 #include "lineage/kernels/roofline.h"
 #include "lineage/core/parallel.h"
 #include "lineage/model/archs/presets.h"
@@ -71,7 +71,7 @@ void add_bench_train(CLI::App& app) {
         if (p.name == o.preset) config_json = p.config_json;
     } else if (!o.config.empty()) {
       label = o.config;
-      config_json = io::read_file_text(o.config);
+      config_json = read_file_text(o.config);
     }
     const fs::path tmp = fs::temp_directory_path() / cat("lineage-bench-train-", getpid());
     fs::create_directories(tmp);
@@ -120,7 +120,7 @@ void add_bench_train(CLI::App& app) {
         fs::remove_all(tmp);
         throw Error(cat("--pytorch: ", script, " failed (it needs Debian's python3-torch)"));
       }
-      const nlohmann::json r = io::read_json_file(tmp / "torch.json");
+      const nlohmann::json r = read_json_file(tmp / "torch.json");
       torch_tps = r["tokens_per_s"].get<double>();
       torch_version = r["torch"].get<std::string>();
     }

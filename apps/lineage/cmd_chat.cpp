@@ -11,7 +11,8 @@
 
 #include "common.h"
 #include "lineage/core/error.h"
-#include "lineage/io/chat_template.h"
+#include "lineage/chat/chat_template.h"
+#include "lineage/model/state_pool.h"
 #include "lineage/runtime/generate.h"
 #include "lineage/runtime/prefix_cache.h"
 #include "lineage/runtime/state_file.h"
@@ -53,7 +54,7 @@ class Chat {
       : m_(m),
         o_(o),
         tok_(require_tokenizer(m, "chat")),
-        template_(m.dir.empty() ? std::nullopt : io::ChatTemplate::from_model_dir(m.dir)),
+        template_(m.dir.empty() ? std::nullopt : chat::ChatTemplate::from_model_dir(m.dir)),
         session_(m.model),
         cache_(m.model, {.budget_bytes = parse_bytes(o.cache_bytes, "--cache-bytes"), .checkpoint_every = o.checkpoint_every}),
         rng_(Rng(o.src.seed).snapshot()) {
@@ -71,7 +72,7 @@ class Chat {
 
   void turn(const std::string& text) {
     messages_.push_back({"user", text});
-    const std::vector<int32_t> ids = io::encode_chat(tok_, template_ ? &*template_ : nullptr, messages_, true);
+    const std::vector<int32_t> ids = chat::encode_chat(tok_, template_ ? &*template_ : nullptr, messages_, true);
     TurnStats t;
     auto t0 = std::chrono::steady_clock::now();
     const std::vector<int32_t> todo = reuse(ids);
@@ -149,7 +150,7 @@ class Chat {
 
   void load(const std::string& path) {
     runtime::SavedState saved = runtime::load_state(path, m_.model);
-    std::vector<io::ChatMessage> messages;
+    std::vector<chat::ChatMessage> messages;
     const nlohmann::json& mj = saved.meta.is_object() && saved.meta.contains("messages") ? saved.meta["messages"]
                                                                                        : nlohmann::json();
     if (!mj.is_array())
@@ -221,7 +222,7 @@ class Chat {
 
   // The conversation with the generation prompt, as text.
   std::string render() const {
-    return template_ ? template_->render(messages_, true) : io::render_plain_chat(messages_, true);
+    return template_ ? template_->render(messages_, true) : chat::render_plain_chat(messages_, true);
   }
 
   // Feeds `ids` (at least one), keeping a recurrent checkpoint at each multiple of
@@ -246,12 +247,12 @@ class Chat {
 
   const io::LoadedModel& m_;
   const ChatOpts& o_;
-  const io::Tokenizer& tok_;
-  std::optional<io::ChatTemplate> template_;
+  const tokenizer::Tokenizer& tok_;
+  std::optional<chat::ChatTemplate> template_;
   runtime::Session session_;
   runtime::PrefixCache cache_;
   runtime::PrefixCache::Checkpoints checkpoints_;  // this sequence's since the last commit
-  std::vector<io::ChatMessage> messages_;
+  std::vector<chat::ChatMessage> messages_;
   std::vector<std::string> stops_;
   Rng::Snapshot rng_;
   std::vector<float> last_logits_;

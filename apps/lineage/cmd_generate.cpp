@@ -6,7 +6,7 @@
 
 #include "common.h"
 #include "lineage/core/error.h"
-#include "lineage/io/json_read.h"
+#include "lineage/core/json_read.h"
 #include "lineage/runtime/batch_generate.h"
 #include "lineage/runtime/generate.h"
 #include "lineage/runtime/state_file.h"
@@ -27,13 +27,13 @@ struct GenerateOpts {
   bool seed_given = false;
 };
 
-std::vector<int32_t> encode_prompt(const io::Tokenizer& tok, const std::string& text) {
+std::vector<int32_t> encode_prompt(const tokenizer::Tokenizer& tok, const std::string& text) {
   std::vector<int32_t> ids = tok.encode(text);
   if (tok.adds_bos() && tok.bos_id()) ids.insert(ids.begin(), *tok.bos_id());
   return ids;
 }
 
-runtime::GenerateOptions default_options(const GenerateOpts& o, const io::LoadedModel& m, const io::Tokenizer& tok) {
+runtime::GenerateOptions default_options(const GenerateOpts& o, const io::LoadedModel& m, const tokenizer::Tokenizer& tok) {
   runtime::GenerateOptions opt;
   opt.max_tokens = o.max_tokens;
   opt.sampling = {o.temperature, o.top_k, o.top_p, o.src.seed};
@@ -44,9 +44,9 @@ runtime::GenerateOptions default_options(const GenerateOpts& o, const io::Loaded
 // One prompt per line, or JSON Lines: {"prompt": "...", "max_tokens": N, "temperature": T, "top_k": K,
 // "top_p": P, "seed": S}, every key but "prompt" optional (the command line's values otherwise). A
 // line that starts with '{' is JSON; blank lines are skipped.
-std::vector<runtime::BatchRequest> read_prompts(const std::string& path, const io::Tokenizer& tok,
+std::vector<runtime::BatchRequest> read_prompts(const std::string& path, const tokenizer::Tokenizer& tok,
                                                 const runtime::GenerateOptions& defaults) {
-  const std::string text = io::read_file_text(path);
+  const std::string text = read_file_text(path);
   std::vector<runtime::BatchRequest> out;
   size_t line_no = 0, begin = 0;
   while (begin <= text.size()) {
@@ -64,7 +64,7 @@ std::vector<runtime::BatchRequest> read_prompts(const std::string& path, const i
     r.options = defaults;
     std::string prompt = line;
     if (line[line.find_first_not_of(" \t")] == '{') {
-      const nlohmann::json j = io::parse_json(line, where);
+      const nlohmann::json j = parse_json(line, where);
       if (!j.is_object()) throw Error(cat(where, ": expected a JSON object"));
       for (const auto& item : j.items()) {  // not a structured binding: clang 14 cannot capture one
         const std::string key = item.key();
@@ -110,7 +110,7 @@ std::vector<runtime::BatchRequest> read_prompts(const std::string& path, const i
 
 void run_many(const GenerateOpts& o) {
   io::LoadedModel m = load(o.src, true);
-  const io::Tokenizer& tok = require_tokenizer(m, "generate");
+  const tokenizer::Tokenizer& tok = require_tokenizer(m, "generate");
   const std::vector<runtime::BatchRequest> requests = read_prompts(o.prompts_file, tok, default_options(o, m, tok));
   runtime::BatchOptions bo;
   bo.max_sequences = o.batch;
@@ -134,7 +134,7 @@ void run_many(const GenerateOpts& o) {
 
 void run_one(const GenerateOpts& o) {
   io::LoadedModel m = load(o.src, true);
-  const io::Tokenizer& tok = require_tokenizer(m, "generate");
+  const tokenizer::Tokenizer& tok = require_tokenizer(m, "generate");
   runtime::Session session(m.model);
   runtime::GenerateOptions opt = default_options(o, m, tok);
   std::vector<float> logits;  // a state file's, to continue from without a prompt

@@ -9,6 +9,8 @@
 #include "lineage/kernels/linear.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/model/model.h"
+#include "lineage/model/residual.h"
+#include "lineage/model/accounting.h"
 
 namespace lineage::app {
 

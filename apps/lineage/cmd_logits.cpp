@@ -43,7 +43,7 @@ void add_logits(CLI::App& app) {
     if (!o.tokens.empty()) {
       ids = parse_ids(o.tokens, "--tokens");
     } else {
-      const io::Tokenizer& tok = require_tokenizer(m, "--prompt");
+      const tokenizer::Tokenizer& tok = require_tokenizer(m, "--prompt");
       ids = tok.encode(o.prompt);
       // A continued sequence has its BOS already.
       if (tok.adds_bos() && tok.bos_id() && s.position() == 0) ids.insert(ids.begin(), *tok.bos_id());

@@ -11,9 +11,9 @@
 
 #include "common.h"
 #include "lineage/core/error.h"
-#include "lineage/train/study_memory.h"
-#include "lineage/train/study_recall.h"
-#include "lineage/train/svg_plot.h"
+#include "lineage/study/memory.h"
+#include "lineage/study/recall.h"
+#include "lineage/plot/svg_plot.h"
 
 namespace lineage::app {
 
@@ -56,7 +56,7 @@ CLI::Validator whole_number() {
 }
 
 struct StudyOpts {
-  train::MemoryStudyConfig config;
+  study::MemoryStudyConfig config;
   std::string out;
   bool json = false;
 };
@@ -70,15 +70,15 @@ void check(const StudyOpts& o) {
 
 void run_study(const StudyOpts& o) {
   check(o);
-  const train::MemoryStudy s = train::run_memory_study(o.config);
+  const study::MemoryStudy s = study::run_memory_study(o.config);
   std::vector<std::string> files;
-  if (!o.out.empty()) files = train::write_memory_study_files(s, o.out);
+  if (!o.out.empty()) files = study::write_memory_study_files(s, o.out);
   if (o.json) {
-    nlohmann::json j = train::memory_study_json(s);
+    nlohmann::json j = study::memory_study_json(s);
     if (!o.out.empty()) j["files"] = files;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("%s", train::memory_study_text(s).c_str());
+    std::printf("%s", study::memory_study_text(s).c_str());
     if (!o.out.empty()) {
       std::printf("\nfiles written to %s:\n", o.out.c_str());
       for (const auto& f : files) std::printf("  %s\n", f.c_str());
@@ -88,7 +88,7 @@ void run_study(const StudyOpts& o) {
 }
 
 struct RecallOpts {
-  train::RecallConfig config;
+  study::RecallConfig config;
   std::vector<std::string> set;  // ROW:FIELD=VALUE
   std::string out;
   bool json = false;
@@ -109,21 +109,21 @@ void run_recall(RecallOpts& o) {
   if (o.config.d_model % o.config.heads)
     throw Error(cat("--d-model: ", o.config.d_model, " is not a multiple of --heads (", o.config.heads, ")"));
   int width = 24;  // the architecture column: the longest row name, a --set shown in it included
-  for (const train::RecallArch& a : train::recall_archs(o.config)) {  // throws for an unknown row
-    width = std::max(width, int(train::recall_label(o.config, a.name).size()));
+  for (const study::RecallArch& a : study::recall_archs(o.config)) {  // throws for an unknown row
+    width = std::max(width, int(study::recall_label(o.config, a.name).size()));
     if (!a.trainable && !o.json) std::printf("%-24s not trained: %s\n", a.name.c_str(), a.why.c_str());
   }
   if (!o.json) std::printf("%-*s %6s %8s %9s %11s %13s %8s\n", width, "architecture", "pairs", "seq len", "accuracy",
                            "final loss", "state bytes", "seconds");
-  const auto rows = train::run_recall(o.config, [&](const train::RecallRow& r) {
+  const auto rows = study::run_recall(o.config, [&](const study::RecallRow& r) {
     if (o.json) return;
     std::printf("%-*s %6lld %8lld %9.3f %11.4f %13zu %8.1f\n", width, r.arch.c_str(), (long long)r.pairs,
                 (long long)r.seq_len, r.accuracy, r.final_loss, r.state_bytes, r.seconds);
     std::fflush(stdout);
   });
   nlohmann::json j = nlohmann::json::array();
-  std::vector<train::PlotSeries> series;
-  for (const train::RecallRow& r : rows) {
+  std::vector<plot::PlotSeries> series;
+  for (const study::RecallRow& r : rows) {
     j.push_back({{"arch", r.arch}, {"pairs", r.pairs}, {"seq_len", r.seq_len}, {"batch", r.batch},
                  {"accuracy", r.accuracy}, {"final_loss", r.final_loss}, {"state_bytes", r.state_bytes},
                  {"seconds", r.seconds}});
@@ -136,12 +136,12 @@ void run_recall(RecallOpts& o) {
   if (o.json) std::printf("%s\n", j.dump().c_str());
   if (o.out.empty()) return;
   std::filesystem::create_directories(o.out);
-  train::PlotSpec spec;
+  plot::PlotSpec spec;
   spec.title = "MQAR: accuracy vs key-value pairs";
   spec.x_label = "key-value pairs in the sequence";
   spec.y_label = "recall accuracy";
   spec.log_x = true, spec.log_x_base = 2, spec.y_min = 0, spec.y_max = 1, spec.id = "recall";
-  std::ofstream(std::filesystem::path(o.out) / "recall.svg") << train::svg_line_plot(spec, series) << "\n";
+  std::ofstream(std::filesystem::path(o.out) / "recall.svg") << plot::svg_line_plot(spec, series) << "\n";
   std::ofstream(std::filesystem::path(o.out) / "recall.json") << j.dump(2) << "\n";
   if (!o.json) std::printf("wrote %s/recall.svg and recall.json\n", o.out.c_str());
 }

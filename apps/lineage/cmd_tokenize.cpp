@@ -4,7 +4,7 @@
 
 #include "common.h"
 #include "lineage/core/error.h"
-#include "lineage/io/json_read.h"
+#include "lineage/core/json_read.h"
 
 namespace lineage::app {
 
@@ -26,8 +26,8 @@ void add_tokenize(CLI::App& app) {
   add_threads_option(*enc);
   enc->callback([] {
     if (o.text.empty() && o.file.empty()) throw Error("tokenize: one of --text or --file is required");
-    const io::Tokenizer tok = io::Tokenizer::load(o.dir);
-    const auto ids = tok.encode(o.file.empty() ? o.text : io::read_file_text(o.file), !o.no_special);
+    const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load(o.dir);
+    const auto ids = tok.encode(o.file.empty() ? o.text : read_file_text(o.file), !o.no_special);
     if (o.out.empty()) {
       for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? " " : "", ids[i]);
       std::printf("\n");
@@ -47,7 +47,7 @@ void add_tokenize(CLI::App& app) {
   dec->add_option("--tokens", o.tokens, "token ids separated by spaces")->required();
   add_threads_option(*dec);
   dec->callback([] {
-    const io::Tokenizer tok = io::Tokenizer::load(o.dir);
+    const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load(o.dir);
     const std::string text = tok.decode(parse_ids(o.tokens, "--tokens"));
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::printf("\n");

@@ -9,6 +9,7 @@
 #include "common.h"
 #include "lineage/core/error.h"
 #include "lineage/core/rng.h"
+#include "lineage/model/accounting.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/runtime/session.h"
 #include "lineage/runtime/split_check.h"

@@ -12,7 +12,8 @@
 
 #include "common.h"
 #include "lineage/core/error.h"
-#include "lineage/io/json_read.h"
+#include "lineage/core/json_read.h"
+#include "lineage/model/accounting.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/train/trainer.h"
 
@@ -119,7 +120,7 @@ void add_train(CLI::App& app) {
       check_trainable(m, "--preset " + o.preset);
       model::init_random(m, o.seed, DType::F32);
     } else if (!o.config.empty()) {
-      config_json = io::read_file_text(o.config);
+      config_json = read_file_text(o.config);
       const fs::path tmp = fs::temp_directory_path() / cat("lineage-train-config-", getpid());
       fs::create_directories(tmp);
       std::ofstream(tmp / "config.json") << config_json;
@@ -136,12 +137,12 @@ void add_train(CLI::App& app) {
       loaded = io::load_model(o.model, !tokenizer_dir.has_value(), io::WeightStorage::Mapped);
       m = std::move(loaded->model);
       check_trainable(m, o.model);
-      config_json = io::read_file_text(fs::path(o.model) / "config.json");
+      config_json = read_file_text(fs::path(o.model) / "config.json");
       if (!tokenizer_dir && loaded->tokenizer) tokenizer_dir = o.model;
     }
     train::to_trainable(m);
-    std::optional<io::Tokenizer> tok;
-    if (tokenizer_dir) tok = io::Tokenizer::load(*tokenizer_dir);
+    std::optional<tokenizer::Tokenizer> tok;
+    if (tokenizer_dir) tok = tokenizer::Tokenizer::load(*tokenizer_dir);
     train::TokenData data = train::load_tokens(o.data, tok ? &*tok : nullptr, m.config.vocab_size, o.val_fraction,
                                                o.c.seq_len);
     if (data.val.empty()) o.c.eval_every = 0;

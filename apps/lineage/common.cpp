@@ -16,6 +16,7 @@
 #include "lineage/kernels/threads.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/model/model.h"
+#include "lineage/model/accounting.h"
 
 namespace lineage::app {
 
@@ -117,7 +118,7 @@ io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
     m = io::load_model(src.dir, need_tokenizer, src.no_mmap ? io::WeightStorage::Owned : io::WeightStorage::Mapped);
   } else {
     m.model = model::make_preset(src.preset, src.seed, *dtype_from_user(src.weights_dtype));
-    if (!src.tokenizer_dir.empty()) m.tokenizer = io::Tokenizer::load(src.tokenizer_dir);
+    if (!src.tokenizer_dir.empty()) m.tokenizer = tokenizer::Tokenizer::load(src.tokenizer_dir);
   }
   if (src.check_tensors) model::check_tensors_finite(m.model, src.dir.empty() ? "--preset " + src.preset : src.dir);
   apply_options(src, m.model);
@@ -192,7 +193,7 @@ std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag)
   return ids;
 }
 
-const io::Tokenizer& require_tokenizer(const io::LoadedModel& m, const std::string& why) {
+const tokenizer::Tokenizer& require_tokenizer(const io::LoadedModel& m, const std::string& why) {
   if (!m.tokenizer)
     throw Error(cat(why, " needs a tokenizer, but ",
                     m.dir.empty() ? std::string("a preset has none (pass --tokenizer DIR)")

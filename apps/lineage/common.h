@@ -10,6 +10,7 @@
 #include "lineage/io/load_model.h"
 #include "lineage/io/mapped_pages.h"
 #include "lineage/model/model.h"
+#include "lineage/model/accounting.h"
 
 namespace lineage::app {
 
@@ -60,7 +61,7 @@ std::optional<long long> parse_integer(const std::string& s);
 size_t parse_bytes(const std::string& text, const std::string& flag);
 // "12 5 7" → ids; a non-integer is an Error naming the flag.
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag);
-const io::Tokenizer& require_tokenizer(const io::LoadedModel& m, const std::string& why);
+const tokenizer::Tokenizer& require_tokenizer(const io::LoadedModel& m, const std::string& why);
 
 // The dtype that holds most of the model's parameter bytes (the one its roofline peak is taken for).
 DType main_dtype(model::Model& m);

@@ -8,9 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "lineage/io/chat_template_value.h"
+#include "lineage/chat/value.h"
 
-namespace lineage::io::jinja {
+namespace lineage::chat::jinja {
 
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
@@ -100,13 +100,13 @@ struct Program {
   std::string where;  // the template's file (and field), for every error message
 };
 
-// Parses `source` (chat_template_parse.cpp); an Error names `where`, the line and the construct.
+// Parses `source` (parse.cpp); an Error names `where`, the line and the construct.
 std::shared_ptr<const Program> parse_program(std::string_view source, const std::string& where);
 
-// Filters and tests the subset knows (chat_template_builtins.cpp), checked while parsing.
+// Filters and tests the subset knows (builtins.cpp), checked while parsing.
 bool is_filter(std::string_view name);
 bool is_test(std::string_view name);
 const char* filter_names();
 const char* test_names();
 
-}  // namespace lineage::io::jinja
+}  // namespace lineage::chat::jinja

@@ -10,10 +10,10 @@
 #include <initializer_list>
 
 #include "lineage/core/error.h"
-#include "lineage/io/chat_template_eval.h"
-#include "lineage/io/chat_template_text.h"
+#include "lineage/chat/eval.h"
+#include "lineage/chat/text.h"
 
-namespace lineage::io::jinja {
+namespace lineage::chat::jinja {
 
 namespace {
 
@@ -484,4 +484,4 @@ Value apply_filter(Renderer& r, const std::string& name, const Value& v, const C
   r.fail(line, cat("unknown filter '", name, "'"));
 }
 
-}  // namespace lineage::io::jinja
+}  // namespace lineage::chat::jinja

@@ -7,10 +7,10 @@
 #include <ctime>
 
 #include "lineage/core/error.h"
-#include "lineage/io/chat_template_eval.h"
-#include "lineage/io/chat_template_text.h"
+#include "lineage/chat/eval.h"
+#include "lineage/chat/text.h"
 
-namespace lineage::io::jinja {
+namespace lineage::chat::jinja {
 
 namespace {
 
@@ -316,4 +316,4 @@ bool call_global(Renderer& r, const std::string& name, const CallArgs& args, int
   return true;
 }
 
-}  // namespace lineage::io::jinja
+}  // namespace lineage::chat::jinja

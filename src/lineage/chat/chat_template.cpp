@@ -1,14 +1,14 @@
-#include "lineage/io/chat_template.h"
+#include "lineage/chat/chat_template.h"
 
 #include <system_error>
 
 #include "lineage/core/error.h"
-#include "lineage/io/chat_template_ast.h"
-#include "lineage/io/chat_template_eval.h"
-#include "lineage/io/json_read.h"
-#include "lineage/io/tokenizer.h"
+#include "lineage/chat/ast.h"
+#include "lineage/chat/eval.h"
+#include "lineage/core/json_read.h"
+#include "lineage/tokenizer/tokenizer.h"
 
-namespace lineage::io {
+namespace lineage::chat {
 
 namespace fs = std::filesystem;
 
@@ -107,7 +107,7 @@ std::string render_plain_chat(const std::vector<ChatMessage>& messages, bool add
   return out;
 }
 
-std::vector<int32_t> encode_chat(const Tokenizer& tok, const ChatTemplate* tmpl, const std::vector<ChatMessage>& messages,
+std::vector<int32_t> encode_chat(const tokenizer::Tokenizer& tok, const ChatTemplate* tmpl, const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt) {
   if (tmpl) return tok.encode(tmpl->render(messages, add_generation_prompt));
   std::vector<int32_t> ids = tok.encode(render_plain_chat(messages, add_generation_prompt));
@@ -115,4 +115,4 @@ std::vector<int32_t> encode_chat(const Tokenizer& tok, const ChatTemplate* tmpl,
   return ids;
 }
 
-}  // namespace lineage::io
+}  // namespace lineage::chat

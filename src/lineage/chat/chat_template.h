@@ -1,3 +1,8 @@
+// Room chat/: the chat-template engine: a model's Jinja template lexed (lex), parsed (parse, ast),
+// and evaluated over Jinja values (value, eval, ops, calls, builtins, text), and the rendering API
+// of this file that `lineage chat` and the server call. Uses tokenizer (to encode a rendered chat)
+// and core.
+//
 // Chat templates: a model's own Jinja `chat_template` (tokenizer_config.json or chat_template.jinja)
 // rendered by a documented subset of Jinja (docs/chat-templates.md), byte-identical to
 // @huggingface/jinja (the Jinja transformers.js applies templates with) on the templates of
@@ -12,16 +17,18 @@
 #include <string>
 #include <vector>
 
-namespace lineage::io {
+namespace lineage::tokenizer {
+class Tokenizer;  // lineage/tokenizer/tokenizer.h
+}
+
+namespace lineage::chat {
 
 struct ChatMessage {
   std::string role, content;
 };
 
-class Tokenizer;
-
 namespace jinja {
-struct Program;  // chat_template_ast.h
+struct Program;  // ast.h
 }
 
 class ChatTemplate {
@@ -72,7 +79,7 @@ std::string render_plain_chat(const std::vector<ChatMessage>& messages, bool add
 // A conversation's prompt ids: rendered with `tmpl` (which writes the BOS token itself where its
 // model wants one), or with render_plain_chat when there is none, and then the tokenizer's BOS in
 // front if it adds one.
-std::vector<int32_t> encode_chat(const Tokenizer& tok, const ChatTemplate* tmpl, const std::vector<ChatMessage>& messages,
+std::vector<int32_t> encode_chat(const tokenizer::Tokenizer& tok, const ChatTemplate* tmpl, const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt);
 
-}  // namespace lineage::io
+}  // namespace lineage::chat

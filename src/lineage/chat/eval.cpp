@@ -5,9 +5,9 @@
 #include <limits>
 
 #include "lineage/core/error.h"
-#include "lineage/io/chat_template_eval.h"
+#include "lineage/chat/eval.h"
 
-namespace lineage::io::jinja {
+namespace lineage::chat::jinja {
 
 void Renderer::fail(int line, const std::string& what) const {
   throw Error(cat(program_.where, ":", line, ": ", what));
@@ -324,4 +324,4 @@ Value Renderer::call_macro(const Macro& m, const CallArgs& args, int line) {
   return Value::string(render_body(def.body, s));
 }
 
-}  // namespace lineage::io::jinja
+}  // namespace lineage::chat::jinja

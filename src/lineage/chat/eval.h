@@ -8,10 +8,10 @@
 #include <utility>
 #include <vector>
 
-#include "lineage/io/chat_template.h"
-#include "lineage/io/chat_template_ast.h"
+#include "lineage/chat/chat_template.h"
+#include "lineage/chat/ast.h"
 
-namespace lineage::io::jinja {
+namespace lineage::chat::jinja {
 
 struct CallArgs {
   std::vector<Value> positional;
@@ -78,7 +78,7 @@ class Renderer {
   int depth_ = 0;
 };
 
-// chat_template_builtins.cpp
+// builtins.cpp
 Value apply_filter(Renderer& r, const std::string& name, const Value& v, const CallArgs& args, int line);
 bool apply_test(Renderer& r, const std::string& name, const Value& v, const CallArgs& args, int line);
 Value call_method(Renderer& r, const Value& obj, const std::string& name, const CallArgs& args, int line);
@@ -86,4 +86,4 @@ Value call_method(Renderer& r, const Value& obj, const std::string& name, const 
 bool call_global(Renderer& r, const std::string& name, const CallArgs& args, int line, Value& result);
 bool is_global(std::string_view name);
 
-}  // namespace lineage::io::jinja
+}  // namespace lineage::chat::jinja

@@ -1,12 +1,12 @@
-#include "lineage/io/chat_template_lex.h"
+#include "lineage/chat/lex.h"
 
 #include <cctype>
 #include <limits>
 
 #include "lineage/core/error.h"
-#include "lineage/io/bpe_model.h"  // append_utf8
+#include "lineage/tokenizer/bpe_model.h"  // append_utf8
 
-namespace lineage::io::jinja {
+namespace lineage::chat::jinja {
 
 namespace {
 
@@ -15,7 +15,7 @@ bool is_name_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) 
 bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 
 // A string literal's escaped code point; a lone surrogate cannot be encoded.
-void append_escaped(std::string& out, uint32_t cp) { append_utf8(out, cp >= 0xD800 && cp <= 0xDFFF ? 0xFFFD : cp); }
+void append_escaped(std::string& out, uint32_t cp) { tokenizer::append_utf8(out, cp >= 0xD800 && cp <= 0xDFFF ? 0xFFFD : cp); }
 
 class Lexer {
  public:
@@ -286,4 +286,4 @@ std::vector<Token> lex(std::string_view source, const std::string& where) {
   return Lexer(std::move(text), where).run();
 }
 
-}  // namespace lineage::io::jinja
+}  // namespace lineage::chat::jinja

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace lineage::io::jinja {
+namespace lineage::chat::jinja {
 
 struct Token {
   enum class Kind { Text, VarBegin, VarEnd, BlockBegin, BlockEnd, Name, String, Int, Float, Op, End };
@@ -23,4 +23,4 @@ struct Token {
 // no token starts with is an Error naming `where` and the line.
 std::vector<Token> lex(std::string_view source, const std::string& where);
 
-}  // namespace lineage::io::jinja
+}  // namespace lineage::chat::jinja

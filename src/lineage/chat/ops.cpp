@@ -5,9 +5,9 @@
 #include <limits>
 
 #include "lineage/core/error.h"
-#include "lineage/io/chat_template_eval.h"
+#include "lineage/chat/eval.h"
 
-namespace lineage::io::jinja {
+namespace lineage::chat::jinja {
 
 namespace {
 
@@ -245,4 +245,4 @@ Value Renderer::slice(const Value& obj, const Value& start, const Value& stop, c
   fail(line, cat("cannot slice ", kind_name(obj.kind)));
 }
 
-}  // namespace lineage::io::jinja
+}  // namespace lineage::chat::jinja

@@ -5,10 +5,10 @@
 #include <initializer_list>
 
 #include "lineage/core/error.h"
-#include "lineage/io/chat_template_ast.h"
-#include "lineage/io/chat_template_lex.h"
+#include "lineage/chat/ast.h"
+#include "lineage/chat/lex.h"
 
-namespace lineage::io::jinja {
+namespace lineage::chat::jinja {
 
 namespace {
 
@@ -711,4 +711,4 @@ std::shared_ptr<const Program> parse_program(std::string_view source, const std:
   return program;
 }
 
-}  // namespace lineage::io::jinja
+}  // namespace lineage::chat::jinja

@@ -1,9 +1,9 @@
-#include "lineage/io/chat_template_text.h"
+#include "lineage/chat/text.h"
 
-#include "lineage/io/bpe_model.h"  // append_utf8
-#include "lineage/io/chat_template_value.h"
+#include "lineage/tokenizer/bpe_model.h"  // append_utf8
+#include "lineage/chat/value.h"
 
-namespace lineage::io::jinja {
+namespace lineage::chat::jinja {
 
 namespace {
 
@@ -89,7 +89,7 @@ std::vector<uint32_t> decode_utf8(std::string_view s) {
 std::string encode_utf8(const std::vector<uint32_t>& cps) {
   std::string out;
   out.reserve(cps.size());
-  for (uint32_t cp : cps) append_utf8(out, cp);
+  for (uint32_t cp : cps) tokenizer::append_utf8(out, cp);
   return out;
 }
 
@@ -213,4 +213,4 @@ std::string replace(std::string_view s, std::string_view old, std::string_view w
   return out;
 }
 
-}  // namespace lineage::io::jinja
+}  // namespace lineage::chat::jinja

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace lineage::io::jinja {
+namespace lineage::chat::jinja {
 
 std::vector<uint32_t> decode_utf8(std::string_view s);  // an invalid byte decodes as itself (< 0x100)
 std::string encode_utf8(const std::vector<uint32_t>& cps);
@@ -29,4 +29,4 @@ std::vector<std::string> split(std::string_view s, const std::optional<std::stri
 // str.replace(old, new, count); an empty `old` inserts `new` between code points, as Python does.
 std::string replace(std::string_view s, std::string_view old, std::string_view with, int64_t count);
 
-}  // namespace lineage::io::jinja
+}  // namespace lineage::chat::jinja

@@ -1,4 +1,4 @@
-#include "lineage/io/chat_template_value.h"
+#include "lineage/chat/value.h"
 
 #include <algorithm>
 #include <charconv>
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-namespace lineage::io::jinja {
+namespace lineage::chat::jinja {
 
 const std::string& Value::s() const {
   static const std::string empty;
@@ -356,4 +356,4 @@ std::vector<size_t> code_point_starts(std::string_view s) {
 }
 
 
-}  // namespace lineage::io::jinja
+}  // namespace lineage::chat::jinja

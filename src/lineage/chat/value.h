@@ -15,13 +15,13 @@
 #include <utility>
 #include <vector>
 
-namespace lineage::io::jinja {
+namespace lineage::chat::jinja {
 
 struct Value;
 struct Dict;
 struct List;
 struct Scope;
-struct MacroDef;  // chat_template_ast.h
+struct MacroDef;  // ast.h
 
 struct Macro {
   const MacroDef* def = nullptr;  // owned by the Program
@@ -121,4 +121,4 @@ Value from_json(const nlohmann::ordered_json& j, Arena& arena);  // objects keep
 // Byte offset of each code point (an invalid byte counts as one, so nothing is ever dropped).
 std::vector<size_t> code_point_starts(std::string_view s);
 
-}  // namespace lineage::io::jinja
+}  // namespace lineage::chat::jinja

@@ -1,4 +1,4 @@
-#include "lineage/io/json_read.h"
+#include "lineage/core/json_read.h"
 
 #include <cerrno>
 #include <cstring>
@@ -7,7 +7,7 @@
 
 #include "lineage/core/error.h"
 
-namespace lineage::io {
+namespace lineage {
 
 namespace fs = std::filesystem;
 
@@ -44,4 +44,4 @@ std::string read_file_text(const fs::path& path) {
 
 nlohmann::json read_json_file(const fs::path& path) { return parse_json(read_file_text(path), path.string()); }
 
-}  // namespace lineage::io
+}  // namespace lineage

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-namespace lineage::io {
+namespace lineage {
 
 // Deeper than any configuration or tokenizer file needs (tokenizer.json nests about 6 levels).
 constexpr int kMaxJsonDepth = 64;
@@ -20,4 +20,4 @@ nlohmann::json read_json_file(const std::filesystem::path& path);
 // The whole file as bytes, with the same errors.
 std::string read_file_text(const std::filesystem::path& path);
 
-}  // namespace lineage::io
+}  // namespace lineage

@@ -1,3 +1,8 @@
+// Room core/: what every other room stands on and nothing of the models: Tensor and its dtypes
+// (f32, f16, bf16, MXFP4 bytes), lineage::Error and LINEAGE_CHECK, the thread pool (parallel_for),
+// hashing, seeded random numbers, checked arithmetic on sizes from files, scratch buffers, and JSON
+// reading with a nesting limit (json_read.h). It uses no other room.
+//
 // Tensor: shape + dtype + storage that is either owned (64-byte aligned) or borrowed from a
 // mapping that a shared owner keeps alive. Dim order is PyTorch's, outermost first, row-major.
 #pragma once

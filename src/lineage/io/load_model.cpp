@@ -12,9 +12,10 @@
 
 #include "lineage/core/error.h"
 #include "lineage/core/hash.h"
-#include "lineage/io/json_read.h"
+#include "lineage/core/json_read.h"
 #include "lineage/kernels/matrix.h"
 #include "lineage/model/archs/arch.h"
+#include "lineage/model/forward.h"
 
 namespace lineage::io {
 
@@ -295,7 +296,7 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
   out.dir = dir;
   if (with_tokenizer && (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json") ||
                          fs::exists(dir / "tiktoken.model")))
-    out.tokenizer = Tokenizer::load(dir);
+    out.tokenizer = lineage::tokenizer::Tokenizer::load(dir);
   return out;
 }
 

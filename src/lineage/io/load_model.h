@@ -1,3 +1,8 @@
+// Room io/: file formats and loading, nothing else: safetensors (single, sharded, the index), .npy,
+// mapped pages and the SIGBUS guard for a file that shrinks under its mapping, and load_model (this
+// file), which reads a Hugging Face directory into a model and its tokenizer. Uses model, tokenizer
+// and what they use.
+//
 // Loads a Hugging Face model directory as published: config.json + safetensors (single or sharded)
 // and, when present, the tokenizer files. Weights keep their stored dtype, mapped from the files or
 // (WeightStorage::Owned) copied once into the engine's own memory.
@@ -8,7 +13,7 @@
 #include <optional>
 
 #include "lineage/io/safetensors.h"
-#include "lineage/io/tokenizer.h"
+#include "lineage/tokenizer/tokenizer.h"
 #include "lineage/model/model.h"
 
 namespace lineage::io {
@@ -16,7 +21,7 @@ namespace lineage::io {
 struct LoadedModel {
   model::Model model;
   std::shared_ptr<Checkpoint> checkpoint;   // keeps the mappings alive (null with owned weights)
-  std::optional<Tokenizer> tokenizer;       // absent when the directory has no tokenizer files
+  std::optional<lineage::tokenizer::Tokenizer> tokenizer;       // absent when the directory has no tokenizer files
   std::filesystem::path dir;
 };
 

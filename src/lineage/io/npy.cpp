@@ -7,7 +7,7 @@
 
 #include "lineage/core/checked.h"
 #include "lineage/core/error.h"
-#include "lineage/io/json_read.h"
+#include "lineage/core/json_read.h"
 
 namespace lineage::io {
 

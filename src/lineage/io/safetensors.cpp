@@ -12,7 +12,7 @@
 
 #include "lineage/core/checked.h"
 #include "lineage/core/error.h"
-#include "lineage/io/json_read.h"
+#include "lineage/core/json_read.h"
 #include "lineage/io/mapping_guard.h"
 
 namespace lineage::io {

@@ -91,6 +91,7 @@ constexpr double kSqrt2OverPi = 0.7978845608028654, kGeluC = 0.044715;
 //   GELU tanh: σ(2y) + x·σ(2y)(1 − σ(2y))·2·y',  y = √(2/π)(x + 0.044715x³)
 //   SiLU: σ(x)(1 + x(1 − σ(x)));  sigmoid: σ(x)(1 − σ(x)).
 void activation_backward_block(Activation act, const float* x, const float* dy, float* dx, int64_t n) {
+  if (n <= 0) return;  // (also tells GCC that the first loop writes s before sigmoid reads it)
   float s[256];
   const float c = float(kSqrt2OverPi), a = float(kGeluC);
   switch (act) {

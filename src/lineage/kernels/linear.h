@@ -1,3 +1,9 @@
+// Room kernels/: the numerics, on raw pointers and Tensors: linear maps (GEMV, rows GEMV, GEMM),
+// attention, the delta-rule recurrences (recurrent and chunked), norms, RoPE, short convolutions,
+// vector math and their backward passes. Each fast kernel has a scalar twin in ref/ it is tested
+// against; the x86/ files hold the AVX2 / AVX-512 inner loops, chosen at start-up from cpuid
+// (x86/dispatch.cpp). Uses core only.
+//
 // Linear maps with weights in their stored dtype (F32, F16, BF16), widened to f32 inside the kernel,
 // or as MXFP4 codes decoded in registers (matrix.h).
 #pragma once

@@ -1,3 +1,8 @@
+// Room layers/: the building blocks that own a Config and Weights (and, for token mixers, a State):
+// the token mixers of mixers/ (softmax attention, the delta-rule family, MLA), the channel mixers
+// of ffn/ (MLP, gated MLP, MoE), norms and Block Attention Residuals. Each lists its tensors once
+// in a visitor and runs a whole batched step (step.h). Uses kernels and core.
+//
 // What every building block shares: the tensor and matrix visitors, named activation buffers, and the
 // trace hook that names intermediates so they can be diffed against the PyTorch reference (the step
 // and the options of a call are in step.h).

@@ -7,6 +7,10 @@
 #include "batch_check.h"
 #include "lineage/core/error.h"
 #include "lineage/model/model.h"
+#include "lineage/model/state_pool.h"
+#include "lineage/model/workspace.h"
+#include "lineage/model/forward.h"
+#include "lineage/model/residual.h"
 #include "test_support.h"
 
 namespace lineage::model {
@@ -236,7 +240,9 @@ TEST(Workspace, NoAllocationPerStepOnceWarm) {
     for (int32_t s : slots) pool.clear(s);
     for (int i = 0; i < kSteps - 60; ++i) run(i);
     EXPECT_EQ(layers::Buffer::growths(), growths);
-    if (news >= 0) EXPECT_EQ(test::allocations() - news, 0) << "operator new calls during 100 warm steps";
+    if (news >= 0) {
+      EXPECT_EQ(test::allocations() - news, 0) << "operator new calls during 100 warm steps";
+    }
     std::printf("%-17s 100 warm steps of 8 sequences: %ld minor page faults\n", name, minor_faults() - faults);
   }
 }

@@ -1,4 +1,4 @@
-#include "lineage/train/svg_plot.h"
+#include "lineage/plot/svg_plot.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "lineage/core/error.h"
 
-namespace lineage::train {
+namespace lineage::plot {
 
 namespace {
 
@@ -168,4 +168,4 @@ std::string svg_line_plot(const PlotSpec& spec, std::span<const PlotSeries> seri
   return o + "</svg>\n";
 }
 
-}  // namespace lineage::train
+}  // namespace lineage::plot

@@ -1,3 +1,6 @@
+// Room plot/: SVG line plots shared by training (the loss curve) and the studies; its own room so
+// that both can use it while neither depends on the other. Uses core only.
+//
 // A small, dependency-free line-plot writer: series of (x, y) points on linear or logarithmic x,
 // axes with round ticks, labels and a legend, as one standalone SVG element (it can be saved as a
 // .svg file or inlined in an HTML page). Used by `lineage study` and the training loss curve.
@@ -8,13 +11,13 @@
 #include <utility>
 #include <vector>
 
-namespace lineage::train {
+namespace lineage::plot {
 
 struct PlotSeries {
   std::string label;                              // the legend's text
   std::vector<std::pair<double, double>> points;  // (x, y) in drawing order; a non-finite y breaks the line
   bool dashed = false;
-  std::string colour;  // any SVG colour ("#d62728"); empty: the palette's next one
+  std::string colour = {};  // any SVG colour ("#d62728"); empty: the palette's next one
 };
 
 struct PlotSpec {
@@ -35,4 +38,4 @@ std::string svg_line_plot(const PlotSpec& spec, std::span<const PlotSeries> seri
 // Text for an XML / HTML element or attribute: & < > " escaped.
 std::string xml_escape(const std::string& s);
 
-}  // namespace lineage::train
+}  // namespace lineage::plot

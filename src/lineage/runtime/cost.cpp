@@ -1,3 +1,4 @@
+#include "lineage/model/accounting.h"
 #include "lineage/runtime/cost.h"
 
 #include <algorithm>

@@ -1,4 +1,5 @@
 // The roofline arithmetic against counts made by hand from the architectures' shapes.
+#include "lineage/model/accounting.h"
 #include "lineage/runtime/cost.h"
 
 #include <gtest/gtest.h>

@@ -4,6 +4,8 @@
 #include <chrono>
 
 #include "lineage/core/error.h"
+#include "lineage/model/forward.h"
+#include "lineage/model/state_pool.h"
 
 namespace lineage::runtime {
 

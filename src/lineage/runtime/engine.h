@@ -1,3 +1,7 @@
+// Room runtime/: running loaded models: sessions (one sequence), batched generation, the serving
+// engine (this file) with its prefix cache, samplers, state files, the cost model and the split
+// checks. Uses io and what it uses.
+//
 // The serving engine: continuous batching over a state pool on a thread of its own, with the prefix
 // cache. Requests are queued from any thread; between steps the engine admits waiting requests into
 // free slots (each first restored from the longest cached prefix of its prompt), and every step
@@ -18,6 +22,8 @@
 #include <vector>
 
 #include "lineage/model/model.h"
+#include "lineage/model/state_pool.h"
+#include "lineage/model/workspace.h"
 #include "lineage/runtime/generate.h"
 #include "lineage/runtime/prefix_cache.h"
 

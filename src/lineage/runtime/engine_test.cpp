@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "lineage/io/load_model.h"
+#include "lineage/model/state_pool.h"
 #include "lineage/runtime/engine.h"
 #include "lineage/runtime/prefix_cache.h"
 #include "lineage/runtime/session.h"

@@ -12,7 +12,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-GenerateStats generate(Session& session, const io::Tokenizer& tok, std::span<const int32_t> prompt,
+GenerateStats generate(Session& session, const tokenizer::Tokenizer& tok, std::span<const int32_t> prompt,
                        const GenerateOptions& opt, const std::function<void(std::string_view)>& on_text,
                        std::span<const float> logits) {
   GenerateStats st;
@@ -20,7 +20,7 @@ GenerateStats generate(Session& session, const io::Tokenizer& tok, std::span<con
     throw Error("the prompt is empty; generation needs at least one token");
   Sampler sampler(opt.sampling);
   if (opt.rng) sampler.rng() = Rng(*opt.rng);
-  io::StreamDecoder stream(tok);
+  tokenizer::StreamDecoder stream(tok);
   st.prompt_tokens = int64_t(prompt.size());
   auto t0 = std::chrono::steady_clock::now();
   if (!prompt.empty()) logits = session.prefill(prompt);

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "lineage/io/tokenizer.h"
+#include "lineage/tokenizer/tokenizer.h"
 #include "lineage/runtime/sampler.h"
 #include "lineage/runtime/session.h"
 
@@ -38,7 +38,7 @@ struct GenerateStats {
 
 // An empty prompt continues a restored session from `logits`, the distribution after its last
 // token (a state file's).
-GenerateStats generate(Session& session, const io::Tokenizer& tok, std::span<const int32_t> prompt,
+GenerateStats generate(Session& session, const tokenizer::Tokenizer& tok, std::span<const int32_t> prompt,
                        const GenerateOptions& opt, const std::function<void(std::string_view)>& on_text,
                        std::span<const float> logits = {});
 

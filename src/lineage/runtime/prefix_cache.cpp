@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "lineage/core/error.h"
+#include "lineage/model/state_pool.h"
 
 namespace lineage::runtime {
 

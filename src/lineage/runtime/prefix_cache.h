@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "lineage/model/model.h"
+#include "lineage/model/state_pool.h"
 
 namespace lineage::runtime {
 

@@ -1,6 +1,8 @@
 #include "lineage/runtime/session.h"
 
 #include "lineage/core/error.h"
+#include "lineage/model/forward.h"
+#include "lineage/model/state_pool.h"
 
 namespace lineage::runtime {
 

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "lineage/model/model.h"
+#include "lineage/model/state_pool.h"
+#include "lineage/model/workspace.h"
 
 namespace lineage::runtime {
 

@@ -7,7 +7,9 @@
 #include "lineage/core/checked.h"
 #include "lineage/core/error.h"
 #include "lineage/core/hash.h"
-#include "lineage/io/json_read.h"
+#include "lineage/core/json_read.h"
+#include "lineage/model/accounting.h"
+#include "lineage/model/state_pool.h"
 
 namespace lineage::runtime {
 
@@ -213,7 +215,7 @@ SavedState decode_state(const model::Model& m, std::string_view bytes, const std
   const uint64_t header_bytes = get_u(bytes.data() + 16, 8);
   if (header_bytes > bytes.size() - kPrefix - 8)
     throw Error(cat(where, ": truncated: the header claims ", header_bytes, " bytes, the file holds ", bytes.size()));
-  const json header = io::parse_json(bytes.substr(kPrefix, header_bytes), cat(where, ": header"));
+  const json header = parse_json(bytes.substr(kPrefix, header_bytes), cat(where, ": header"));
   if (!header.is_object()) throw Error(cat(where, ": header: expected a JSON object"));
   const int64_t base = padded(int64_t(kPrefix + header_bytes));
   const int64_t payload_bytes = count_field(header, "payload_bytes", where);
@@ -343,7 +345,7 @@ void save_state(const fs::path& path, const model::Model& m, const SavedState& s
 
 SavedState load_state(const fs::path& path, const model::Model& m) {
   if (!fs::is_regular_file(path)) throw Error(cat(path.string(), ": state file does not exist"));
-  return decode_state(m, io::read_file_text(path), path.string());
+  return decode_state(m, read_file_text(path), path.string());
 }
 
 }  // namespace lineage::runtime

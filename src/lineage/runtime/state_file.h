@@ -15,6 +15,7 @@
 
 #include "lineage/core/rng.h"
 #include "lineage/model/model.h"
+#include "lineage/model/state_pool.h"
 
 namespace lineage::runtime {
 

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "lineage/io/chat_template.h"
+#include "lineage/chat/chat_template.h"
 
 namespace lineage::serve {
 
@@ -25,7 +25,7 @@ struct CompletionRequest {
   std::string model;
   std::string prompt;                         // /v1/completions: the text, or
   std::optional<std::vector<int32_t>> prompt_ids;  // the token ids (a prompt given as integers)
-  std::vector<io::ChatMessage> messages;      // /v1/chat/completions
+  std::vector<chat::ChatMessage> messages;      // /v1/chat/completions
   std::optional<int64_t> max_tokens;          // max_tokens (or max_completion_tokens); none: up to the context
   float temperature = 1.0f, top_p = 1.0f;     // OpenAI's defaults
   int top_k = 0;

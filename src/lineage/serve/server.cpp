@@ -74,7 +74,7 @@ Server::Server(const io::LoadedModel& model, ServerOptions options) : model_(mod
   if (!model_.tokenizer)
     throw Error(cat(model_.dir.empty() ? std::string("the model") : model_.dir.string(),
                     ": serve needs the model's tokenizer files (tokenizer.json, or vocab.json and merges.txt)"));
-  if (!model_.dir.empty()) template_ = io::ChatTemplate::from_model_dir(model_.dir);
+  if (!model_.dir.empty()) template_ = chat::ChatTemplate::from_model_dir(model_.dir);
   if (options_.model_name.empty()) {
     std::filesystem::path p = model_.dir;
     if (p.filename().empty()) p = p.parent_path();
@@ -118,11 +118,11 @@ void Server::stop() {
 }
 
 std::vector<int32_t> Server::prompt_tokens(const CompletionRequest& r) const {
-  const io::Tokenizer& tok = *model_.tokenizer;
+  const tokenizer::Tokenizer& tok = *model_.tokenizer;
   if (r.prompt_ids) return *r.prompt_ids;
   std::vector<int32_t> ids;
   if (r.chat) {
-    ids = io::encode_chat(tok, template_ ? &*template_ : nullptr, r.messages, true);
+    ids = chat::encode_chat(tok, template_ ? &*template_ : nullptr, r.messages, true);
   } else {
     ids = tok.encode(r.prompt);
     if (tok.adds_bos() && tok.bos_id()) ids.insert(ids.begin(), *tok.bos_id());
@@ -155,7 +155,7 @@ void Server::routes() {
         if (!r.ignore_eos)
           er.options.eos = model_.model.config.eos_token_id ? model_.model.config.eos_token_id : model_.tokenizer->eos_id();
         auto ch = std::make_shared<Channel>();
-        auto decoder = std::make_shared<io::StreamDecoder>(*model_.tokenizer);
+        auto decoder = std::make_shared<tokenizer::StreamDecoder>(*model_.tokenizer);
         auto filter = std::make_shared<StopFilter>(r.stop);
         er.on_token = [ch, decoder, filter](int32_t t) {
           std::string s = filter->push(decoder->push(t));

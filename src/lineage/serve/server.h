@@ -1,3 +1,7 @@
+// Room serve/: the HTTP face of the runtime: the OpenAI-compatible API (openai.h parses and renders
+// its JSON), this server and its chat page (page.html, embedded at build time). Uses runtime, chat
+// and what they use.
+//
 // `lineage serve`: an OpenAI-compatible HTTP server (Debian's cpp-httplib) over the serving engine.
 //   POST /v1/completions, POST /v1/chat/completions   (SSE streaming with "stream": true)
 //   GET  /v1/models, /health, /metrics (Prometheus text), / (the chat page)
@@ -15,7 +19,7 @@
 #include <string>
 #include <thread>
 
-#include "lineage/io/chat_template.h"
+#include "lineage/chat/chat_template.h"
 #include "lineage/io/load_model.h"
 #include "lineage/runtime/engine.h"
 #include "lineage/serve/openai.h"
@@ -56,7 +60,7 @@ class Server {
 
   const io::LoadedModel& model_;
   ServerOptions options_;
-  std::optional<io::ChatTemplate> template_;
+  std::optional<chat::ChatTemplate> template_;
   std::unique_ptr<runtime::Engine> engine_;
   std::unique_ptr<httplib::Server> http_;
   int port_ = 0;

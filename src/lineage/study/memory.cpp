@@ -1,4 +1,4 @@
-#include "lineage/train/study_memory.h"
+#include "lineage/study/memory.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,9 +13,9 @@
 #include "lineage/core/parallel.h"
 #include "lineage/core/rng.h"
 #include "lineage/kernels/delta_rule.h"
-#include "lineage/train/svg_plot.h"
+#include "lineage/plot/svg_plot.h"
 
-namespace lineage::train {
+namespace lineage::study {
 
 const char* rule_name(WriteRule r) {
   switch (r) {
@@ -455,36 +455,36 @@ const char* rule_colour(WriteRule r) {
 
 // One line per rule and D (the first D solid, the others dashed) of a capacity metric vs N/D.
 std::string capacity_svg(const MemoryStudy& s, bool newest) {
-  std::vector<PlotSeries> series;
+  std::vector<plot::PlotSeries> series;
   for (size_t di = 0; di < s.config.dims.size(); ++di)
     for (WriteRule rule : kWriteRules) {
-      PlotSeries p{cat(rule_name(rule), ", D = ", s.config.dims[di]), {}, di > 0, rule_colour(rule)};
+      plot::PlotSeries p{cat(rule_name(rule), ", D = ", s.config.dims[di]), {}, di > 0, rule_colour(rule)};
       for (const auto& r : s.capacity)
         if (r.rule == rule && r.D == s.config.dims[di]) p.points.emplace_back(r.ratio, newest ? r.recent_cosine : r.accuracy);
       series.push_back(std::move(p));
     }
-  PlotSpec spec{newest ? "Cosine of the newest D/4 reads to their values" : "Retrieval accuracy over all N pairs",
+  plot::PlotSpec spec{newest ? "Cosine of the newest D/4 reads to their values" : "Retrieval accuracy over all N pairs",
                 "N / D (pairs written per key dimension)", newest ? "cosine" : "accuracy", true, 2};
   spec.y_min = 0, spec.y_max = 1.02, spec.id = newest ? "newest" : "capacity";
-  return svg_line_plot(spec, series);
+  return plot::svg_line_plot(spec, series);
 }
 
 // The decaying rules with the fact's key in the slow channels (solid) and the fast ones (dashed);
 // additive and delta, which do not care where the key lies, with a key over all channels.
 std::string forgetting_svg(const MemoryStudy& s, int64_t D) {
-  std::vector<PlotSeries> series;
+  std::vector<plot::PlotSeries> series;
   for (const auto& c : s.forgetting) {
     if (c.D != D) continue;
     const bool decaying = c.rule == WriteRule::GatedDelta || c.rule == WriteRule::PerChannel;
     if (decaying == (c.key == FactKey::Any)) continue;
-    PlotSeries p{cat(rule_name(c.rule), ", key in ", fact_key_name(c.key)), {}, c.key == FactKey::Fast,
+    plot::PlotSeries p{cat(rule_name(c.rule), ", key in ", fact_key_name(c.key)), {}, c.key == FactKey::Fast,
                  rule_colour(c.rule)};
     for (size_t i = 0; i < c.steps.size(); ++i) p.points.emplace_back(double(c.steps[i]), c.cosine[i]);
     series.push_back(std::move(p));
   }
-  PlotSpec spec{cat("Forgetting, D = ", D), "random writes since the fact (t)", "cosine(read, fact's value)", true, 2};
+  plot::PlotSpec spec{cat("Forgetting, D = ", D), "random writes since the fact (t)", "cosine(read, fact's value)", true, 2};
   spec.y_min = -0.2, spec.y_max = 1.02, spec.id = cat("forgetting", D);
-  return svg_line_plot(spec, series);
+  return plot::svg_line_plot(spec, series);
 }
 
 void write_file(const std::filesystem::path& p, const std::string& text) {
@@ -500,15 +500,15 @@ std::string html_page(const MemoryStudy& s, const std::string& capacity, const s
                   "<style>body{font-family:sans-serif;max-width:960px;margin:2em auto;padding:0 1em}"
                   "pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}</style></head><body>\n"
                   "<h1>lineage study memory</h1>\n<p>" +
-                  xml_escape(setup_text(s)) +
+                  plot::xml_escape(setup_text(s)) +
                   "</p>\n<p>Additive writes fill a finite store and then corrupt it; the delta rule erases as it "
                   "writes; a decay forgets on purpose; a per-channel decay keeps slow facts while clearing fast "
                   "ones. Each claim is measured below; docs/study.md describes the setup.</p>\n";
-  o += "<h2>Capacity</h2>\n" + capacity + newest + "<pre>" + xml_escape(capacity_text(s)) + "</pre>\n";
-  o += "<h2>Repeated key</h2>\n<pre>" + xml_escape(repeated_text(s)) + "</pre>\n";
+  o += "<h2>Capacity</h2>\n" + capacity + newest + "<pre>" + plot::xml_escape(capacity_text(s)) + "</pre>\n";
+  o += "<h2>Repeated key</h2>\n<pre>" + plot::xml_escape(repeated_text(s)) + "</pre>\n";
   o += "<h2>Forgetting</h2>\n";
   for (const auto& f : forgetting) o += f;
-  o += "<pre>" + xml_escape(forgetting_text(s)) + "</pre>\n";
+  o += "<pre>" + plot::xml_escape(forgetting_text(s)) + "</pre>\n";
   return o + fmt("<p>Measured in %.2f s.</p>\n</body></html>\n", s.seconds);
 }
 
@@ -538,4 +538,4 @@ std::vector<std::string> write_memory_study_files(const MemoryStudy& s, const st
   return written;
 }
 
-}  // namespace lineage::train
+}  // namespace lineage::study

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace lineage::train {
+namespace lineage::study {
 
 // The four write rules, all β = 1 and scale 1 (S starts at 0; k, v unit vectors):
 //   additive     S += k vᵀ                              (linear attention without its normalizer)
@@ -108,4 +108,4 @@ nlohmann::json memory_study_json(const MemoryStudy& s);
 // Returns the paths written; a directory or file that cannot be written is an Error naming it.
 std::vector<std::string> write_memory_study_files(const MemoryStudy& s, const std::string& dir);
 
-}  // namespace lineage::train
+}  // namespace lineage::study

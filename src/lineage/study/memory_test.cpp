@@ -1,6 +1,6 @@
 // The memory study's claims as measured numbers, one capacity cell recomputed in double straight from
 // the write rules' definitions (no kernel), and the SVG writer.
-#include "lineage/train/study_memory.h"
+#include "lineage/study/memory.h"
 
 #include <gtest/gtest.h>
 
@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "lineage/core/parallel.h"
-#include "lineage/train/svg_plot.h"
+#include "lineage/plot/svg_plot.h"
 
-namespace lineage::train {
+namespace lineage::study {
 namespace study_memory_test {
 namespace {
 
@@ -175,13 +175,13 @@ TEST(StudyMemory, SameResultsForAnyThreadCount) {
 }
 
 TEST(StudyMemory, SvgPlotDrawsSeriesTicksAndLegend) {
-  std::vector<PlotSeries> series = {
+  std::vector<plot::PlotSeries> series = {
       {"a <&> b", {{1, 0.5}, {2, 0.7}, {4, NAN}, {8, 0.9}, {16, 1.0}}, false, ""},
       {"dashed", {{1, 0.1}, {16, 0.2}}, true, "#123456"},
   };
-  PlotSpec spec{"Title", "x", "y", true, 2};
+  plot::PlotSpec spec{"Title", "x", "y", true, 2};
   spec.id = "t";
-  const std::string svg = svg_line_plot(spec, series);
+  const std::string svg = plot::svg_line_plot(spec, series);
   EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
   EXPECT_NE(svg.find("a &lt;&amp;&gt; b"), std::string::npos);
   // The NaN breaks the first series into a polyline of two points and one of two.
@@ -197,10 +197,10 @@ TEST(StudyMemory, SvgPlotDrawsSeriesTicksAndLegend) {
   EXPECT_NE(svg.find("clipPath id=\"t-frame\""), std::string::npos);
   // A linear axis gets round ticks.
   spec.log_x = false;
-  const std::string lin = svg_line_plot(spec, series);
+  const std::string lin = plot::svg_line_plot(spec, series);
   for (const char* tick : {">6<", ">10<", ">14<"}) EXPECT_NE(lin.find(tick), std::string::npos) << tick;
 }
 
 }  // namespace
 }  // namespace study_memory_test
-}  // namespace lineage::train
+}  // namespace lineage::study

@@ -1,4 +1,4 @@
-#include "lineage/train/study_recall.h"
+#include "lineage/study/recall.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,12 +8,13 @@
 
 #include "lineage/core/error.h"
 #include "lineage/core/rng.h"
+#include "lineage/model/accounting.h"
 #include "lineage/model/archs/arch.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/train/adamw.h"
 #include "lineage/train/backprop.h"
 
-namespace lineage::train {
+namespace lineage::study {
 
 namespace {
 
@@ -100,7 +101,7 @@ std::vector<RecallArch> recall_archs(const RecallConfig& c) {
   std::vector<RecallArch> out;
   for (const auto& [name, config] : arch_configs(c, longest(c))) {
     const model::Model m = build(config, name);
-    const std::string why = untrainable_reason(m);
+    const std::string why = train::untrainable_reason(m);
     out.push_back({name, why.empty(), why});
   }
   return out;
@@ -142,19 +143,19 @@ std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<voi
     for (const int64_t P : c.pairs) {
       const auto t0 = std::chrono::steady_clock::now();
       model::Model m = build(config, name);
-      if (!untrainable_reason(m).empty()) continue;
+      if (!train::untrainable_reason(m).empty()) continue;
       model::init_random(m, c.seed, DType::F32);
-      to_trainable(m);
-      Backprop bp(m);
-      std::vector<ParamRef> params = bp.params();
+      train::to_trainable(m);
+      train::Backprop bp(m);
+      std::vector<train::ParamRef> params = bp.params();
       if (c.decay_scale != 1.0) {  // A = exp(A_log) times the scale
         const float shift = float(std::log(c.decay_scale));
-        for (const ParamRef& p : params)
+        for (const train::ParamRef& p : params)
           if (p.name.ends_with(".A_log")) std::for_each(p.value, p.value + p.n, [&](float& v) { v += shift; });
         bp.refresh();
       }
-      AdamW opt(params);
-      AdamWConfig adam;
+      train::AdamW opt(params);
+      train::AdamWConfig adam;
       adam.weight_decay = 0.0;
       const int64_t T = 4 * P, batch = c.tokens_per_step > 0 ? std::max<int64_t>(1, c.tokens_per_step / T) : c.batch;
       std::vector<int32_t> inputs, targets;
@@ -163,8 +164,8 @@ std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<voi
         bp.zero_grads();
         mqar_batch(batch, P, c.keys, c.values, c.seed * 1000003 + uint64_t(s), inputs, targets);
         row.final_loss = bp.step(inputs, targets, batch, T, 1.0f / float(batch * P));
-        const double norm = grad_norm(params);
-        opt.step(params, adam, schedule_lr(s, c.steps, c.steps / 10, c.lr, c.lr / 10), norm > 1.0 ? float(1.0 / norm) : 1.0f);
+        const double norm = train::grad_norm(params);
+        opt.step(params, adam, train::schedule_lr(s, c.steps, c.steps / 10, c.lr, c.lr / 10), norm > 1.0 ? float(1.0 / norm) : 1.0f);
         bp.refresh();
       }
       // Held-out sequences (another seed stream), argmax at every query position.
@@ -184,4 +185,4 @@ std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<voi
   return rows;
 }
 
-}  // namespace lineage::train
+}  // namespace lineage::study

@@ -1,3 +1,7 @@
+// Room study/: `lineage study`, the lineage's experiments: what each architecture's memory stores
+// and how it overwrites (memory.h, training-free) and what it recalls once trained (this file).
+// Uses train and what it uses.
+//
 // Multi-query associative recall (MQAR; Arora et al. 2023, "Zoology", and the DeltaNet paper's
 // recall studies): each row of the lineage trained, at one width, on sequences of P key-value pairs
 // followed by queries of those keys; accuracy at the query positions vs P, next to the bytes each
@@ -9,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace lineage::train {
+namespace lineage::study {
 
 // One field of a row's config.json replaced before the row is built (`--set ROW:FIELD=VALUE`), for
 // ablations: Gated DeltaNet without its output gate ("use_gate", "false"), DeltaNet with one.
@@ -69,4 +73,4 @@ void mqar_batch(int64_t count, int64_t pairs, int64_t keys, int64_t values, uint
 // after each row.
 std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<void(const RecallRow&)>& progress = {});
 
-}  // namespace lineage::train
+}  // namespace lineage::study

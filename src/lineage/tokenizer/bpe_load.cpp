@@ -9,10 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "lineage/core/error.h"
-#include "lineage/io/json_read.h"
-#include "lineage/io/bpe_model.h"
+#include "lineage/core/json_read.h"
+#include "lineage/tokenizer/bpe_model.h"
 
-namespace lineage::io {
+namespace lineage::tokenizer {
 namespace {
 
 namespace fs = std::filesystem;
@@ -495,4 +495,4 @@ void apply_tokenizer_config(BpeModel& m, const fs::path& config_json) {
   m.adds_bos = get_bool(root, "add_bos_token", m.adds_bos, file, "add_bos_token");
 }
 
-}  // namespace lineage::io
+}  // namespace lineage::tokenizer

@@ -4,9 +4,9 @@
 #include <queue>
 
 #include "lineage/core/error.h"
-#include "lineage/io/bpe_model.h"
+#include "lineage/tokenizer/bpe_model.h"
 
-namespace lineage::io {
+namespace lineage::tokenizer {
 namespace {
 
 struct Candidate {
@@ -116,4 +116,4 @@ void bpe_merge(const std::unordered_map<uint64_t, Merge>& merges, std::vector<in
   for (int32_t i = 0; i >= 0; i = sym[i].next) symbols.push_back(sym[i].id);
 }
 
-}  // namespace lineage::io
+}  // namespace lineage::tokenizer

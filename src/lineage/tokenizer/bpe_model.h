@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace lineage::io {
+namespace lineage::tokenizer {
 
 struct StringHash {
   using is_transparent = void;
@@ -172,4 +172,4 @@ inline constexpr int32_t kTiktokenSpecialTokens = 256;
 std::shared_ptr<BpeModel> load_tiktoken(const std::filesystem::path& tiktoken_model,
                                         const std::filesystem::path& config_json);
 
-}  // namespace lineage::io
+}  // namespace lineage::tokenizer

@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <array>
 
-#include "lineage/io/bpe_model.h"
-#include "lineage/io/unicode_tables.h"
+#include "lineage/tokenizer/bpe_model.h"
+#include "lineage/tokenizer/unicode_tables.h"
 
-namespace lineage::io {
+namespace lineage::tokenizer {
 namespace {
 
 enum class CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };
@@ -199,4 +199,4 @@ void append_utf8(std::string& out, char32_t cp) {
   }
 }
 
-}  // namespace lineage::io
+}  // namespace lineage::tokenizer

@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "lineage/core/error.h"
-#include "lineage/io/bpe_model.h"
-#include "lineage/io/json_read.h"
+#include "lineage/tokenizer/bpe_model.h"
+#include "lineage/core/json_read.h"
 
-namespace lineage::io {
+namespace lineage::tokenizer {
 namespace {
 
 namespace fs = std::filesystem;
@@ -282,4 +282,4 @@ std::shared_ptr<BpeModel> load_tiktoken(const fs::path& tiktoken_model, const fs
   return m;
 }
 
-}  // namespace lineage::io
+}  // namespace lineage::tokenizer

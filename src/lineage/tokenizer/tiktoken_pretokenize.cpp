@@ -6,10 +6,10 @@
 #include <array>
 
 #include "lineage/core/error.h"
-#include "lineage/io/bpe_model.h"
-#include "lineage/io/unicode_tables.h"
+#include "lineage/tokenizer/bpe_model.h"
+#include "lineage/tokenizer/unicode_tables.h"
 
-namespace lineage::io {
+namespace lineage::tokenizer {
 namespace {
 
 using unicode::TiktokenClass;
@@ -188,4 +188,4 @@ void split_kimi(std::string_view text, std::vector<std::string_view>& words) {
   }
 }
 
-}  // namespace lineage::io
+}  // namespace lineage::tokenizer

@@ -11,12 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "lineage/core/error.h"
-#include "lineage/io/bpe_model.h"
-#include "lineage/io/tokenizer.h"
-#include "lineage/io/tokenizer_test_support.h"
-#include "lineage/io/unicode_tables.h"
+#include "lineage/tokenizer/bpe_model.h"
+#include "lineage/tokenizer/tokenizer.h"
+#include "lineage/tokenizer/tokenizer_test_support.h"
+#include "lineage/tokenizer/unicode_tables.h"
 
-namespace lineage::io {
+namespace lineage::tokenizer {
 namespace tiktoken_test {
 namespace {
 
@@ -307,4 +307,4 @@ TEST(TokenizerKimiErrors, MissingFilesNameTheTiktokenLayout) {
 
 }  // namespace
 }  // namespace tiktoken_test
-}  // namespace lineage::io
+}  // namespace lineage::tokenizer

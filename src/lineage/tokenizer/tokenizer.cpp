@@ -1,14 +1,14 @@
 // Tokenizer: added-token splitting, normalization and pre-tokenization, per-word BPE with a cache,
 // decode and streaming decode. The model itself is loaded by bpe_load.cpp.
-#include "lineage/io/tokenizer.h"
+#include "lineage/tokenizer/tokenizer.h"
 
 #include <algorithm>
 #include <mutex>
 
 #include "lineage/core/error.h"
-#include "lineage/io/bpe_model.h"
+#include "lineage/tokenizer/bpe_model.h"
 
-namespace lineage::io {
+namespace lineage::tokenizer {
 namespace {
 
 namespace fs = std::filesystem;
@@ -325,4 +325,4 @@ std::string StreamDecoder::push(int32_t id) {
 
 std::string StreamDecoder::flush() { return take_utf8(pending_, true); }
 
-}  // namespace lineage::io
+}  // namespace lineage::tokenizer

@@ -1,3 +1,7 @@
+// Room tokenizer/: text to token ids and back, as the models' own tokenizer files say: byte-level
+// BPE (vocab.json + merges.txt, tokenizer.json), SentencePiece-style BPE, tiktoken (Kimi), their
+// pre-tokenizers and the generated Unicode tables (tools/gen_unicode_tables.mjs). Uses core only.
+//
 // Byte-pair-encoding tokenizers: GPT-2 byte-level BPE (vocab.json + merges.txt or tokenizer.json),
 // matching js-tiktoken's "gpt2" encoding; SentencePiece-style BPE from tokenizer.json (Metaspace,
 // byte fallback) as used by Llama / Mistral; and Kimi's tiktoken.model with its special tokens,
@@ -13,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-namespace lineage::io {
+namespace lineage::tokenizer {
 
 struct BpeModel;  // bpe_model.h
 struct BpeCache;
@@ -70,4 +74,4 @@ class StreamDecoder {
   bool first_ = true;    // the next id is the first one (Metaspace decoder)
 };
 
-}  // namespace lineage::io
+}  // namespace lineage::tokenizer

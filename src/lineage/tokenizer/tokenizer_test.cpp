@@ -1,6 +1,6 @@
 // Tokenizer tests. The bulk is parity with js-tiktoken's "gpt2" encoding over the corpus in
 // tests/tokenizer/corpus, written to $LINEAGE_TESTDATA/tokenizer by tests/tokenizer/reference_tokenize.mjs.
-#include "lineage/io/tokenizer.h"
+#include "lineage/tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -12,11 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "lineage/core/error.h"
-#include "lineage/io/bpe_model.h"
-#include "lineage/io/tokenizer_test_support.h"
-#include "lineage/io/unicode_tables.h"
+#include "lineage/tokenizer/bpe_model.h"
+#include "lineage/tokenizer/tokenizer_test_support.h"
+#include "lineage/tokenizer/unicode_tables.h"
 
-namespace lineage::io {
+namespace lineage::tokenizer {
 namespace tokenizer_test {
 namespace {
 
@@ -488,4 +488,4 @@ TEST(TokenizerSentencePiece, UnknownCharactersFuseIntoOneUnk) {
 
 }  // namespace
 }  // namespace tokenizer_test
-}  // namespace lineage::io
+}  // namespace lineage::tokenizer

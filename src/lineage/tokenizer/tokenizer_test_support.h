@@ -25,10 +25,10 @@
 #include <nlohmann/json.hpp>
 
 #include "lineage/core/error.h"
-#include "lineage/io/bpe_model.h"
-#include "lineage/io/tokenizer.h"
+#include "lineage/tokenizer/bpe_model.h"
+#include "lineage/tokenizer/tokenizer.h"
 
-namespace lineage::io::test {
+namespace lineage::tokenizer::test {
 
 struct Segment {
   std::string file;
@@ -234,4 +234,4 @@ void expect_error(F load, std::initializer_list<std::string> needles) {
   }
 }
 
-}  // namespace lineage::io::test
+}  // namespace lineage::tokenizer::test

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace lineage::io::unicode {
+namespace lineage::tokenizer::unicode {
 
 struct CodePointRange {
   uint32_t lo;  // inclusive
@@ -43,4 +43,4 @@ extern const ClassRange kTiktokenClassRanges[];
 extern const std::size_t kTiktokenClassRangesCount;
 extern const char kTiktokenTablesSource[];  // the tiktoken build and Unicode version they came from
 
-}  // namespace lineage::io::unicode
+}  // namespace lineage::tokenizer::unicode

@@ -9,6 +9,8 @@
 #include "lineage/kernels/backward.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/layers/attn_res.h"
+#include "lineage/model/forward.h"
+#include "lineage/model/residual.h"
 
 namespace lineage::train {
 

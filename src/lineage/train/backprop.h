@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lineage/model/model.h"
+#include "lineage/model/forward.h"
 #include "lineage/train/adamw.h"
 
 namespace lineage::train {

@@ -12,10 +12,11 @@
 #include "lineage/core/error.h"
 #include "lineage/core/hash.h"
 #include "lineage/core/rng.h"
-#include "lineage/io/json_read.h"
+#include "lineage/core/json_read.h"
 #include "lineage/io/safetensors.h"
-#include "lineage/io/tokenizer.h"
-#include "lineage/train/svg_plot.h"
+#include "lineage/model/accounting.h"
+#include "lineage/tokenizer/tokenizer.h"
+#include "lineage/plot/svg_plot.h"
 
 namespace lineage::train {
 
@@ -47,9 +48,9 @@ std::vector<int32_t> decode_bin(const std::string& bytes, int64_t vocab, const f
   return ids;
 }
 
-TokenData load_tokens(const fs::path& file, const io::Tokenizer* tokenizer, int64_t vocab, double val_fraction,
+TokenData load_tokens(const fs::path& file, const tokenizer::Tokenizer* tokenizer, int64_t vocab, double val_fraction,
                       int64_t seq_len) {
-  const std::string bytes = io::read_file_text(file);
+  const std::string bytes = read_file_text(file);
   std::vector<int32_t> ids;
   if (file.extension() == ".bin") {
     ids = decode_bin(bytes, vocab, file);
@@ -180,19 +181,19 @@ std::vector<LogRow> parse_loss_csv(const std::string& text, const fs::path& file
 namespace {
 
 std::string loss_svg(const std::vector<LogRow>& log) {
-  PlotSeries train{"train loss", {}, false}, val{"held-out loss", {}, true};
+  plot::PlotSeries train{"train loss", {}, false}, val{"held-out loss", {}, true};
   for (const LogRow& r : log) {
     train.points.emplace_back(double(r.step), r.loss);
     if (r.val_loss) val.points.emplace_back(double(r.step), *r.val_loss);
   }
-  PlotSpec spec;
+  plot::PlotSpec spec;
   spec.title = "lineage train: loss";
   spec.x_label = "optimizer step";
   spec.y_label = "cross-entropy (nats / token)";
   spec.id = "loss";
-  std::vector<PlotSeries> series{train};
+  std::vector<plot::PlotSeries> series{train};
   if (!val.points.empty()) series.push_back(val);
-  return svg_line_plot(spec, series);
+  return plot::svg_line_plot(spec, series);
 }
 
 }  // namespace
@@ -239,7 +240,7 @@ void Trainer::save(const fs::path& dir, const std::string& config_json,
 
 void Trainer::resume(const fs::path& dir) {
   const fs::path state_file = dir / "trainer_state.json";
-  const nlohmann::json state = io::read_json_file(state_file);
+  const nlohmann::json state = read_json_file(state_file);
   if (!state.contains("step") || !state["step"].is_number_integer() || !state.contains("tokens") ||
       !state["tokens"].is_number_integer())
     throw Error(cat(state_file.string(), ": fields \"step\" and \"tokens\" must be integers"));
@@ -265,7 +266,7 @@ void Trainer::resume(const fs::path& dir) {
   opt_.set_steps(state["step"].get<int64_t>());
   tokens_ = state["tokens"].get<int64_t>();
   if (fs::exists(dir / "loss.csv")) {
-    log_ = parse_loss_csv(io::read_file_text(dir / "loss.csv"), dir / "loss.csv");
+    log_ = parse_loss_csv(read_file_text(dir / "loss.csv"), dir / "loss.csv");
     while (!log_.empty() && log_.back().step > opt_.steps()) log_.pop_back();
   }
 }

@@ -1,3 +1,7 @@
+// Room train/: training: the backward pass through a whole model (backprop.h; each kernel's and
+// layer's backward sits beside its forward), AdamW, the training loop of this file with its data
+// and checkpoints. Uses runtime, plot and what they use.
+//
 // The training loop behind `lineage train`: token data with a held-out split, seeded batches,
 // gradient accumulation, global-norm clipping, AdamW under a warm-up + cosine schedule, evaluation,
 // and checkpoints written as Hugging Face directories with the optimizer state beside them.
@@ -14,7 +18,7 @@
 #include "lineage/train/adamw.h"
 #include "lineage/train/backprop.h"
 
-namespace lineage::io {
+namespace lineage::tokenizer {
 class Tokenizer;
 }
 
@@ -43,7 +47,7 @@ struct TokenData {
 // `.bin`: little-endian uint16 ids (nanoGPT's format) for vocabularies up to 65,536, else uint32;
 // anything else is UTF-8 text, encoded with `tokenizer`. Errors name the file and what was wrong
 // (an id outside the vocabulary, too few tokens for one sequence of either split).
-TokenData load_tokens(const std::filesystem::path& file, const io::Tokenizer* tokenizer, int64_t vocab,
+TokenData load_tokens(const std::filesystem::path& file, const tokenizer::Tokenizer* tokenizer, int64_t vocab,
                       double val_fraction, int64_t seq_len);
 
 // The ids of a .bin corpus (the width as load_tokens says); an Error names `file` on a partial id or

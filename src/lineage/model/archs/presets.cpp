@@ -10,6 +10,7 @@
 #include "lineage/core/parallel.h"
 #include "lineage/core/rng.h"
 #include "lineage/model/archs/arch.h"
+#include "lineage/model/forward.h"
 
 namespace lineage::model {
 
