@@ -1,6 +1,7 @@
 // Recursive-descent parser of the Jinja subset, with Jinja2's operator precedence (lowest first):
 //   x if c else y | or | and | not | == != < > <= >= in, not in (chained) | + - | ~ | * / // % | **
 //   | unary - + | postfix .a [i] [a:b:c] (args) | filters |f(args) and tests `is [not] t`.
+// Over 400 lines, one concept: one grammar.
 #include <algorithm>
 #include <initializer_list>
 

@@ -1,3 +1,5 @@
+// The delta rule's backward, recurrent and chunked (docs/math/delta_rule_backward.md); over 400
+// lines, one concept: one derivation, whose stages share their buffers and index helpers.
 #include "lineage/kernels/delta_rule_backward.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// Linear maps over every stored dtype and layout: the one place that picks GEMV, rows GEMV or GEMM
+// (over 400 lines, one concept: choosing the product for a call and splitting it over the threads).
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/matrix.h"
 

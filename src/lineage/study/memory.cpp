@@ -1,3 +1,5 @@
+// `lineage study memory`: its three experiments and their text, JSON and HTML report; over 400
+// lines, one concept: one study, end to end.
 #include "lineage/study/memory.h"
 
 #include <algorithm>

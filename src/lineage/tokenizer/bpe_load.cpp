@@ -1,6 +1,7 @@
 // Loaders for BPE tokenizers: GPT-2's vocab.json + merges.txt and Hugging Face tokenizer.json
 // (model BPE; ByteLevel or Metaspace pre-tokenizer; Prepend/Replace normalizers; ByteLevel, Metaspace,
 // Replace, ByteFallback, Fuse and Strip decoders). Anything else is rejected with the field named.
+// Over 400 lines, one concept: reading the two BPE file formats, each component refused by name.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>

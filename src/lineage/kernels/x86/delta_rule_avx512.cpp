@@ -4,6 +4,8 @@
 // Everything except the two entry functions has internal linkage (this file has its own ISA flags).
 // GCC 12 reports its own _mm512_undefined_* placeholders inside the shuffle / extract intrinsics as
 // maybe-uninitialized (GCC bug 105593, fixed in 13); the pragma has to precede the intrinsics header.
+// Over 400 lines, one concept: the AVX-512 delta-rule loops, kept in one file because it alone
+// carries this ISA's compile flags.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif

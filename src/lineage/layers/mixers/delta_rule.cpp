@@ -1,3 +1,5 @@
+// The delta-rule mixer's forward for every member of the family (projections, short conv, gates,
+// recurrent or chunked kernel, output norm and gate); over 400 lines, one concept: one mixer's step.
 #include "lineage/layers/mixers/delta_rule.h"
 #include "lineage/layers/mixers/delta_rule_stages.h"
 

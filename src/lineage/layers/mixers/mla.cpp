@@ -1,3 +1,5 @@
+// Over 400 lines, one concept: Multi-head Latent Attention's forward (prefill on the expanded
+// heads, decode on the absorbed latent cache) and its state; the split would cut one data flow.
 #include "lineage/layers/mixers/mla.h"
 
 #include <algorithm>
