@@ -4,19 +4,18 @@ intermediates of delta_family.py, after checking that a float32 run agrees, that
 that feeding the tokens in two parts (carrying S and the conv tails) gives the one-shot state. BF16 cases
 also get the logits with the engine's bf16 dot products emulated (logits_bf16_dot.npy)."""
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
+import golden_io
 from delta_family import (ARCHITECTURES, COMMON_DEFAULTS, MIXER_DEFAULTS, MODEL_TYPES, FlaConfig,
                           bf16_weight_names, canonical_weights, fla_forward, initial_cache,
                           intermediate_shapes, tensor_specs)
-from golden_io import bf16_dot_golden, relative_rms, write_golden
-from safetensors_io import read_checkpoint, write_safetensors
+from golden_io import (FamilyCases, bf16_dot_golden, case_tokens, check_causal, check_contract, check_split,
+                       f32_errors, f32_manifest_entries, manifest_head, read_model_dir, write_golden)
 
 # A float32 PyTorch run must agree with the float64 reference this well on every intermediate.
 F32_SELF_CHECK_TOL = 2e-6
@@ -123,20 +122,6 @@ CASES = [
           num_hidden_layers=3, attnres_block_size=4),
 ]
 
-
-class ModelTypeCases:
-    """One make_goldens.py family per model type: DIR/<model_type>/<case>/."""
-
-    def __init__(self, model_type: str):
-        self.CASES = [c for c in CASES if c.model_type == model_type]
-
-    @staticmethod
-    def build_case(case: FlaCase, case_dir: str) -> str:
-        return build_case(case, case_dir)
-
-
-FAMILIES = [(t, ModelTypeCases(t)) for t in MODEL_TYPES]
-
 # Linear weights [out, in] ~ N(0, gain / sqrt(in)), keyed by the name after "attn." / "mlp.". Gains make
 # the SiLU inputs after the short conv, the beta logits and the feature maps of std ~1.5-2, so no
 # nonlinearity sits in its linear regime.
@@ -207,11 +192,8 @@ def checkpoint_tensors(case: FlaCase, params: dict) -> dict:
 
 
 def write_model_dir(case: FlaCase, case_dir: str, tensors: dict) -> None:
-    os.makedirs(case_dir, exist_ok=True)
-    with open(os.path.join(case_dir, "config.json"), "w") as f:
-        json.dump(case.json_config(), f, indent=2)
-        f.write("\n")
-    write_safetensors(os.path.join(case_dir, "model.safetensors"), tensors, {"format": "pt"})
+    """config.json (indent 2, fla's field order) and model.safetensors."""
+    golden_io.write_model_dir(case_dir, case.json_config(), tensors)
 
 
 def self_check(case: FlaCase, cfg: FlaConfig, tensors: dict, tokens: torch.Tensor, rec64: dict) -> dict:
@@ -219,35 +201,21 @@ def self_check(case: FlaCase, cfg: FlaConfig, tensors: dict, tokens: torch.Tenso
     every intermediate, the logits are causal, and a two-part feed (carrying S and the conv tails)
     reproduces the one-shot states and logits. Returns {name: {"f32_torch_rel_rms": err}}."""
     label = f"{case.model_type}/{case.name}"
-    expected = intermediate_shapes(cfg, case.T)
-    got = [(name, list(t.shape)) for name, t in rec64.items()]
-    if got != expected:
-        raise AssertionError(f"{label}: recorded intermediates {got} differ from {expected}")
+    check_contract(label, rec64, intermediate_shapes(cfg, case.T))
     rec32 = {}
     fla_forward(cfg, canonical_weights(cfg, tensors, torch.float32), tokens, rec32)
-    errors = {name: relative_rms(rec32[name], rec64[name]) for name in rec64}
-    worst = max(errors, key=errors.get)
-    if errors[worst] > F32_SELF_CHECK_TOL:
-        raise AssertionError(f"{label}: float32 vs float64 relative RMS {errors[worst]:.3g} at '{worst}' "
-                             f"exceeds {F32_SELF_CHECK_TOL}")
+    errors, _ = f32_errors(label, rec32, rec64, F32_SELF_CHECK_TOL)
     half = case.T // 2
     w64 = canonical_weights(cfg, tensors, torch.float64)
-    causal_err = relative_rms(fla_forward(cfg, w64, tokens[:half]), rec64["logits"][:half])
-    if causal_err > EXACT_TOL:
-        raise AssertionError(f"{label}: logits of the first {half} tokens change with later tokens "
-                             f"(relative RMS {causal_err:.3g} > {EXACT_TOL})")
+    check_causal(label, fla_forward(cfg, w64, tokens[:half]), rec64["logits"], EXACT_TOL)
     cache = initial_cache(cfg, torch.float64)
     fla_forward(cfg, w64, tokens[:half], cache=cache)
     second = fla_forward(cfg, w64, tokens[half:], cache=cache)
     checks = [("logits of the second part", second, rec64["logits"][half:])]
     checks += [(f"layer {i} state", cache[i]["S"], rec64[f"h{i}.attn.state"])
                for i in range(cfg.num_hidden_layers)]
-    for what, split, one_shot in checks:
-        err = relative_rms(split, one_shot)
-        if err > EXACT_TOL:
-            raise AssertionError(f"{label}: {what} after feeding {half} + {case.T - half} tokens differs "
-                                 f"from the one-shot run (relative RMS {err:.3g} > {EXACT_TOL})")
-    return {name: {"f32_torch_rel_rms": float(f"{e:.3e}")} for name, e in errors.items()}
+    check_split(label, checks, half, case.T, EXACT_TOL)
+    return f32_manifest_entries(errors)
 
 
 def _gate_ranges(rec: dict) -> str:
@@ -266,23 +234,15 @@ def build_case(case: FlaCase, case_dir: str) -> str:
     cfg = FlaConfig.from_json(case.json_config())
     gen = torch.Generator().manual_seed(case.seed)
     write_model_dir(case, case_dir, checkpoint_tensors(case, init_params(cfg, gen)))
-    with open(os.path.join(case_dir, "config.json")) as f:
-        cfg = FlaConfig.from_json(json.load(f))  # the reference runs on exactly what the C++ side will read
-    tensors = read_checkpoint(case_dir)
-    tokens_np = np.random.RandomState(case.seed).randint(0, cfg.vocab_size, size=case.T).astype(np.int32)
+    config, tensors = read_model_dir(case_dir)
+    cfg = FlaConfig.from_json(config)  # the reference runs on exactly what the C++ side will read
+    tokens_np = case_tokens(case, cfg)
     tokens = torch.from_numpy(tokens_np).long()
     rec64 = {}
     fla_forward(cfg, canonical_weights(cfg, tensors, torch.float64), tokens, rec64)
     per_name = self_check(case, cfg, tensors, tokens, rec64)
-    manifest = {
-        "model": case.model_type,
-        "case": case.name,
-        "weights_dtype": case.weights_dtype,
-        "compute_dtype": "float64",
-        "metric": "relative_rms = ||actual - expected||_2 / ||expected||_2",
-        "T": case.T,
-        "state_layout": "attn.state is the final recurrent state S per value head, [HV, K, V]",
-    }
+    manifest = manifest_head(case.model_type, case,
+                             state_layout="attn.state is the final recurrent state S per value head, [HV, K, V]")
     golden_dir = os.path.join(case_dir, "golden")
     write_golden(golden_dir, tokens_np, rec64, manifest, per_name)
     worst = max(v["f32_torch_rel_rms"] for v in per_name.values())
@@ -293,3 +253,7 @@ def build_case(case: FlaCase, case_dir: str) -> str:
             f"HV={cfg.v_heads} K={cfg.head_k_dim} V={cfg.head_v_dim} F={cfg.mlp_width} "
             f"vocab={cfg.vocab_size} T={case.T}{_gate_ranges(rec64)}; {len(tensors)} tensors, "
             f"{len(rec64)} intermediates, f32 self-check {worst:.1e}{dot}")
+
+
+# One make_goldens.py family per model type: DIR/<model_type>/<case>/.
+FAMILIES = [(t, FamilyCases([c for c in CASES if c.model_type == t], build_case)) for t in MODEL_TYPES]

@@ -3,19 +3,18 @@ weights, and golden/ with the float64 reference intermediates of gpt2.py, after 
 run agrees and that the model is causal; BF16 cases also get the logits with the engine's bf16 dot
 products emulated (logits_bf16_dot.npy)."""
 
-import json
 import math
 import os
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 
-from golden_io import bf16_dot_golden, relative_rms, write_golden
+import golden_io
+from golden_io import (bf16_dot_golden, case_tokens, check_causal, check_contract, f32_errors, f32_manifest_entries,
+                       manifest_head, read_model_dir, write_golden)
 from gpt2 import (GPT2Config, bf16_weight_names, canonical_weights, gpt2_forward, intermediate_shapes,
                   tensor_specs)
-from safetensors_io import read_checkpoint, write_safetensors, write_sharded
 
 # A float32 PyTorch run must agree with the float64 reference this well on every intermediate;
 # the C++ tests hold float32 weights to 1e-5, so the reference itself must sit well inside that.
@@ -161,40 +160,21 @@ def hf_config(case: GPT2Case) -> dict:
 
 
 def write_model_dir(case: GPT2Case, case_dir: str, tensors: dict) -> None:
-    os.makedirs(case_dir, exist_ok=True)
-    with open(os.path.join(case_dir, "config.json"), "w") as f:
-        json.dump(hf_config(case), f, indent=2)
-        f.write("\n")
-    metadata = {"format": "pt"}
-    if case.n_shards == 1:
-        write_safetensors(os.path.join(case_dir, "model.safetensors"), tensors, metadata)
-    else:
-        write_sharded(case_dir, tensors, case.n_shards, metadata)
+    """config.json (hf_config, indent 2) and the checkpoint (case.n_shards files)."""
+    golden_io.write_model_dir(case_dir, hf_config(case), tensors, case.n_shards)
 
 
 def self_check(case: GPT2Case, tensors: dict, tokens: torch.Tensor, rec64: dict) -> dict:
     """Raises unless float32 agrees with float64 on every intermediate and the logits are causal.
     Returns {name: {"f32_torch_rel_rms": err}} for the manifest."""
-    cfg = case.config
-    expected = intermediate_shapes(cfg, case.T)
-    got = [(name, list(t.shape)) for name, t in rec64.items()]
-    if got != expected:
-        raise AssertionError(f"gpt2/{case.name}: recorded intermediates {got} differ from {expected}")
+    cfg, label = case.config, f"gpt2/{case.name}"
+    check_contract(label, rec64, intermediate_shapes(cfg, case.T))
     rec32 = {}
     gpt2_forward(cfg, canonical_weights(cfg, tensors, torch.float32), tokens, rec32)
-    errors = {name: relative_rms(rec32[name], rec64[name]) for name in rec64}
-    worst = max(errors, key=errors.get)
-    if errors[worst] > F32_SELF_CHECK_TOL:
-        raise AssertionError(f"gpt2/{case.name}: float32 vs float64 relative RMS {errors[worst]:.3g} "
-                             f"at '{worst}' exceeds {F32_SELF_CHECK_TOL}")
-    half = case.T // 2
+    errors, _ = f32_errors(label, rec32, rec64, F32_SELF_CHECK_TOL)
     w64 = canonical_weights(cfg, tensors, torch.float64)
-    prefix_logits = gpt2_forward(cfg, w64, tokens[:half])
-    causal_err = relative_rms(prefix_logits, rec64["logits"][:half])
-    if causal_err > CAUSAL_TOL:
-        raise AssertionError(f"gpt2/{case.name}: logits of the first {half} tokens change with later "
-                             f"tokens (relative RMS {causal_err:.3g} > {CAUSAL_TOL})")
-    return {name: {"f32_torch_rel_rms": float(f"{e:.3e}")} for name, e in errors.items()}
+    check_causal(label, gpt2_forward(cfg, w64, tokens[:case.T // 2]), rec64["logits"], CAUSAL_TOL)
+    return f32_manifest_entries(errors)
 
 
 def build_case(case: GPT2Case, case_dir: str) -> str:
@@ -202,24 +182,16 @@ def build_case(case: GPT2Case, case_dir: str) -> str:
     cfg = case.config
     gen = torch.Generator().manual_seed(case.seed)
     write_model_dir(case, case_dir, checkpoint_tensors(case, init_params(cfg, gen)))
-    with open(os.path.join(case_dir, "config.json")) as f:
-        written = GPT2Config.from_json(json.load(f))  # absent fields take GPT2Config's (HF's) defaults
+    config, tensors = read_model_dir(case_dir)  # the reference runs on exactly what the C++ side will read
+    written = GPT2Config.from_json(config)  # absent fields take GPT2Config's (HF's) defaults
     if written != cfg:
         raise AssertionError(f"gpt2/{case.name}: config.json reads back as {written}, expected {cfg}")
-    tensors = read_checkpoint(case_dir)  # the reference runs on exactly what the C++ side will read
-    tokens_np = np.random.RandomState(case.seed).randint(0, cfg.vocab_size, size=case.T).astype(np.int32)
+    tokens_np = case_tokens(case, cfg)
     tokens = torch.from_numpy(tokens_np).long()
     rec64 = {}
     gpt2_forward(cfg, canonical_weights(cfg, tensors, torch.float64), tokens, rec64)
     per_name = self_check(case, tensors, tokens, rec64)
-    manifest = {
-        "model": "gpt2",
-        "case": case.name,
-        "weights_dtype": case.weights_dtype,
-        "compute_dtype": "float64",
-        "metric": "relative_rms = ||actual - expected||_2 / ||expected||_2",
-        "T": case.T,
-    }
+    manifest = manifest_head("gpt2", case)
     golden_dir = os.path.join(case_dir, "golden")
     write_golden(golden_dir, tokens_np, rec64, manifest, per_name)
     worst = max(v["f32_torch_rel_rms"] for v in per_name.values())

@@ -29,9 +29,8 @@ import delta_family
 import gpt2
 import kimi_k3
 import kimi_linear
-from golden_io import relative_rms, write_array
+from golden_io import METRIC, read_model_dir, relative_rms, write_array
 from kimi_linear_goldens import check_routing
-from safetensors_io import read_checkpoint
 
 GRAD_DIR = "grad"
 B = 2            # sequences, each run alone from an empty state
@@ -155,9 +154,8 @@ def make_model(family: str, config: dict) -> Model:
 
 def load_case(family: str, case_dir: str) -> tuple:
     """(Model, stored tensors) of a written case directory."""
-    with open(os.path.join(case_dir, "config.json")) as f:
-        config = json.load(f)
-    return make_model(family, config), read_checkpoint(case_dir)
+    config, tensors = read_model_dir(case_dir)
+    return make_model(family, config), tensors
 
 
 def grad_tokens(model: Model, seed: int, batch: int = B, length: int = T) -> np.ndarray:
@@ -272,7 +270,7 @@ def build_grad(family: str, case_dir: str, grad_case: GradCase) -> str:
                             "each sequence run alone from an empty state / empty cache"),
         "forward": _FORMS[family],
         "compute_dtype": "float64",
-        "metric": "relative_rms = ||actual - expected||_2 / ||expected||_2",
+        "metric": METRIC,
         "gradients": "d loss / d tensor in the tensor's stored name and shape, float32 (computed in float64)",
     }
     token_entry = {"file": "tokens.npy", "shape": list(r["tokens"].shape), "dtype": "int32"}

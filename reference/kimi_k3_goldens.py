@@ -17,15 +17,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from golden_io import bf16_dot_golden, relative_rms, write_golden
+from golden_io import (METRIC, bf16_dot_golden, case_tokens, layers_summary, read_model_dir, relative_rms,
+                       write_golden)
 from kimi_k3 import (ARCHITECTURE, MODEL_TYPE, PACKED_SUFFIX, SCALE_SUFFIX, TEXT_ARCHITECTURE, TEXT_MODEL_TYPE,
                      TEXT_PREFIX, K3Config, bf16_linear_inputs, canonical_weights, intermediate_shapes,
                      k3_forward, mxfp4_values, pack_mxfp4, tensor_specs)
 from kimi_linear import initial_cache
 from kimi_linear_goldens import (_A_RANGE, _KV_A_GAINS, _MATRIX_GAIN, ENGINE_TOL_FACTOR, ENGINE_TOL_FLOOR,
-                                 ModelFunctions, _matrix_key, case_tokens, check_routing, init_value, self_check,
-                                 write_model_dir)
-from safetensors_io import read_checkpoint
+                                 ModelFunctions, _matrix_key, check_routing, init_value, self_check, write_model_dir)
 
 # Five or six layers of AttnRes-mixed sublayers, SiTU near its caps, two adjacent MLA layers: float32 drifts
 # to ~1e-5 by the last layer (worst in the last MoE), so the sanity bound is 2e-5.
@@ -393,9 +392,8 @@ def build_case(case: K3Case, case_dir: str) -> str:
     cfg = K3Config.from_json(case.json_config())
     gen = torch.Generator().manual_seed(case.seed)
     write_model_dir(case, case_dir, init_checkpoint(case, cfg, gen))
-    with open(os.path.join(case_dir, "config.json")) as f:
-        cfg = K3Config.from_json(json.load(f))  # the reference runs on exactly what the C++ side will read
-    tensors = read_checkpoint(case_dir)
+    config, tensors = read_model_dir(case_dir)
+    cfg = K3Config.from_json(config)  # the reference runs on exactly what the C++ side will read
     tokens_np = case_tokens(case, cfg)
     tokens = torch.from_numpy(tokens_np).long()
     w64 = canonical_weights(cfg, tensors, torch.float64)
@@ -411,7 +409,7 @@ def build_case(case: K3Case, case_dir: str) -> str:
         "weights_dtype": case.weights_dtype,
         "mxfp4_groups": list(case.packed),
         "compute_dtype": "float64",
-        "metric": "relative_rms = ||actual - expected||_2 / ||expected||_2",
+        "metric": METRIC,
         "T": case.T,
         "layer_types": [cfg.layer_kind(i) for i in range(cfg.num_hidden_layers)],
         "ffn_types": [cfg.ffn_kind(i) for i in range(cfg.num_hidden_layers)],
@@ -429,9 +427,8 @@ def build_case(case: K3Case, case_dir: str) -> str:
     dot = bf16_dot_golden(golden_dir, f"kimi_k3/{case.name}", case.weights_dtype,
                           lambda t: k3_forward(cfg, w64, t, bf16_inputs=bf16), tokens, rec64["logits"],
                           BF16_DOT_RANGE)
-    kinds = "".join("K" if cfg.layer_kind(i) == "kda" else "M" for i in range(cfg.num_hidden_layers))
-    ffns = "".join("d" if cfg.ffn_kind(i) == "dense" else "e" for i in range(cfg.num_hidden_layers))
     files = f"{case.shards} shards" if case.shards > 1 else "1 file"
-    return (f"{case.layout} {case.weights_dtype}, {len(packed)} MXFP4 matrices, layers {kinds}/{ffns} "
+    return (f"{case.layout} {case.weights_dtype}, {len(packed)} MXFP4 matrices, "
+            f"layers {layers_summary(cfg, {'kda': 'K', 'mla': 'M'})} "
             f"B={cfg.attn_res_block_size} D={cfg.hidden_size} E={cfg.num_experts} k={cfg.num_experts_per_token} "
             f"T={case.T}; {len(tensors)} tensors in {files}, {len(rec64)} intermediates, {notes}{dot}")

@@ -596,8 +596,11 @@ def mixer_shapes(cfg: KimiConfig, i: int, T: int) -> list:
             (n + "attn.k_rope", [T, cfg.qk_rope_head_dim]), (n + "attn.context", [T, nh * cfg.v_head_dim])]
 
 
-def intermediate_shapes(cfg: KimiConfig, T: int) -> list:
-    """The names kimi_forward records, in forward order, with their shapes: the golden-data contract."""
+def decoder_shapes(cfg, T: int, mixer_shapes, experts_per_token: int, shared_expert: bool) -> list:
+    """The names a pre-norm decoder records (kimi_forward, qwen.qwen_forward), in forward order, with their
+    shapes: embed; per layer input_layernorm, mixer_shapes(cfg, i, T), attn.out, resid_mid,
+    post_attention_layernorm, then mlp.out (dense FFN) or moe.router_logits, moe.expert_ids and
+    moe.expert_weights [T, experts_per_token], moe.shared (if shared_expert), moe.out; out; then norm, logits."""
     D = cfg.hidden_size
     out = [("embed", [T, D])]
     for i in range(cfg.num_hidden_layers):
@@ -608,11 +611,16 @@ def intermediate_shapes(cfg: KimiConfig, T: int) -> list:
         if cfg.ffn_kind(i) == "dense":
             out.append((n + "mlp.out", [T, D]))
         else:
-            k = cfg.num_experts_per_token
+            k = experts_per_token
             out += [(n + "moe.router_logits", [T, cfg.num_experts]), (n + "moe.expert_ids", [T, k]),
                     (n + "moe.expert_weights", [T, k])]
-            if cfg.num_shared_experts:
+            if shared_expert:
                 out.append((n + "moe.shared", [T, D]))
             out.append((n + "moe.out", [T, D]))
         out.append((n + "out", [T, D]))
     return out + [("norm", [T, D]), ("logits", [T, cfg.vocab_size])]
+
+
+def intermediate_shapes(cfg: KimiConfig, T: int) -> list:
+    """The names kimi_forward records, in forward order, with their shapes: the golden-data contract."""
+    return decoder_shapes(cfg, T, mixer_shapes, cfg.num_experts_per_token, bool(cfg.num_shared_experts))

@@ -9,19 +9,21 @@ cache) reproduces the one-shot run; the absorbed MLA form reproduces the explici
 gets the logits with the engine's bf16 dot products emulated (logits_bf16_dot.npy)."""
 
 import dataclasses
+import functools
 import json
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 
-from golden_io import bf16_dot_golden, relative_rms, write_golden
+import golden_io
+from golden_io import (bf16_dot_golden, case_tokens, check_causal, check_contract, check_split, draw_params,
+                       f32_errors, f32_manifest_entries, layers_summary, manifest_head, read_model_dir, relative_rms,
+                       write_golden)
 from kimi_linear import (ARCHITECTURE, MODEL_TYPE, KimiConfig, bf16_weight_names, canonical_weights,
                          initial_cache, intermediate_shapes, kimi_forward, tensor_specs)
-from safetensors_io import read_checkpoint, write_safetensors, write_sharded
 
 # A float32 PyTorch run must agree with the float64 reference this well on every intermediate.
 F32_SELF_CHECK_TOL = 5e-6
@@ -185,6 +187,17 @@ def _matrix_key(name: str) -> str:
     return tail
 
 
+def decay_init(kind: str, uniform: torch.Tensor) -> torch.Tensor:
+    """kind "A_log": log of A ~ U(_A_RANGE); "dt_bias": softplus^-1(dt), dt log-uniform in _DT_RANGE; from
+    uniform ~ U(0, 1) of the tensor's shape (also qwen_goldens')."""
+    if kind == "A_log":
+        lo, hi = _A_RANGE
+        return torch.log(lo + (hi - lo) * uniform)
+    lo, hi = math.log(_DT_RANGE[0]), math.log(_DT_RANGE[1])
+    dt = torch.exp(lo + (hi - lo) * uniform.double())
+    return (dt + torch.log(-torch.expm1(-dt))).float()
+
+
 def init_value(name: str, shape: list, kind: str, noise: torch.Tensor, uniform: torch.Tensor, cfg: KimiConfig,
                bias: tuple, gains: dict = _MATRIX_GAIN, kv_a_gains: tuple = _KV_A_GAINS) -> torch.Tensor:
     """One float32 parameter of init_params's rules from its draws noise ~ N(0, 1) and uniform ~ U(0, 1)
@@ -202,13 +215,8 @@ def init_value(name: str, shape: list, kind: str, noise: torch.Tensor, uniform: 
         return (gains[_matrix_key(name)] / math.sqrt(shape[-1])) * noise
     if kind == "conv":
         return noise / math.sqrt(shape[-1])
-    if kind == "A_log":
-        lo, hi = _A_RANGE
-        return torch.log(lo + (hi - lo) * uniform)
-    if kind == "dt_bias":
-        lo, hi = math.log(_DT_RANGE[0]), math.log(_DT_RANGE[1])
-        dt = torch.exp(lo + (hi - lo) * uniform.double())
-        return (dt + torch.log(-torch.expm1(-dt))).float()
+    if kind in ("A_log", "dt_bias"):
+        return decay_init(kind, uniform)
     if kind == "router_bias":
         return bias[0] + bias[1] * noise
     raise AssertionError(f"init_params: no rule for {name} ({kind})")
@@ -218,12 +226,8 @@ def init_params(case: KimiCase, cfg: KimiConfig, gen: torch.Generator) -> dict:
     """float32 parameters by checkpoint name: embeddings N(0, 1), Linear weights as _MATRIX_GAIN says,
     conv taps N(0, 1/W), norm weights 1 + N(0, 0.1), A_log = log U(1, 16), dt_bias = softplus^-1 of a
     log-uniform dt in [1e-3, 0.1], e_score_correction_bias N(bias_mean, bias_std)."""
-    out = {}
-    for name, shape, kind in tensor_specs(cfg):
-        noise = torch.randn(shape, generator=gen, dtype=torch.float32)
-        uniform = torch.rand(shape, generator=gen, dtype=torch.float32)
-        out[name] = init_value(name, shape, kind, noise, uniform, cfg, (case.bias_mean, case.bias_std))
-    return out
+    return draw_params(tensor_specs(cfg), gen,
+                       functools.partial(init_value, cfg=cfg, bias=(case.bias_mean, case.bias_std)))
 
 
 def checkpoint_tensors(case: KimiCase, params: dict) -> dict:
@@ -233,18 +237,8 @@ def checkpoint_tensors(case: KimiCase, params: dict) -> dict:
 
 
 def write_model_dir(case: KimiCase, case_dir: str, tensors: dict) -> None:
-    os.makedirs(case_dir, exist_ok=True)
-    with open(os.path.join(case_dir, "config.json"), "w") as f:
-        json.dump(case.json_config(), f, indent=4, sort_keys=True)
-        f.write("\n")
-    if case.shards > 1:
-        write_sharded(case_dir, tensors, case.shards, {"format": "pt"})
-    else:
-        write_safetensors(os.path.join(case_dir, "model.safetensors"), tensors, {"format": "pt"})
-
-
-def case_tokens(case: KimiCase, cfg: KimiConfig) -> np.ndarray:
-    return np.random.RandomState(case.seed).randint(0, cfg.vocab_size, size=case.T).astype(np.int32)
+    """config.json (indent 4, sorted keys) and the checkpoint (also kimi_k3_goldens')."""
+    golden_io.write_model_dir(case_dir, case.json_config(), tensors, case.shards, indent=4, sort_keys=True)
 
 
 def check_routing(label: str, cfg: KimiConfig, routing: list) -> dict:
@@ -317,29 +311,16 @@ def self_check(case, cfg: KimiConfig, tensors: dict, tokens: torch.Tensor, rec64
     err}}, notes). model: the forward and its helpers (kimi_linear.py's by default)."""
     label = f"{model.family}/{case.name}"
     kimi_forward, canonical_weights, initial_cache = model.forward, model.canonical_weights, model.initial_cache
-    expected = model.intermediate_shapes(cfg, case.T)
-    got = [(name, list(t.shape)) for name, t in rec64.items()]
-    if got != expected:
-        raise AssertionError(f"{label}: recorded intermediates {got} differ from {expected}")
+    check_contract(label, rec64, model.intermediate_shapes(cfg, case.T))
     routing_stats = check_routing(label, cfg, routing64)
 
     rec32 = {}
     kimi_forward(cfg, canonical_weights(cfg, tensors, torch.float32), tokens, rec32)
-    for name in rec64:
-        if name.endswith("moe.expert_ids") and not torch.equal(rec32[name].double(), rec64[name]):
-            raise AssertionError(f"{label}: float32 selects other experts than float64 at '{name}'")
-    errors = {name: relative_rms(rec32[name], rec64[name]) for name in rec64}
-    worst = max(errors, key=errors.get)
-    if errors[worst] > model.f32_tol:
-        raise AssertionError(f"{label}: float32 vs float64 relative RMS {errors[worst]:.3g} at '{worst}' "
-                             f"exceeds {model.f32_tol}")
+    errors, worst = f32_errors(label, rec32, rec64, model.f32_tol)
 
     w64 = canonical_weights(cfg, tensors, torch.float64)
     half = case.T // 2
-    causal_err = relative_rms(kimi_forward(cfg, w64, tokens[:half]), rec64["logits"][:half])
-    if causal_err > EXACT_TOL:
-        raise AssertionError(f"{label}: logits of the first {half} tokens change with later tokens "
-                             f"(relative RMS {causal_err:.3g} > {EXACT_TOL})")
+    check_causal(label, kimi_forward(cfg, w64, tokens[:half]), rec64["logits"], EXACT_TOL)
 
     cache = initial_cache(cfg, torch.float64)
     kimi_forward(cfg, w64, tokens[:half], cache=cache)
@@ -351,13 +332,7 @@ def self_check(case, cfg: KimiConfig, tensors: dict, tokens: torch.Tensor, rec64
         else:
             checks += [(f"layer {i} MLA latent cache", cache[i]["latent"], rec64[f"h{i}.attn.latent"]),
                        (f"layer {i} MLA k_rope cache", cache[i]["k_rope"], rec64[f"h{i}.attn.k_rope"])]
-    split_err = 0.0
-    for what, split, one_shot in checks:
-        err = relative_rms(split, one_shot)
-        split_err = max(split_err, err)
-        if err > EXACT_TOL:
-            raise AssertionError(f"{label}: {what} after feeding {half} + {case.T - half} tokens differs "
-                                 f"from the one-shot run (relative RMS {err:.3g} > {EXACT_TOL})")
+    split_err = check_split(label, checks, half, case.T, EXACT_TOL)
 
     rec_abs = {}
     kimi_forward(cfg, w64, tokens, rec_abs, mla_form="absorbed")
@@ -383,7 +358,7 @@ def self_check(case, cfg: KimiConfig, tensors: dict, tokens: torch.Tensor, rec64
              f"wrong kv_a eps {eps_ratio:.1f}x tol, "
              f"margins expert {routing_stats['expert_margin']:.1e} group {routing_stats['group_margin']:.1e}")
     notes += extra_checks(case, cfg, w64, tokens, rec64, routing_stats, errors)
-    return {name: {"f32_torch_rel_rms": float(f"{e:.3e}")} for name, e in errors.items()}, notes
+    return f32_manifest_entries(errors), notes
 
 
 def build_case(case: KimiCase, case_dir: str) -> str:
@@ -391,26 +366,18 @@ def build_case(case: KimiCase, case_dir: str) -> str:
     cfg = KimiConfig.from_json(case.json_config())
     gen = torch.Generator().manual_seed(case.seed)
     write_model_dir(case, case_dir, checkpoint_tensors(case, init_params(case, cfg, gen)))
-    with open(os.path.join(case_dir, "config.json")) as f:
-        cfg = KimiConfig.from_json(json.load(f))  # the reference runs on exactly what the C++ side will read
-    tensors = read_checkpoint(case_dir)
+    config, tensors = read_model_dir(case_dir)
+    cfg = KimiConfig.from_json(config)  # the reference runs on exactly what the C++ side will read
     tokens_np = case_tokens(case, cfg)
     tokens = torch.from_numpy(tokens_np).long()
     w64 = canonical_weights(cfg, tensors, torch.float64)
     rec64, routing64 = {}, []
     kimi_forward(cfg, w64, tokens, rec64, routing=routing64)
     per_name, notes = self_check(case, cfg, tensors, tokens, rec64, routing64)
-    manifest = {
-        "model": MODEL_TYPE,
-        "case": case.name,
-        "weights_dtype": case.weights_dtype,
-        "compute_dtype": "float64",
-        "metric": "relative_rms = ||actual - expected||_2 / ||expected||_2",
-        "T": case.T,
-        "layer_types": [cfg.layer_kind(i) for i in range(cfg.num_hidden_layers)],
-        "ffn_types": [cfg.ffn_kind(i) for i in range(cfg.num_hidden_layers)],
-        "state_layout": "KDA attn.state is the final recurrent state S per head, [H, K, V]",
-    }
+    manifest = manifest_head(
+        MODEL_TYPE, case, layer_types=[cfg.layer_kind(i) for i in range(cfg.num_hidden_layers)],
+        ffn_types=[cfg.ffn_kind(i) for i in range(cfg.num_hidden_layers)],
+        state_layout="KDA attn.state is the final recurrent state S per head, [H, K, V]")
     golden_dir = os.path.join(case_dir, "golden")
     write_golden(golden_dir, tokens_np, rec64, manifest, per_name)
     # The router runs in float32 (its input is never rounded), as the reference code casts it.
@@ -421,9 +388,7 @@ def build_case(case: KimiCase, case_dir: str) -> str:
         check_routing(f"kimi_linear/{case.name} (bf16 dot products)", cfg, routing)
     dot = bf16_dot_golden(golden_dir, f"kimi_linear/{case.name}", case.weights_dtype,
                           lambda t: kimi_forward(cfg, w64, t, bf16_inputs=bf16), tokens, rec64["logits"])
-    kinds = "".join("K" if cfg.layer_kind(i) == "kda" else "M" for i in range(cfg.num_hidden_layers))
-    ffns = "".join("d" if cfg.ffn_kind(i) == "dense" else "e" for i in range(cfg.num_hidden_layers))
     files = f"{case.shards} shards" if case.shards > 1 else "1 file"
-    return (f"{case.weights_dtype} layers {kinds}/{ffns} D={cfg.hidden_size} E={cfg.num_experts} "
+    return (f"{case.weights_dtype} layers {layers_summary(cfg, {'kda': 'K', 'mla': 'M'})} D={cfg.hidden_size} E={cfg.num_experts} "
             f"k={cfg.num_experts_per_token} T={case.T}; {len(tensors)} tensors in {files}, {len(rec64)} "
             f"intermediates, {notes}{dot}")

@@ -3,7 +3,8 @@ and DIR/<family>/<case>/golden/ holds tokens, float64-reference intermediates an
 Run with the system interpreter (it has torch): /usr/bin/python3 reference/make_goldens.py --out DIR
 A family is a module (or object) exposing CASES (objects with .name) and build_case(case, case_dir) -> summary;
 delta_family_goldens contributes one family per model type (linear_attn, delta_net, gated_deltanet, kda);
-kimi_linear_goldens the family kimi_linear, kimi_k3_goldens the family kimi_k3.
+kimi_linear_goldens the family kimi_linear, kimi_k3_goldens the family kimi_k3, qwen_goldens the families
+qwen3_next, qwen3_5 and qwen3_5_moe.
 After a case named in grad_goldens.GRAD_CASES (a list per family) is written, grad_goldens.build_grad adds
 DIR/<family>/<case>/grad/: parameter gradients of a next-token loss from torch autograd."""
 
@@ -21,12 +22,14 @@ import gpt2_goldens
 import grad_goldens
 import kimi_k3_goldens
 import kimi_linear_goldens
+import qwen_goldens
 
 FAMILIES = [
     ("gpt2", gpt2_goldens),
     *delta_family_goldens.FAMILIES,
     ("kimi_linear", kimi_linear_goldens),
     ("kimi_k3", kimi_k3_goldens),
+    *qwen_goldens.FAMILIES,
 ]
 
 

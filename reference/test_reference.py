@@ -7,7 +7,9 @@ MLA) against its prefill, its KDA against delta_family's, its RoPE, MLA and MoE 
 forms; kimi_k3.py's decode against its prefill, its Block AttnRes against the paper's block formulation
 with folded pseudo-queries, its MXFP4 decode against E2M1's bit fields, its lower-bound KDA against
 delta_family's, its -inf group mask, its latent MoE against a per-token loop, the published configs and
-K3's parameter count; the gradient goldens (grad_goldens.py: autograd through the chunked form equals
+K3's parameter count; qwen.py against an independent HF-shaped token-by-token decode (every Qwen case, bf16
+inputs too), its GDN recurrence against the chunked form, Qwen3-Next against its Qwen3.5-MoE twin layout,
+and its config parsing; the gradient goldens (grad_goldens.py: autograd through the chunked form equals
 autograd through the recurrence, autograd equals finite differences, the grad/ layout); bench_train.py's
 PyTorch baseline (fla's naive chunked mixers, batched layers) against delta_family's recurrence; and
 bit-identical golden re-runs.
@@ -39,10 +41,17 @@ import kimi_k3_goldens  # noqa: E402
 import kimi_linear  # noqa: E402
 import kimi_linear_goldens  # noqa: E402
 import make_goldens  # noqa: E402
-from golden_io import relative_rms  # noqa: E402
+import qwen  # noqa: E402
+import qwen_goldens  # noqa: E402
+from golden_io import case_tokens, relative_rms  # noqa: E402
 from gpt2 import bf16_weight_names, canonical_weights, gpt2_forward  # noqa: E402
 from gpt2_goldens import CASES, checkpoint_tensors, init_params  # noqa: E402
 from safetensors_io import read_checkpoint, read_header, read_safetensors, write_safetensors, write_sharded  # noqa: E402
+
+
+def _cached_decode(forward, cache, cfg, w, tokens, **kwargs):
+    """forward(cfg, w, ...) fed tokens one at a time through cache (updated in place): the logits [T, vocab]."""
+    return torch.cat([forward(cfg, w, tokens[t:t + 1], cache=cache, **kwargs) for t in range(tokens.shape[0])])
 
 
 def _folded_mix(w, sources, prefix, eps):
@@ -126,7 +135,7 @@ def test_gpt2_matches_independent_decode():
         cfg = case.config
         tensors = checkpoint_tensors(case, init_params(cfg, torch.Generator().manual_seed(case.seed)))
         w = canonical_weights(cfg, tensors, torch.float64)
-        tokens = torch.from_numpy(np.random.RandomState(case.seed).randint(0, cfg.vocab_size, case.T)).long()
+        tokens = torch.from_numpy(case_tokens(case, cfg)).long()
         err = relative_rms(_decode_reference(cfg, w, tokens), gpt2_forward(cfg, w, tokens))
         assert err < 1e-12, f"{case.name}: prefill vs decode relative RMS {err:.3g}"
         bf16 = bf16_weight_names(tensors)
@@ -327,13 +336,12 @@ def test_delta_family_decode_matches_prefill():
         params = delta_family_goldens.init_params(cfg, torch.Generator().manual_seed(case.seed))
         tensors = delta_family_goldens.checkpoint_tensors(case, params)
         w = delta_family.canonical_weights(cfg, tensors, torch.float64)
-        tokens = torch.from_numpy(np.random.RandomState(case.seed).randint(0, cfg.vocab_size, case.T)).long()
+        tokens = torch.from_numpy(case_tokens(case, cfg)).long()
         bf16 = delta_family.bf16_weight_names(tensors)
         for inputs in ((frozenset(), bf16) if bf16 else (frozenset(),)):
             prefill = delta_family.fla_forward(cfg, w, tokens, bf16_inputs=inputs)
-            cache = delta_family.initial_cache(cfg, torch.float64)
-            decode = torch.cat([delta_family.fla_forward(cfg, w, tokens[t:t + 1], cache=cache, bf16_inputs=inputs)
-                                for t in range(case.T)])
+            decode = _cached_decode(delta_family.fla_forward, delta_family.initial_cache(cfg, torch.float64), cfg, w,
+                                    tokens, bf16_inputs=inputs)
             err = relative_rms(decode, prefill)
             assert err < 1e-12, (f"{case.model_type}/{case.name}{' bf16 inputs' if inputs else ''}: decode vs "
                                  f"prefill relative RMS {err:.3g}")
@@ -403,7 +411,7 @@ def test_fla_attnres_matches_block_formulation():
         params = delta_family_goldens.init_params(cfg, torch.Generator().manual_seed(case.seed))
         tensors = delta_family_goldens.checkpoint_tensors(case, params)
         w = delta_family.canonical_weights(cfg, tensors, torch.float64)
-        tokens = torch.from_numpy(np.random.RandomState(case.seed).randint(0, cfg.vocab_size, case.T)).long()
+        tokens = torch.from_numpy(case_tokens(case, cfg)).long()
         rec = {}
         delta_family.fla_forward(cfg, w, tokens, rec)
         assert [(k, list(t.shape)) for k, t in rec.items()] == delta_family.intermediate_shapes(cfg, case.T), label
@@ -450,7 +458,7 @@ def _kimi_case(case):
     params = kimi_linear_goldens.init_params(case, cfg, torch.Generator().manual_seed(case.seed))
     tensors = kimi_linear_goldens.checkpoint_tensors(case, params)
     w = kimi_linear.canonical_weights(cfg, tensors, torch.float64)
-    tokens = torch.from_numpy(kimi_linear_goldens.case_tokens(case, cfg)).long()
+    tokens = torch.from_numpy(case_tokens(case, cfg)).long()
     return cfg, tensors, w, tokens
 
 
@@ -461,17 +469,15 @@ def test_kimi_decode_matches_prefill():
         cfg, tensors, w, tokens = _kimi_case(case)
         prefill = kimi_linear.kimi_forward(cfg, w, tokens)
         for form in ("explicit", "absorbed"):
-            cache = kimi_linear.initial_cache(cfg, torch.float64)
-            decode = torch.cat([kimi_linear.kimi_forward(cfg, w, tokens[t:t + 1], cache=cache, mla_form=form)
-                                for t in range(case.T)])
+            decode = _cached_decode(kimi_linear.kimi_forward, kimi_linear.initial_cache(cfg, torch.float64), cfg, w,
+                                    tokens, mla_form=form)
             err = relative_rms(decode, prefill)
             assert err < 1e-10, f"kimi_linear/{case.name}: {form} decode vs explicit prefill relative RMS {err:.3g}"
         bf16 = kimi_linear.bf16_weight_names(tensors)
         if bf16:
             prefill = kimi_linear.kimi_forward(cfg, w, tokens, bf16_inputs=bf16)
-            cache = kimi_linear.initial_cache(cfg, torch.float64)
-            decode = torch.cat([kimi_linear.kimi_forward(cfg, w, tokens[t:t + 1], cache=cache, bf16_inputs=bf16)
-                                for t in range(case.T)])
+            decode = _cached_decode(kimi_linear.kimi_forward, kimi_linear.initial_cache(cfg, torch.float64), cfg, w,
+                                    tokens, bf16_inputs=bf16)
             err = relative_rms(decode, prefill)
             assert err < 1e-12, f"kimi_linear/{case.name}: bf16 inputs: decode vs prefill relative RMS {err:.3g}"
 
@@ -691,7 +697,7 @@ def _k3_case(case):
     cfg = kimi_k3.K3Config.from_json(case.json_config())
     tensors = kimi_k3_goldens.init_checkpoint(case, cfg, torch.Generator().manual_seed(case.seed))
     w = kimi_k3.canonical_weights(cfg, tensors, torch.float64)
-    tokens = torch.from_numpy(kimi_linear_goldens.case_tokens(case, cfg)).long()
+    tokens = torch.from_numpy(case_tokens(case, cfg)).long()
     return cfg, tensors, w, tokens
 
 
@@ -704,9 +710,8 @@ def test_k3_decode_matches_prefill():
         runs = [("explicit", frozenset()), ("absorbed", frozenset())] + ([("explicit", bf16)] if bf16 else [])
         for form, inputs in runs:
             prefill = kimi_k3.k3_forward(cfg, w, tokens, bf16_inputs=inputs)
-            cache = kimi_linear.initial_cache(cfg, torch.float64)
-            decode = torch.cat([kimi_k3.k3_forward(cfg, w, tokens[t:t + 1], cache=cache, mla_form=form,
-                                                   bf16_inputs=inputs) for t in range(case.T)])
+            decode = _cached_decode(kimi_k3.k3_forward, kimi_linear.initial_cache(cfg, torch.float64), cfg, w, tokens,
+                                    mla_form=form, bf16_inputs=inputs)
             err = relative_rms(decode, prefill)
             assert err < 1e-10, f"kimi_k3/{case.name} {form}{' bf16' if inputs else ''}: decode vs prefill {err:.3g}"
 
@@ -909,6 +914,238 @@ def test_k3_config():
         raise AssertionError("a config without attn_res_block_size was accepted")
     except ValueError:
         pass
+
+
+def _qwen_case(case):
+    """(cfg, checkpoint tensors, float64 weights, tokens) of a qwen golden case, without writing it."""
+    cfg = qwen.QwenConfig.from_json(case.json_config())
+    tokens = torch.from_numpy(case_tokens(case, cfg)).long()
+    _, tensors = qwen_goldens.choose_seed(case, cfg, tokens)
+    return cfg, tensors, qwen.canonical_weights(cfg, tensors, torch.float64), tokens
+
+
+def _qwen_decode_reference(cfg, w, tokens, bf16_inputs=frozenset()):
+    """Independent Qwen3-Next / Qwen3.5 decode, one token at a time, in the shape of the HF code (spec 3):
+    fix_query_key_value_ordering's view-and-split, F.conv1d over a window of raw rows, the recurrence
+    with repeat_interleave'd q/k heads, rotate_half RoPE on cat(freqs, freqs), torch.topk routing,
+    F.linear everywhere (input rounded to bf16 when the weight is in bf16_inputs)."""
+    def linear(x, name, e=None):
+        x = x.to(torch.bfloat16).to(x.dtype) if name in bf16_inputs else x
+        return F.linear(x, w[name] if e is None else w[name][e])
+
+    def rms1p(x, name):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps) * (1 + w[name])
+
+    def mlp(x, p):
+        hidden = F.silu(linear(x, p + "gate_proj.weight")) * linear(x, p + "up_proj.weight")
+        return linear(hidden, p + "down_proj.weight")
+
+    def rotate_half(x):
+        return torch.cat((-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]), dim=-1)
+
+    Hk, Hv, dk, dv, r = cfg.num_key_heads, cfg.num_value_heads, cfg.key_head_dim, cfg.value_head_dim, cfg.gva_ratio
+    nh, nkv, hd, R, K = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim, cfg.conv_kernel
+    dtype = w["model.embed_tokens.weight"].dtype
+    raws = [[torch.zeros(cfg.conv_dim, dtype=dtype)] * (K - 1) for _ in range(cfg.num_hidden_layers)]
+    states = [torch.zeros(Hv, dk, dv, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
+    kv = [([], []) for _ in range(cfg.num_hidden_layers)]
+    rows = []
+    for pos, tok in enumerate(tokens.tolist()):
+        h = w["model.embed_tokens.weight"][tok]
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            x = rms1p(h, p + "input_layernorm.weight")
+            if cfg.layer_types[i] == "linear_attention":
+                a_ = p + "linear_attn."
+                if cfg.family == "qwen3_next":
+                    qkvz = linear(x, a_ + "in_proj_qkvz.weight").view(Hk, 2 * dk + 2 * r * dv)
+                    q, k, v, z = torch.split(qkvz, [dk, dk, r * dv, r * dv], dim=-1)
+                    b, a = torch.split(linear(x, a_ + "in_proj_ba.weight").view(Hk, 2 * r), [r, r], dim=-1)
+                    mixed = torch.cat([q.reshape(-1), k.reshape(-1), v.reshape(-1)])
+                else:
+                    mixed, z = linear(x, a_ + "in_proj_qkv.weight"), linear(x, a_ + "in_proj_z.weight")
+                    b, a = linear(x, a_ + "in_proj_b.weight"), linear(x, a_ + "in_proj_a.weight")
+                z, b, a = z.reshape(Hv, dv), b.reshape(Hv), a.reshape(Hv)
+                window = torch.stack(raws[i][len(raws[i]) - K + 1:] + [mixed], dim=1)          # [C, K]
+                raws[i].append(mixed)
+                mixed = F.silu(F.conv1d(window[None], w[a_ + "conv1d.weight"], groups=cfg.conv_dim)[0, :, 0])
+                q, k, v = torch.split(mixed, [cfg.key_dim, cfg.key_dim, cfg.value_dim])
+                q, k, v = q.view(Hk, dk), k.view(Hk, dk), v.view(Hv, dv)
+                q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) / math.sqrt(dk)
+                k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+                q, k = q.repeat_interleave(r, dim=0), k.repeat_interleave(r, dim=0)
+                beta = torch.sigmoid(b)
+                g = -w[a_ + "A_log"].exp() * F.softplus(a + w[a_ + "dt_bias"])
+                S = states[i] * g.exp()[:, None, None]
+                delta = (v - (S * k[:, :, None]).sum(-2)) * beta[:, None]
+                S = S + k[:, :, None] * delta[:, None, :]
+                states[i] = S
+                o = (S * q[:, :, None]).sum(-2)                                                  # [Hv, dv]
+                o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps) * w[a_ + "norm.weight"]
+                o = linear((o * F.silu(z)).reshape(-1), a_ + "out_proj.weight")
+            else:
+                a_ = p + "self_attn."
+                q, gate = torch.chunk(linear(x, a_ + "q_proj.weight").view(nh, 2 * hd), 2, dim=-1)
+                q = rms1p(q, a_ + "q_norm.weight")
+                k = rms1p(linear(x, a_ + "k_proj.weight").view(nkv, hd), a_ + "k_norm.weight")
+                v = linear(x, a_ + "v_proj.weight").view(nkv, hd)
+                inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, R, 2, dtype=torch.float64) / R))
+                emb = torch.cat([pos * inv_freq, pos * inv_freq])
+                cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+                q = torch.cat([q[:, :R] * cos + rotate_half(q[:, :R]) * sin, q[:, R:]], dim=-1)
+                k = torch.cat([k[:, :R] * cos + rotate_half(k[:, :R]) * sin, k[:, R:]], dim=-1)
+                kv[i][0].append(k)
+                kv[i][1].append(v)
+                keys = torch.stack(kv[i][0], 1).repeat_interleave(nh // nkv, dim=0)           # [nh, P, hd]
+                values = torch.stack(kv[i][1], 1).repeat_interleave(nh // nkv, dim=0)
+                probs = (torch.einsum("hd,hpd->hp", q, keys) / math.sqrt(hd)).softmax(-1)
+                ctx = torch.einsum("hp,hpd->hd", probs, values).reshape(-1)
+                o = linear(ctx * torch.sigmoid(gate.reshape(-1)), a_ + "o_proj.weight")
+            h = h + o
+            m = rms1p(h, p + "post_attention_layernorm.weight")
+            mp = p + "mlp."
+            if cfg.ffn_kind(i) == "dense":
+                f = mlp(m, mp)
+            else:
+                top_v, top_i = torch.topk(linear(m, mp + "gate.weight").softmax(-1), cfg.num_experts_per_tok)
+                if cfg.norm_topk_prob:
+                    top_v = top_v / top_v.sum()
+                f = torch.sigmoid(linear(m, mp + "shared_expert_gate.weight")) * mlp(m, mp + "shared_expert.")
+                for weight, e in zip(top_v, top_i.tolist()):
+                    if cfg.fused_experts:
+                        gate_, up = linear(m, mp + "experts.gate_up_proj", e).chunk(2, dim=-1)
+                        f = f + weight * linear(F.silu(gate_) * up, mp + "experts.down_proj", e)
+                    else:
+                        f = f + weight * mlp(m, f"{mp}experts.{e}.")
+            h = h + f
+        y = rms1p(h, "model.norm.weight")
+        rows.append(linear(y, "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"))
+    return torch.stack(rows)
+
+
+def test_qwen_matches_independent_decode():
+    """Every qwen case: the independent HF-shaped decode equals qwen_forward's prefill (bf16 inputs too),
+    and qwen_forward itself fed one token at a time through its cache (S, conv tails, KV) equals it."""
+    for case in qwen_goldens.CASES:
+        cfg, tensors, w, tokens = _qwen_case(case)
+        runs = [frozenset()]
+        if case.weights_dtype == "BF16":
+            runs.append(qwen.bf16_weight_names(cfg, tensors))
+        for bf16 in runs:
+            label = f"{case.family}/{case.name}{' (bf16 inputs)' if bf16 else ''}"
+            prefill = qwen.qwen_forward(cfg, w, tokens, bf16_inputs=bf16)
+            err = relative_rms(_qwen_decode_reference(cfg, w, tokens, bf16), prefill)
+            assert err < 1e-10, f"{label}: independent decode vs prefill relative RMS {err:.3g}"
+            decode = _cached_decode(qwen.qwen_forward, qwen.initial_cache(cfg, torch.float64), cfg, w, tokens,
+                                    bf16_inputs=bf16)
+            err = relative_rms(decode, prefill)
+            assert err < 1e-12, f"{label}: cached decode vs prefill relative RMS {err:.3g}"
+
+
+def test_qwen_gdn_matches_chunked_form():
+    """qwen.gdn_recurrent (value head j reads key head j // r) equals the chunked form of spec 1.6 (chunks of
+    4, as TF's test_gdn_chunked_matches_recurrent) on repeated q/k heads and delta_family's recurrence, from
+    zero and from a random state, at 3, 12 and 13 tokens."""
+    gen = torch.Generator().manual_seed(36)
+    rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    Hk, r, dk, dv = 2, 3, 5, 4
+    Hv = Hk * r
+    for T in (3, 12, 13):
+        q = delta_family.l2_normalize(rand(T, Hk, dk)) * dk ** -0.5
+        k = delta_family.l2_normalize(rand(T, Hk, dk))
+        v, beta = rand(T, Hv, dv), torch.sigmoid(rand(T, Hv))
+        g = -torch.exp(rand(Hv)) * F.softplus(rand(T, Hv))
+        for S0 in (torch.zeros(Hv, dk, dv, dtype=torch.float64), rand(Hv, dk, dv)):
+            o, S = qwen.gdn_recurrent(q, k, v, beta, g, S0, torch.arange(Hv) // r)
+            qr, kr = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
+            want_o, want_S = _chunked_gated_delta(qr, kr, v, beta, g[:, :, None].expand(T, Hv, dk), S0, C=4)
+            err = max(relative_rms(o, want_o), relative_rms(S, want_S))
+            assert err < 1e-10, f"T={T}: qwen recurrence vs chunked form {err:.3g}"
+            want_o, want_S = delta_family.gated_delta_recurrent(qr, kr, v, beta, g, S0)
+            err = max(relative_rms(o, want_o), relative_rms(S, want_S))
+            assert err < 1e-12, f"T={T}: qwen recurrence vs delta_family {err:.3g}"
+
+
+def _as_qwen35_moe(cfg, w):
+    """A qwen3_next model's weights in qwen3_5_moe's layout (spec 7's twin): in_proj_qkvz / in_proj_ba
+    de-interleaved into in_proj_qkv / _z / _b / _a, the per-expert tensors fused into gate_up_proj
+    [E, 2I, D] (gate rows first) and down_proj [E, D, I]."""
+    Hk, r, dk, dv = cfg.num_key_heads, cfg.gva_ratio, cfg.key_head_dim, cfg.value_head_dim
+    out = {}
+    for name, t in w.items():
+        if name.endswith("in_proj_qkvz.weight"):
+            g = t.reshape(Hk, 2 * dk + 2 * r * dv, -1)
+            p = name[:-len("in_proj_qkvz.weight")]
+            out[p + "in_proj_qkv.weight"] = torch.cat([g[:, :dk].flatten(0, 1), g[:, dk:2 * dk].flatten(0, 1),
+                                                       g[:, 2 * dk:2 * dk + r * dv].flatten(0, 1)])
+            out[p + "in_proj_z.weight"] = g[:, 2 * dk + r * dv:].flatten(0, 1)
+        elif name.endswith("in_proj_ba.weight"):
+            g = t.reshape(Hk, 2 * r, -1)
+            p = name[:-len("in_proj_ba.weight")]
+            out[p + "in_proj_b.weight"], out[p + "in_proj_a.weight"] = g[:, :r].flatten(0, 1), g[:, r:].flatten(0, 1)
+        elif ".mlp.experts." in name:
+            p, rest = name.split(".experts.")
+            e, proj = rest.split(".", 1)
+            if e == "0" and proj == "gate_proj.weight":
+                E = cfg.num_experts
+                out[p + ".experts.gate_up_proj"] = torch.stack(
+                    [torch.cat([w[f"{p}.experts.{j}.gate_proj.weight"], w[f"{p}.experts.{j}.up_proj.weight"]])
+                     for j in range(E)])
+                out[p + ".experts.down_proj"] = torch.stack([w[f"{p}.experts.{j}.down_proj.weight"] for j in range(E)])
+        else:
+            out[name] = t
+    return out
+
+
+def test_qwen_next_matches_qwen35_twin():
+    """qwen3_next/f32_sharded re-laid out as qwen3_5_moe (de-interleaved projections, fused experts; spec 7)
+    gives the same logits: the two families' projection and expert layouts describe the same model."""
+    case = next(c for c in qwen_goldens.CASES if (c.family, c.name) == ("qwen3_next", "f32_sharded"))
+    cfg, _, w, tokens = _qwen_case(case)
+    twin_cfg = dataclasses.replace(cfg, family="qwen3_5_moe")
+    twin = _as_qwen35_moe(cfg, w)
+    assert sorted(twin) == sorted(name for name, _, _ in qwen.tensor_specs(twin_cfg))
+    err = relative_rms(qwen.qwen_forward(twin_cfg, twin, tokens), qwen.qwen_forward(cfg, w, tokens))
+    assert err < 1e-13, f"qwen3_5_moe twin vs qwen3_next logits relative RMS {err:.3g}"
+
+
+def test_qwen_config():
+    """RoPE parameters top level or nested (conflicts raise), layer_types derived from
+    full_attention_interval, the MoE placement rule, tie_word_embeddings at either level, and refusals."""
+    next_cfg = qwen_goldens.NEXT_CONFIG
+    cfg = qwen.QwenConfig.from_json(next_cfg)
+    assert cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",) and cfg.rotary_dim == 8
+    nested = {k: v for k, v in next_cfg.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    nested["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.5}
+    assert qwen.QwenConfig.from_json(nested) == cfg
+    no_prf = {k: v for k, v in next_cfg.items() if k != "partial_rotary_factor"}
+    assert qwen.QwenConfig.from_json(no_prf).partial_rotary_factor == 0.25
+    eight = qwen.QwenConfig.from_json({**next_cfg, "num_hidden_layers": 8, "full_attention_interval": 2,
+                                       "mlp_only_layers": [0], "decoder_sparse_step": 2})
+    assert [eight.layer_kind(i) for i in range(8)] == ["gdn", "attention"] * 4
+    assert [eight.ffn_kind(i) for i in range(8)] == ["dense", "moe"] * 4
+    moe35 = next(c for c in qwen_goldens.CASES if c.family == "qwen3_5_moe").json_config()
+    c35 = qwen.QwenConfig.from_json(moe35)
+    assert c35.norm_topk_prob and c35.fused_experts and c35.prefix == "model.language_model."
+    dense35 = next(c for c in qwen_goldens.CASES if c.family == "qwen3_5").json_config()
+    assert qwen.QwenConfig.from_json(dense35).tie_word_embeddings
+    bad_configs = [
+        {**next_cfg, "rope_parameters": {"rope_theta": 1e6}},                 # conflicts with rope_theta 1e7
+        {**next_cfg, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+        {**next_cfg, "layer_types": ["linear_attention"] * 3},
+        {**next_cfg, "model_type": "qwen3_moe"},
+        {k: v for k, v in next_cfg.items() if k != "head_dim"},
+        {**moe35, "text_config": {**moe35["text_config"], "model_type": "qwen3_5_text"}},
+        {**dense35, "tie_word_embeddings": False},                            # text_config says true
+        {**moe35, "text_config": {**moe35["text_config"], "rope_parameters": {
+            **moe35["text_config"]["rope_parameters"], "mrope_section": [3, 1, 1]}}},
+    ]
+    for bad in bad_configs:
+        try:
+            qwen.QwenConfig.from_json(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"config accepted: {bad}")
 
 
 def _check_grad_dirs(out: str) -> None:
