@@ -57,7 +57,7 @@ const char* kind_name(const model::TokenMixer& mixer) {
   return std::visit(
       [](const auto& m) -> const char* {
         using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, layers::Attention>) return "attention";
+        if constexpr (std::is_same_v<T, layers::Attention> || std::is_same_v<T, layers::GatedAttention>) return "attention";
         else if constexpr (std::is_same_v<T, layers::Mla>) return "mla";
         else return "delta_rule";
       },

@@ -30,7 +30,8 @@ namespace fs = std::filesystem;
 // (kimi_k3/mxfp4_routed, B = 16, where the batch's MXFP4 GEMM meets a lone token's GEMV), held to 1e-4.
 TEST(BatchCheckpoints, BatchedEqualsAloneForEveryFamily) {
   int checked = 0;
-  for (const char* family : {"gpt2", "linear_attn", "delta_net", "gated_deltanet", "kda", "kimi_linear", "kimi_k3"}) {
+  for (const char* family : {"gpt2", "linear_attn", "delta_net", "gated_deltanet", "kda", "kimi_linear", "kimi_k3",
+                             "qwen3_next", "qwen3_5", "qwen3_5_moe"}) {
     std::vector<fs::path> dirs;
     for (const auto& e : fs::directory_iterator(test::testdata() / family))
       if (fs::exists(e.path() / "config.json")) dirs.push_back(e.path());

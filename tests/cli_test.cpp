@@ -178,7 +178,8 @@ TEST(Cli, RecurrentFamilyLogitsMatchGoldenForEveryChunkSize) {
 // and the whole prompt differ by a bf16 rounding error, as two products of different inputs do.
 TEST(Cli, Bf16DotLogitsAgreeAcrossChunkSizes) {
   const bool dot_here = bf16_dot_branch();
-  for (const char* c : {"gpt2/bf16_prefix_exact", "kda/bf16", "delta_net/bf16"}) {
+  for (const char* c : {"gpt2/bf16_prefix_exact", "kda/bf16", "delta_net/bf16", "qwen3_next/bf16_sharded",
+                        "qwen3_5/bf16", "qwen3_5_moe/bf16_mtp_visual"}) {
     const fs::path dir = test::testdata() / c;
     const Tensor want = io::load_npy(dir / "golden" / "logits.npy");
     Tensor whole;
@@ -215,14 +216,22 @@ TEST(Cli, Bf16DotLogitsAgreeAcrossChunkSizes) {
 TEST(Cli, Bf16DotLogitsMatchEmulatedGolden) {
   constexpr double kTol = 1e-3;
   const bool dot_here = bf16_dot_branch();
-  for (const char* c : {"gpt2/bf16_prefix_exact", "kda/bf16", "delta_net/bf16", "kimi_linear/bf16_sharded"}) {
+  // Qwen's cases token by token: there the engine sits 3e-8..5e-8 from the emulation. Their whole
+  // prompt lands up to 1.0e-3 from it (qwen3_next/bf16_sharded) through single rows where the
+  // prefill's other order of f32 additions flips one activation's bf16 rounding (the rows before and
+  // after stay at 5e-8); Bf16DotLogitsAgreeAcrossChunkSizes bounds that difference.
+  const std::pair<const char*, const char*> cases[] = {
+      {"gpt2/bf16_prefix_exact", ""}, {"kda/bf16", ""}, {"delta_net/bf16", ""}, {"kimi_linear/bf16_sharded", ""},
+      {"qwen3_next/bf16_sharded", " --chunk 1"}, {"qwen3_5/bf16", " --chunk 1"},
+      {"qwen3_5_moe/bf16_mtp_visual", " --chunk 1"}};
+  for (const auto& [c, chunk] : cases) {
     const fs::path dir = test::testdata() / c;
     const Tensor exact = io::load_npy(dir / "golden" / "logits.npy");
     const Tensor emulated = io::load_npy(dir / "golden" / "logits_bf16_dot.npy");
     ASSERT_EQ(emulated.shape(), exact.shape()) << c;
     const fs::path out = test::temp_dir() / "l.npy";
     const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" + tokens_arg(dir) +
-                               "' --out " + shell_quote(out.string()) + " --threads 2");
+                               "' --out " + shell_quote(out.string()) + chunk + " --threads 2");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const Tensor got = io::load_npy(out);
     ASSERT_EQ(got.shape(), exact.shape()) << c;

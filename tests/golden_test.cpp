@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include "lineage/io/npy.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/layers/mixers/delta_rule.h"
+#include "lineage/layers/mixers/gated_attention.h"
 #include "lineage/model/accounting.h"
 #include "lineage/model/state_pool.h"
 #include "lineage/runtime/session.h"
@@ -127,6 +129,26 @@ void expect_split_invariant(const model::Model& m, const std::vector<int32_t>& i
   }
 }
 
+// Every case of `family`: split invariance, and the state after 10 tokens and after all of them,
+// the model's fixed bytes plus `per_token(model)` bytes per token (0: a state that does not grow).
+void expect_split_invariant_and_state(const char* family, const std::function<size_t(const model::Model&)>& per_token) {
+  for (const auto& dir : cases(family)) {
+    SCOPED_TRACE(dir.string());
+    io::LoadedModel lm = load_exact(dir);
+    const auto ids = golden_tokens(dir);
+    expect_split_invariant(lm.model, ids);
+    runtime::Session a(lm.model), b(lm.model);
+    a.prefill(std::span<const int32_t>(ids.data(), 10));
+    b.prefill(ids);
+    const model::StateCost cost = model::state_cost(lm.model);
+    const size_t grows = per_token(lm.model);
+    EXPECT_GT(cost.fixed + grows, 0u);
+    EXPECT_EQ(cost.per_token, grows);
+    EXPECT_EQ(a.state().bytes(), cost.fixed + 10 * grows);
+    EXPECT_EQ(b.state().bytes(), cost.fixed + ids.size() * grows);
+  }
+}
+
 TEST(GoldenGpt2, EveryIntermediateMatchesPyTorch) {
   const auto all = cases("gpt2");
   ASSERT_GE(all.size(), 4u) << "expected the reference's GPT-2 cases under " << test::testdata() / "gpt2";
@@ -231,18 +253,8 @@ TEST(GoldenDeltaFamily, SnapshotRestoreContinuesIdentically) {
 // To 1e-5 on the exact path; with bf16 dot products an f32-level difference can flip an activation's
 // rounding, which the recurrence carries on (Cli.Bf16DotLogitsAgreeAcrossChunkSizes bounds that).
 TEST(GoldenDeltaFamily, SplitInvarianceAcrossConvTailAndChunks) {
-  for (const char* family : kDeltaFamilies)
-    for (const auto& dir : cases(family)) {
-      SCOPED_TRACE(dir.string());
-      io::LoadedModel lm = load_exact(dir);
-      const auto ids = golden_tokens(dir);
-      expect_split_invariant(lm.model, ids);
-      runtime::Session a(lm.model), b(lm.model);
-      a.prefill(std::span<const int32_t>(ids.data(), 10));
-      b.prefill(ids);
-      EXPECT_EQ(a.state().bytes(), b.state().bytes()) << "recurrent state must not grow with the context";
-      EXPECT_GT(a.state().bytes(), 0u);
-    }
+  // The recurrent state must not grow with the context.
+  for (const char* family : kDeltaFamilies) expect_split_invariant_and_state(family, [](const model::Model&) { return size_t(0); });
 }
 
 TEST(GoldenGpt2, SplitInvariance) {
@@ -387,25 +399,45 @@ TEST(GoldenKimiLinear, AbsorbedDecodeEqualsExplicit) {
   }
 }
 
-TEST(GoldenKimiLinear, SplitInvarianceAndLatentCacheGrowth) {
-  for (const auto& dir : cases("kimi_linear")) {
-    SCOPED_TRACE(dir.string());
-    io::LoadedModel lm = load_exact(dir);
-    const auto ids = golden_tokens(dir);
-    expect_split_invariant(lm.model, ids);
-    // State: the KDA layers' fixed S and conv tails, plus r + d_rope floats per token per MLA layer.
-    runtime::Session a(lm.model), b(lm.model);
-    a.prefill(std::span<const int32_t>(ids.data(), 10));
-    b.prefill(ids);
-    const model::StateCost cost = model::state_cost(lm.model);
-    EXPECT_EQ(a.state().bytes(), cost.fixed + 10 * cost.per_token);
-    EXPECT_EQ(b.state().bytes(), cost.fixed + ids.size() * cost.per_token);
-    size_t latent = 0;
-    for (const auto& blk : lm.model.blocks)
-      if (const auto* m = std::get_if<layers::Mla>(&blk.mixer)) latent += size_t(m->config.latent()) * sizeof(float);
-    EXPECT_EQ(cost.per_token, latent);
-    EXPECT_GT(latent, 0u);
+// Qwen3-Next and Qwen3.5 (Gated DeltaNet with grouped value heads + gated attention with partial
+// RoPE + Qwen's MoE, in the three published layouts): every intermediate through both delta-rule
+// kernels; the split and the state as for the other hybrids.
+constexpr const char* kQwenFamilies[] = {"qwen3_next", "qwen3_5", "qwen3_5_moe"};
+
+TEST(GoldenQwen, EveryIntermediateMatchesPyTorchOnBothDeltaRulePaths) {
+  for (const char* family : kQwenFamilies) {
+    const auto all = cases(family);
+    ASSERT_GE(all.size(), 2u) << "expected the reference's cases under " << test::testdata() / family;
+    for (const auto& dir : all)
+      for (auto path : {layers::DeltaRulePath::Recurrent, layers::DeltaRulePath::Chunked}) {
+        SCOPED_TRACE(path == layers::DeltaRulePath::Recurrent ? "recurrent kernel" : "chunked kernel");
+        check_case(dir, path);
+      }
   }
+}
+
+// The delta-rule layers' fixed S and conv tails, plus the attention layers' KV heads per token.
+TEST(GoldenQwen, SplitInvarianceAndStateGrowth) {
+  for (const char* family : kQwenFamilies)
+    expect_split_invariant_and_state(family, [](const model::Model& m) {
+      size_t kv = 0;
+      for (const auto& blk : m.blocks)
+        if (const auto* g = std::get_if<layers::GatedAttention>(&blk.mixer))
+          kv += 2 * size_t(g->config.n_kv_heads * g->config.head_dim) * sizeof(float);
+      EXPECT_GT(kv, 0u);
+      return kv;
+    });
+}
+
+// The KDA layers' fixed S and conv tails, plus r + d_rope floats per token per MLA layer.
+TEST(GoldenKimiLinear, SplitInvarianceAndLatentCacheGrowth) {
+  expect_split_invariant_and_state("kimi_linear", [](const model::Model& m) {
+    size_t latent = 0;
+    for (const auto& blk : m.blocks)
+      if (const auto* l = std::get_if<layers::Mla>(&blk.mixer)) latent += size_t(l->config.latent()) * sizeof(float);
+    EXPECT_GT(latent, 0u);
+    return latent;
+  });
 }
 
 // Kimi K3 (lower-bounded KDA, gated MLA with q-LoRA, Stable LatentMoE with SiTU, MXFP4 experts,

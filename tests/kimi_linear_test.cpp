@@ -54,59 +54,37 @@ json published() {
   return json::parse(in);
 }
 
-fs::path write_config(const json& j) {
-  const fs::path dir = test::temp_dir();
-  std::ofstream(dir / "config.json") << j.dump();
-  return dir;
-}
-
-void expect_config_error(const json& j, std::initializer_list<std::string> pieces) {
-  const fs::path dir = write_config(j);
-  try {
-    io::load_skeleton(dir);
-    ADD_FAILURE() << "expected an Error for " << j.dump().substr(0, 200);
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find((dir / "config.json").string()), std::string::npos) << msg;
-    for (const auto& p : pieces) EXPECT_NE(msg.find(p), std::string::npos) << "message lacks \"" << p << "\":\n" << msg;
-  }
-  // The CLI says the same and exits non-zero.
-  const auto r = test::run_lineage("info --model " + test::shell_quote(dir.string()));
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find(*pieces.begin()), std::string::npos) << r.err;
-}
-
 TEST(KimiLinear, BadConfigsNameTheField) {
   json j = published();
   j["linear_attn_config"]["full_attn_layers"].push_back(3);  // layer 3 is KDA too
-  expect_config_error(j, {"full_attn_layers", "layer 3 is in both"});
+  test::expect_config_error(j, {"full_attn_layers", "layer 3 is in both"});
   j = published();
   j["linear_attn_config"]["full_attn_layers"].erase(j["linear_attn_config"]["full_attn_layers"].size() - 1);
-  expect_config_error(j, {"kda_layers", "layer 27 is in neither"});
+  test::expect_config_error(j, {"kda_layers", "layer 27 is in neither"});
   j = published();
   j["linear_attn_config"]["kda_layers"][0] = 0;  // the lists are one-based
-  expect_config_error(j, {"kda_layers", "one-based layer numbers in [1, 27]"});
+  test::expect_config_error(j, {"kda_layers", "one-based layer numbers in [1, 27]"});
   j = published();
   j["linear_attn_config"]["full_attn_layers"].push_back(28);
-  expect_config_error(j, {"full_attn_layers", "[1, 27]"});
+  test::expect_config_error(j, {"full_attn_layers", "[1, 27]"});
   j = published();
   j["q_lora_rank"] = -1536;
-  expect_config_error(j, {"q_lora_rank", "an integer in [1, "});
+  test::expect_config_error(j, {"q_lora_rank", "an integer in [1, "});
   j = published();
   j["num_experts_per_token"] = 300;
-  expect_config_error(j, {"num_experts_per_token", "at most num_experts = 256"});
+  test::expect_config_error(j, {"num_experts_per_token", "at most num_experts = 256"});
   j = published();
   j["num_expert_group"] = 3;
-  expect_config_error(j, {"num_expert_group", "divisor of num_experts"});
+  test::expect_config_error(j, {"num_expert_group", "divisor of num_experts"});
   j = published();
   j["moe_router_activation_func"] = "softmax";
-  expect_config_error(j, {"moe_router_activation_func", "sigmoid"});
+  test::expect_config_error(j, {"moe_router_activation_func", "sigmoid"});
   j = published();
   j.erase("linear_attn_config");
-  expect_config_error(j, {"linear_attn_config", "an object"});
+  test::expect_config_error(j, {"linear_attn_config", "an object"});
   j = published();
   j["num_key_value_heads"] = 8;
-  expect_config_error(j, {"num_key_value_heads", "32"});
+  test::expect_config_error(j, {"num_key_value_heads", "32"});
 }
 
 // A config whose expert count disagrees with the tensors: the error names num_experts and what the

@@ -96,6 +96,8 @@ RunResult run_lineage(const std::string& args) {
 
 #include <nlohmann/json.hpp>
 
+#include "lineage/core/error.h"
+#include "lineage/io/load_model.h"
 #include "lineage/io/safetensors.h"
 #include "lineage/model/archs/arch.h"
 #include "lineage/model/archs/presets.h"
@@ -152,6 +154,27 @@ fs::path tiny_model_with_tokenizer(const std::function<void(nlohmann::json&)>& e
   if (edit_tensors) edit_tensors(tensors);
   write_safetensors(dir / "model.safetensors", tensors);
   return dir;
+}
+
+fs::path write_config(const nlohmann::json& config) {
+  const fs::path dir = temp_dir();
+  std::ofstream(dir / "config.json") << config.dump();
+  return dir;
+}
+
+void expect_config_error(const nlohmann::json& config, std::initializer_list<std::string> pieces) {
+  const fs::path dir = write_config(config);
+  try {
+    io::load_skeleton(dir);
+    ADD_FAILURE() << "expected an Error for " << config.dump().substr(0, 200);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find((dir / "config.json").string()), std::string::npos) << msg;
+    for (const auto& p : pieces) EXPECT_NE(msg.find(p), std::string::npos) << "message lacks \"" << p << "\":\n" << msg;
+  }
+  const auto r = run_lineage("info --model " + shell_quote(dir.string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(*pieces.begin()), std::string::npos) << r.err;
 }
 
 }  // namespace lineage::test

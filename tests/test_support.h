@@ -39,6 +39,7 @@ std::string shell_quote(const std::string& s);
 
 }  // namespace lineage::test
 
+#include <initializer_list>
 #include <utility>
 
 #include <nlohmann/json_fwd.hpp>
@@ -65,5 +66,11 @@ using TensorList = std::vector<std::pair<std::string, Tensor>>;
 // they are written.
 std::filesystem::path tiny_model_with_tokenizer(const std::function<void(nlohmann::json&)>& edit_config = {},
                                                 const std::function<void(TensorList&)>& edit_tensors = {});
+
+// A fresh directory holding `config` as config.json and nothing else (a published config alone).
+std::filesystem::path write_config(const nlohmann::json& config);
+// `config` is refused: io::load_skeleton throws an Error that names config.json and holds every one
+// of `pieces`, and `lineage info` on it exits non-zero with the first piece in its message.
+void expect_config_error(const nlohmann::json& config, std::initializer_list<std::string> pieces);
 
 }  // namespace lineage::test

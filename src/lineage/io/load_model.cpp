@@ -100,6 +100,36 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
     bool squeeze = false, optional = false;
     for (const auto& s : table.squeeze) squeeze = squeeze || ends_with(name, s);
     for (const auto& s : table.optional) optional = optional || ends_with(name, s);
+    // A slice of a stacked tensor: expert e's rows of one part, a view.
+    for (const auto& us : table.unstacks) {
+      const size_t at = name.rfind(us.before);
+      if (at == std::string::npos) continue;
+      size_t end = at + us.before.size();
+      while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+      if (end == at + us.before.size() || end - at - us.before.size() > 9) continue;
+      const int64_t e = std::stoll(name.substr(at + us.before.size(), end - at - us.before.size()));
+      int64_t r0 = 0, per = 0;
+      for (const auto& p : us.parts) per += p.second;
+      const auto part = std::find_if(us.parts.begin(), us.parts.end(), [&](const auto& p) { return name.substr(end) == p.first; });
+      if (part == us.parts.end()) continue;
+      for (auto p = us.parts.begin(); p != part; ++p) r0 += p->second;
+      const std::string stored = name.substr(0, at) + us.stored;
+      if (!ckpt.has(stored)) continue;  // stored one tensor per expert instead
+      bound.insert(stored);
+      const TensorEntry& en = ckpt.entry(stored);
+      Shape want = shape;
+      want.insert(want.begin(), 0);
+      want[0] = us.slices, want[1] = per;
+      if (en.shape != want || e >= en.shape[0] || !is_weight_dtype(en.dtype, name)) {
+        wrong.push_back(cat(stored, ": shape ", shape_str(en.shape), " ", dtype_name(en.dtype), ", expected ",
+                            shape_str(want), " (experts, then each expert's rows) of a float dtype"));
+        return;
+      }
+      Shape slice = en.shape;
+      slice.erase(slice.begin());
+      t = ckpt.tensor(stored).rows(e, e + 1).reshaped(slice).rows(r0, r0 + part->second);
+      return;
+    }
     // A part of a split tensor: a view of its rows, or its rows of every group gathered.
     for (const auto& sp : table.splits) {
       int64_t r0 = 0, per_group = 0;
@@ -248,9 +278,15 @@ Skeleton load_skeleton(const fs::path& dir) {
   const nlohmann::json cfg = read_config(dir);
   Skeleton s;
   s.model = build_from_config(cfg, (dir / "config.json").string(), [](const std::string&) { return false; });
-  for (const char* key : {"dtype", "torch_dtype"}) {
-    if (!cfg.contains(key) || !cfg[key].is_string()) continue;
-    const std::string d = cfg[key];
+  // The top level's, else the text model's (Qwen3.5 keeps it in text_config only).
+  const nlohmann::json* text = cfg.contains("text_config") && cfg["text_config"].is_object() ? &cfg["text_config"] : nullptr;
+  for (const char* key : {"dtype", "torch_dtype", "text_config.dtype", "text_config.torch_dtype"}) {
+    const std::string k = key;
+    const nlohmann::json& from = k.starts_with("text_config.") && text ? *text : cfg;
+    const std::string field = k.starts_with("text_config.") ? k.substr(12) : k;
+    if (k.starts_with("text_config.") && !text) continue;
+    if (!from.contains(field) || !from[field].is_string()) continue;
+    const std::string d = from[field];
     if (d == "bfloat16") s.dtype = DType::BF16;
     else if (d == "float16") s.dtype = DType::F16;
     else if (d == "float32") s.dtype = DType::F32;

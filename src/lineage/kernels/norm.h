@@ -11,7 +11,8 @@ namespace lineage::kernels {
 // w, b: [D]; b may be null. y may alias x.
 void layer_norm(const float* x, int64_t T, int64_t D, const Tensor& w, const Tensor* b, float eps, float* y);
 
-// y = x / sqrt(mean(x²) + eps) · w (HF RMSNorm; no 1+w offset). w may be null (no scale).
-void rms_norm(const float* x, int64_t T, int64_t D, const Tensor* w, float eps, float* y);
+// y = x / sqrt(mean(x²) + eps) · (w + w_offset) (HF RMSNorm: offset 0; the zero-centred RMSNorm of
+// Qwen3-Next and Qwen3.5: offset 1, added to the widened weight in f32). w may be null (no scale).
+void rms_norm(const float* x, int64_t T, int64_t D, const Tensor* w, float eps, float* y, float w_offset = 0.0f);
 
 }  // namespace lineage::kernels

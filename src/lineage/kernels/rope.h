@@ -1,5 +1,7 @@
-// DeepSeek-V3's interleaved rotary position embedding on one d-wide slot (the rope part of MLA's
-// queries and shared key), and its backward. Spec: shared/spec/attention-mla-moe-attnres.md §2.
+// Rotary position embeddings: DeepSeek-V3's interleaved pairs on one d-wide slot (the rope part of
+// MLA's queries and shared key) with its backward, and the NeoX / rotate-half pairing on the first
+// dims of a head (Qwen3-Next and Qwen3.5's partial rotary). Spec:
+// shared/spec/attention-mla-moe-attnres.md §2; qwen3-next-and-qwen3.5.md §3.3.
 #pragma once
 
 #include <cstdint>
@@ -13,5 +15,9 @@ void rope_interleaved(float* x, int64_t d, int64_t p, double theta);
 // Its backward, in place: dy[d] → Rᵀ·dy, the turn by the opposite angle with the same f32 cosines
 // and sines (exactly the transpose of the forward's map).
 void rope_interleaved_backward(float* dy, int64_t d, int64_t p, double theta);
+
+// x[0 .. d) (d even; the dims after d untouched) at position p, in place: x_i and x_{i+d/2} turn by
+// p·θ^(−2i/d) (rotate-half pairing). Angles in double, cosines and sines rounded to f32.
+void rope_neox(float* x, int64_t d, int64_t p, double theta);
 
 }  // namespace lineage::kernels

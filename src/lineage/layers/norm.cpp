@@ -1,5 +1,6 @@
 #include "lineage/layers/norm.h"
 
+#include "lineage/core/error.h"
 #include "lineage/kernels/backward.h"
 #include "lineage/kernels/norm.h"
 
@@ -9,10 +10,11 @@ void forward(const Norm& n, const float* x, int64_t T, float* y) {
   if (n.kind == Norm::Kind::Layer)
     kernels::layer_norm(x, T, n.dim, n.weight, &n.bias, n.eps, y);
   else
-    kernels::rms_norm(x, T, n.dim, &n.weight, n.eps, y);
+    kernels::rms_norm(x, T, n.dim, &n.weight, n.eps, y, n.unit_offset ? 1.0f : 0.0f);
 }
 
 void backward(const Norm& n, const float* x, int64_t T, const float* dy, float* dx, Norm& grad) {
+  LINEAGE_CHECK(!n.unit_offset, "the zero-centred RMSNorm has no backward yet (train/backprop refuses the model)");
   if (n.kind == Norm::Kind::Layer)
     kernels::layer_norm_backward(x, dy, T, n.dim, n.weight, n.eps, dx, grad.weight.data<float>(), grad.bias.data<float>());
   else

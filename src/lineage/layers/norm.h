@@ -1,4 +1,5 @@
-// Norm layers as checkpoints store them: LayerNorm (weight + bias) or RMSNorm (weight).
+// Norm layers as checkpoints store them: LayerNorm (weight + bias) or RMSNorm (weight), and the
+// zero-centred RMSNorm of Qwen3-Next and Qwen3.5, whose stored weight w scales by 1 + w.
 #pragma once
 
 #include "lineage/layers/common.h"
@@ -12,9 +13,10 @@ struct Norm {
   float eps = 1e-5f;
   Tensor weight;  // [D]
   Tensor bias;    // [D], LayerNorm only
+  bool unit_offset = false;  // RMSNorm scaled by (1 + weight), the 1 added in f32 (zero-centred)
 
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f) {
-    f(prefix + ".weight", weight, {dim}, Init::Ones);
+    f(prefix + ".weight", weight, {dim}, unit_offset ? Init::Zeros : Init::Ones);  // zero-centred: 1 + 0
     if (kind == Kind::Layer) f(prefix + ".bias", bias, {dim}, Init::Zeros);
   }
 };

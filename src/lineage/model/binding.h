@@ -36,8 +36,19 @@ struct BindingTable {
     std::vector<std::string> stored;
   };
 
+  // One stored tensor [E, R, ...] holding one slice per expert (Qwen3.5's fused experts:
+  // mlp.experts.gate_up_proj [E, 2I, D], each expert's gate rows then its up rows): the parameter
+  // named `<before><e><part>` binds as rows [r0, r0 + rows) of slice e, a view of the file (no copy).
+  struct Unstack {
+    std::string stored;  // the stored tensor's suffix in place of `before`…: ".mlp.experts.gate_up_proj"
+    std::string before;  // what precedes the expert index in the parameter's name: ".mlp.experts."
+    std::vector<std::pair<std::string, int64_t>> parts;  // {".gate_proj.weight", I}, {".up_proj.weight", I}
+    int64_t slices = 0;  // E: the stored tensor's first dimension
+  };
+
   std::vector<Rename> renames;
   std::vector<Split> splits;
+  std::vector<Unstack> unstacks;
   std::vector<Fuse> fuses;
   // Parameters (by suffix) that may come with extra dimensions of size 1: Kimi stores A_log
   // [1, 1, H, 1] for a parameter of shape [H]. Bound as a reshaped view.

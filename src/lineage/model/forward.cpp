@@ -99,6 +99,8 @@ void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRow
           using Mixer = std::decay_t<decltype(mixer)>;
           if constexpr (std::is_same_v<Mixer, layers::Attention>)
             forward(mixer, call, a, layer_states(ws.attention_states, step, pool, i), y, ws.attention, tr);
+          else if constexpr (std::is_same_v<Mixer, layers::GatedAttention>)
+            forward(mixer, call, a, layer_states(ws.attention_states, step, pool, i), y, ws.gated_attention, tr);
           else if constexpr (std::is_same_v<Mixer, layers::Mla>)
             forward(mixer, call, a, layer_states(ws.mla_states, step, pool, i), y, ws.mla, tr);
           else

@@ -22,6 +22,7 @@
 #include "lineage/layers/ffn/moe.h"
 #include "lineage/layers/mixers/attention.h"
 #include "lineage/layers/mixers/delta_rule.h"
+#include "lineage/layers/mixers/gated_attention.h"
 #include "lineage/layers/mixers/mla.h"
 #include "lineage/layers/norm.h"
 #include "lineage/model/binding.h"
@@ -32,7 +33,7 @@ namespace lineage::model {
 struct SequenceState;  // state_pool.h
 
 // Adding a mixer is a compile error at every std::visit that does not handle it.
-using TokenMixer = std::variant<layers::Attention, layers::DeltaRule, layers::Mla>;
+using TokenMixer = std::variant<layers::Attention, layers::DeltaRule, layers::Mla, layers::GatedAttention>;
 using ChannelMixer = std::variant<layers::Mlp, layers::GatedMlp, layers::Moe>;
 
 // Pre-norm block: mixer(norm1(·)) then ffn(norm2(·)), each a sublayer of the model's residual

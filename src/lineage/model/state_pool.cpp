@@ -54,15 +54,24 @@ StateArray contiguous(std::string name, Tensor& t) {
   return a;
 }
 
+
+// The heads and head width of a mixer whose state is a KV cache (softmax attention, GPT-2's or the
+// gated one's KV heads); {0, 0} for the other mixers.
+std::pair<int64_t, int64_t> kv_cache_heads(const TokenMixer& mixer) {
+  if (const auto* a = std::get_if<layers::Attention>(&mixer)) return {a->config.n_heads, a->config.head_dim};
+  if (const auto* g = std::get_if<layers::GatedAttention>(&mixer)) return {g->config.n_kv_heads, g->config.head_dim};
+  return {0, 0};
+}
+
 }  // namespace
 
 std::vector<StateArray> state_arrays(const Model& m, SequenceState& s, size_t layer) {
   LINEAGE_CHECK(layer < m.blocks.size() && layer < s.layers.size(), "layer index out of range");
   std::vector<StateArray> out;
   const auto& mixer = m.blocks[layer].mixer;
-  if (const auto* a = std::get_if<layers::Attention>(&mixer)) {
+  if (const auto [H, hd] = kv_cache_heads(mixer); H > 0) {
     auto& st = std::get<layers::Attention::State>(s.layers[layer]);
-    const int64_t H = a->config.n_heads, hd = a->config.head_dim, L = st.length, cap = st.capacity;
+    const int64_t L = st.length, cap = st.capacity;
     for (auto [name, t] : {std::pair<const char*, Tensor*>{"k", &st.k}, {"v", &st.v}})
       out.push_back({name, {H, L, hd}, {cap * hd, hd, 1}, L ? t->data<float>() : nullptr});
     if (st.conv_tail.defined()) out.push_back(contiguous("conv_tail", st.conv_tail));
@@ -82,9 +91,9 @@ std::vector<StateArray> state_arrays(const Model& m, SequenceState& s, size_t la
 void set_length(const Model& m, SequenceState& s, int64_t length) {
   LINEAGE_CHECK(length >= 0 && s.layers.size() == m.blocks.size(), "set_length: a state of another model");
   for (size_t i = 0; i < m.blocks.size(); ++i) {
-    if (const auto* a = std::get_if<layers::Attention>(&m.blocks[i].mixer)) {
+    if (const auto [H, hd] = kv_cache_heads(m.blocks[i].mixer); H > 0) {
       auto& st = std::get<layers::Attention::State>(s.layers[i]);
-      st.reserve(a->config.n_heads, a->config.head_dim, length);
+      st.reserve(H, hd, length);
       st.length = length;
     } else if (const auto* l = std::get_if<layers::Mla>(&m.blocks[i].mixer)) {
       auto& st = std::get<layers::Mla::State>(s.layers[i]);

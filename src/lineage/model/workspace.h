@@ -11,6 +11,7 @@
 #include "lineage/layers/ffn/moe.h"
 #include "lineage/layers/mixers/attention.h"
 #include "lineage/layers/mixers/delta_rule.h"
+#include "lineage/layers/mixers/gated_attention.h"
 #include "lineage/layers/mixers/mla.h"
 #include "lineage/layers/norm.h"
 
@@ -24,12 +25,13 @@ namespace lineage::model {
 struct Workspace {
   layers::Buffer x, normed, out, head_rows;
   layers::Attention::Buffers attention;
+  layers::GatedAttention::Buffers gated_attention;
   layers::DeltaRule::Buffers delta_rule;
   layers::Mla::Buffers mla;
   layers::Mlp::Buffers mlp;
   layers::GatedMlp::Buffers gated_mlp;
   layers::Moe::Buffers moe;
-  std::vector<layers::Attention::State*> attention_states;
+  std::vector<layers::Attention::State*> attention_states;  // GatedAttention's too (the same cache)
   std::vector<layers::DeltaRule::State*> delta_rule_states;
   std::vector<layers::Mla::State*> mla_states;
   // Block Attention Residuals: the finished blocks (the embedding first), the mixed input of a

@@ -66,8 +66,12 @@ void visit_trainable(const Variant& v, F&& f) {
 }  // namespace
 
 std::string untrainable_reason(const Model& m) {
+  if (m.final_norm.unit_offset) return "the zero-centred RMSNorm (1 + w) has no backward yet";
   for (size_t i = 0; i < m.blocks.size(); ++i) {
     const model::Block& b = m.blocks[i];
+    if (b.norm1.unit_offset || b.norm2.unit_offset) return cat("layer ", i, ": the zero-centred RMSNorm (1 + w) has no backward yet");
+    if (const auto* e = std::get_if<layers::Moe>(&b.ffn); e && (e->config.router != layers::Moe::Router::Sigmoid || e->config.shared_gate))
+      return cat("layer ", i, ": the softmax router and the gated shared expert have no backward yet");
     for (const std::string& why : {layer_reason(b.mixer), layer_reason(b.ffn)})
       if (!why.empty()) return cat("layer ", i, ": ", why);
   }

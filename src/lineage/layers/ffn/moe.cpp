@@ -9,13 +9,14 @@
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/moe_router_backward.h"
 #include "lineage/kernels/norm.h"
+#include "lineage/kernels/vmath.h"
 
 namespace lineage::layers {
 
 void Moe::for_each_tensor(const std::string& p, const TensorVisitor& f) {
   const Config& c = config;
   visit_matrix(f, p + ".gate.weight", weights.gate, c.n_experts, c.d_model);
-  f(p + ".gate.e_score_correction_bias", weights.bias, {c.n_experts}, Init::Zeros);
+  if (c.router == Router::Sigmoid) f(p + ".gate.e_score_correction_bias", weights.bias, {c.n_experts}, Init::Zeros);
   const int64_t X = expert_width();
   if (c.latent > 0) visit_matrix(f, p + ".routed_expert_down_proj.weight", weights.latent_down, c.latent, c.d_model);
   if (c.latent > 0 && c.latent_norm) f(p + ".routed_expert_norm.weight", weights.latent_norm, {c.latent}, Init::Ones);
@@ -29,7 +30,8 @@ void Moe::for_each_tensor(const std::string& p, const TensorVisitor& f) {
   }
   if (c.shared_hidden > 0) {
     weights.shared.config = {c.d_model, c.shared_hidden, c.act, c.situ_beta, c.situ_linear_beta};
-    weights.shared.for_each_tensor(p + ".shared_experts", f);
+    weights.shared.for_each_tensor(p + "." + shared_name, f);
+    if (c.shared_gate) visit_matrix(f, p + ".shared_expert_gate.weight", weights.shared_gate, 1, c.d_model);
   }
 }
 
@@ -38,6 +40,7 @@ void Moe::for_each_matrix(const MatrixVisitor& f) {
   if (config.latent > 0) f(weights.latent_down), f(weights.latent_up);
   for (GatedMlp& e : weights.experts) e.for_each_matrix(f);
   if (config.shared_hidden > 0) weights.shared.for_each_matrix(f);
+  if (config.shared_gate) f(weights.shared_gate);
 }
 
 void Moe::prepare() {
@@ -53,7 +56,8 @@ std::string Moe::describe() const {
   return cat(c.latent > 0 ? cat("latent MoE (", c.latent, "), ") : std::string("MoE, "), c.n_experts,
              c.act == GatedMlp::Act::Situ ? " SiTU" : " SwiGLU", " experts of ", c.hidden, ", ", c.top_k, " per token",
              c.n_group > 1 ? cat(" (", c.topk_group, " of ", c.n_group, " groups)") : std::string(),
-             c.shared_hidden ? cat(", shared MLP ", c.shared_hidden) : std::string());
+             c.shared_hidden ? cat(c.shared_gate ? ", gated shared MLP " : ", shared MLP ", c.shared_hidden) : std::string(),
+             c.router == Router::Softmax ? ", softmax router" : "");
 }
 
 double Moe::bytes_per_step(double tokens) const {
@@ -61,7 +65,8 @@ double Moe::bytes_per_step(double tokens) const {
   const double E = double(c.n_experts), k = double(c.top_k);
   const double chosen = E * (1.0 - std::pow(1.0 - k / E, tokens));
   double bytes = double(weights.gate.bytes()) + double(weights.bias.nbytes()) + double(weights.latent_down.bytes()) +
-                 double(weights.latent_up.bytes()) + double(weights.latent_norm.nbytes());
+                 double(weights.latent_up.bytes()) + double(weights.latent_norm.nbytes()) +
+                 double(weights.shared_gate.bytes());
   if (c.shared_hidden > 0) {
     const GatedMlp::Weights& s = weights.shared.weights;
     bytes += double(s.gate_proj.bytes() + s.up_proj.bytes() + s.down_proj.bytes());
@@ -76,12 +81,21 @@ double Moe::bytes_per_step(double tokens) const {
 void route(const Moe::Config& c, const float* logits, const float* bias, int32_t* ids, float* w,
            std::vector<int32_t>& scratch) {
   const int64_t E = c.n_experts, k = c.top_k;
-  // s and s' in f32 as the reference computes them (σ of the f32 logits; the bias added in f32).
+  // s and s' in f32 as the reference computes them (σ of the f32 logits; the bias added in f32), or
+  // the softmax of the logits (max subtracted, the sum in double) with s' = s.
   thread_local std::vector<float> s, biased;
   s.resize(size_t(E)), biased.resize(size_t(E));
-  for (int64_t e = 0; e < E; ++e) {
-    s[size_t(e)] = 1.0f / (1.0f + std::exp(-logits[e]));
-    biased[size_t(e)] = s[size_t(e)] + bias[e];
+  if (c.router == Moe::Router::Softmax) {
+    float top = logits[0];
+    for (int64_t e = 1; e < E; ++e) top = std::max(top, logits[e]);
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += double(s[size_t(e)] = std::exp(logits[e] - top));
+    for (int64_t e = 0; e < E; ++e) biased[size_t(e)] = s[size_t(e)] = float(double(s[size_t(e)]) / sum);
+  } else {
+    for (int64_t e = 0; e < E; ++e) {
+      s[size_t(e)] = 1.0f / (1.0f + std::exp(-logits[e]));
+      biased[size_t(e)] = s[size_t(e)] + bias[e];
+    }
   }
   scratch.resize(size_t(E));
   const auto before = [](const std::vector<float>& v) {
@@ -121,7 +135,7 @@ void route(const Moe::Config& c, const float* logits, const float* bias, int32_t
     w[j] = c.bias_in_weights ? biased[size_t(e)] : s[size_t(e)];
     sum += w[j];
   }
-  if (k > 1 && c.renormalize) {
+  if (c.renormalize && (k > 1 || c.router == Moe::Router::Softmax)) {
     const float denom = float(sum) + 1e-20f;
     for (int64_t j = 0; j < k; ++j) w[j] /= denom;
   }
@@ -154,9 +168,10 @@ void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buff
   const int64_t N = call.step.n_tokens(), D = c.d_model, E = c.n_experts, k = c.top_k;
   const bool dot = call.options.bf16_dot;
 
-  // The router in f32 (exact products whatever the gate's dtype, as the reference casts it).
+  // The sigmoid router in f32 (exact products whatever the gate's dtype, as Kimi's reference casts
+  // it); the softmax router in the model's dtype (Qwen's runs the gate as any other linear).
   float* logits = buf.logits.get(size_t(N * E));
-  kernels::linear(x, N, m.weights.gate, nullptr, logits, std::nullopt, false);
+  kernels::linear(x, N, m.weights.gate, nullptr, logits, std::nullopt, c.router == Moe::Router::Softmax && dot);
   trace("moe.router_logits", logits, {N, E});
   buf.ids.resize(size_t(N * k));
   float* w = buf.weights.get(size_t(N * k));
@@ -205,6 +220,13 @@ void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buff
   if (c.shared_hidden > 0) {
     float* sh = buf.shared.get(size_t(N * D));
     forward_rows(m.weights.shared, x, N, sh, buf.mlp, dot);
+    if (c.shared_gate) {  // one σ(W_sg·x) per token
+      float* g = buf.shared_gate.get(size_t(N));
+      kernels::linear(x, N, m.weights.shared_gate, nullptr, g, std::nullopt, dot);
+      kernels::sigmoid(g, g, N);
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t d = 0; d < D; ++d) sh[t * D + d] *= g[t];
+    }
     trace("moe.shared", sh, {N, D});
     for (int64_t i = 0; i < N * D; ++i) y[i] += sh[i];
   }

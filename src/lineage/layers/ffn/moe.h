@@ -10,7 +10,12 @@
 // narrower latent space:
 //   z = W_down·x;  a = Σ_j w_j·expert_idx_j(z);  a = RMSNorm(a) (latent_norm, once on the aggregate);
 //   y = W_up·a + shared(x)
-// Spec: shared/spec/attention-mla-moe-attnres.md §3, §4.2; reference/kimi_linear.py, kimi_k3.py.
+// Qwen3-Next and Qwen3.5 route with a softmax instead (Router::Softmax): p = softmax(W_gate·x) over
+// all experts in f32, idx = top-k of p, w = p[idx], w /= Σw (norm_topk_prob; even for k = 1), no
+// bias, groups or scaling; and their shared expert is gated per token (shared_gate):
+//   y = Σ_j w_j·expert_idx_j(x) + σ(W_sg·x)·shared(x)
+// Spec: shared/spec/attention-mla-moe-attnres.md §3, §4.2; qwen3-next-and-qwen3.5.md §3.5;
+// reference/kimi_linear.py, kimi_k3.py, qwen.py.
 #pragma once
 
 #include <vector>
@@ -21,9 +26,11 @@
 namespace lineage::layers {
 
 struct Moe {
+  enum class Router : uint8_t { Sigmoid, Softmax };
   struct Config {
     int64_t d_model = 0;
     int64_t n_experts = 0, top_k = 0;    // E, k
+    Router router = Router::Sigmoid;     // Softmax: no e_score_correction_bias
     int64_t hidden = 0;                  // each routed expert's width I
     int64_t shared_hidden = 0;           // the shared MLP's width I·n_shared; 0 = none
     int64_t n_group = 1, topk_group = 1; // group-limited routing (1 group: plain top-k)
@@ -38,6 +45,7 @@ struct Moe {
     float latent_eps = 1e-5f;
     // The experts' and the shared MLP's activation (GatedMlp::Config).
     GatedMlp::Act act = GatedMlp::Act::Silu;
+    bool shared_gate = false;            // the shared MLP's output times σ(shared_expert_gate·x)
     float situ_beta = 4.0f, situ_linear_beta = 25.0f;
   };
   struct Weights {
@@ -48,6 +56,7 @@ struct Moe {
     kernels::Matrix latent_down;  // [L_a, D] routed_expert_down_proj (latent > 0)
     Tensor latent_norm;           // [L_a]    routed_expert_norm (latent_norm)
     kernels::Matrix latent_up;    // [D, L_a] routed_expert_up_proj
+    kernels::Matrix shared_gate;  // [1, D] shared_expert_gate (shared_gate)
   };
   struct Prepared {
     std::vector<float> bias;      // [E], widened once
@@ -57,7 +66,7 @@ struct Moe {
   // grouped by expert, one expert's rows in and out, the shared output [N, D]; with a latent space
   // the experts' input z and their weighted sum [N, L_a], and the up-projected sum [N, D].
   struct Buffers {
-    Buffer logits, weights, rows_in, rows_out, shared, ids_f, latent_in, latent_sum, routed;
+    Buffer logits, weights, rows_in, rows_out, shared, shared_gate, ids_f, latent_in, latent_sum, routed;
     std::vector<int32_t> ids, order, scratch;
     std::vector<int64_t> offsets;
     GatedMlp::Buffers mlp;
@@ -83,6 +92,8 @@ struct Moe {
   // The routed experts' matrix names: DeepSeek's gate_proj / up_proj / down_proj unless the family's
   // file says otherwise (Kimi: w1 / w3 / w2).
   GatedMlp::Names expert_names;
+  // The shared MLP's name under the layer: Kimi's "shared_experts", Qwen's "shared_expert".
+  std::string shared_name = "shared_experts";
 
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
   void for_each_matrix(const MatrixVisitor& f);

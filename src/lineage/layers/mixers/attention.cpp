@@ -41,16 +41,6 @@ void convolve_rows(const Attention& a, const float* raw, int64_t T, float* tail,
   else add(0, T);
 }
 
-void grow(Attention::State& s, int64_t H, int64_t hd, int64_t needed) {
-  if (needed <= s.capacity) return;
-  const int64_t cap = std::max<int64_t>({needed, 2 * s.capacity, 16});
-  Tensor k, v;
-  copy_cache(s, H, hd, cap, k, v);
-  s.k = std::move(k);
-  s.v = std::move(v);
-  s.capacity = cap;
-}
-
 }  // namespace
 
 size_t Attention::State::bytes() const {
@@ -108,6 +98,16 @@ void Attention::for_each_tensor(const std::string& prefix, const TensorVisitor& 
     f(prefix + ".c_attn_conv1d.weight", weights.c_attn_conv, {3 * D, 1, config.conv_size}, Init::Normal);
 }
 
+void Attention::State::grow(int64_t H, int64_t hd, int64_t needed) {
+  if (needed <= capacity) return;
+  const int64_t cap = std::max<int64_t>({needed, 2 * capacity, 16});
+  Tensor nk, nv;
+  copy_cache(*this, H, hd, cap, nk, nv);
+  k = std::move(nk);
+  v = std::move(nv);
+  capacity = cap;
+}
+
 void Attention::State::reserve(int64_t H, int64_t hd, int64_t positions) {
   if (positions <= capacity) return;
   Tensor nk, nv;
@@ -139,7 +139,7 @@ void forward(const Attention& a, const Call& call, const float* x, std::span<Att
   for (int64_t b = 0; b < step.n_seqs(); ++b) {
     Attention::State& s = *states[size_t(b)];
     const int64_t p0 = s.length, T = step.length(b), t0 = step.begin(b);
-    grow(s, H, hd, p0 + T);
+    s.grow(H, hd, p0 + T);
     const float* rows = qkv + t0 * 3 * D;
     const auto store = [&](int64_t r0, int64_t r1) {  // K and V into the cache; queries are read in place
       for (int64_t t = r0; t < r1; ++t)

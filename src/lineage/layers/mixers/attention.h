@@ -41,6 +41,8 @@ struct Attention {
     // Room for `positions` positions of H heads of hd channels, allocated now (a pool of fixed
     // context); keeps what is cached.
     void reserve(int64_t H, int64_t hd, int64_t positions);
+    // Room for at least `needed` positions, growing by doubling (at least 16): what a step appends.
+    void grow(int64_t H, int64_t hd, int64_t needed);
   };
   // A step's activations: the fused q | k | v projection [N, 3D], the attended context [N, D], and
   // one kernel argument per sequence.

@@ -33,5 +33,8 @@ Model build_gated_deltanet(const ArchInput& in);
 Model build_kda(const ArchInput& in);
 Model build_kimi_linear(const ArchInput& in);
 Model build_kimi_k3(const ArchInput& in);
+Model build_qwen3_next(const ArchInput& in);
+Model build_qwen3_5(const ArchInput& in);
+Model build_qwen3_5_moe(const ArchInput& in);
 
 }  // namespace lineage::model

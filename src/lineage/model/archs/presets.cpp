@@ -78,6 +78,44 @@ std::string kimi_config(nlohmann::json extra) {
   return j.dump();
 }
 
+// Qwen3-Next (model_type qwen3_next) at the tour's common size: 3 Gated DeltaNet : 1 gated
+// attention, 12 key heads and 12 value heads of 64, attention 12 heads of 64 over 4 KV heads with
+// RoPE on a quarter of each head, MoE 8 x 256 top-2 with a gated shared expert; `extra` overrides.
+std::string qwen3_next_config(nlohmann::json extra) {
+  nlohmann::json j = {{"model_type", "qwen3_next"},
+                      {"architectures", {"Qwen3NextForCausalLM"}},
+                      {"vocab_size", 50257},
+                      {"hidden_size", 768},
+                      {"num_hidden_layers", 12},
+                      {"full_attention_interval", 4},
+                      {"num_attention_heads", 12},
+                      {"num_key_value_heads", 4},
+                      {"head_dim", 64},
+                      {"partial_rotary_factor", 0.25},
+                      {"rope_theta", 10000000.0},
+                      {"max_position_embeddings", 262144},
+                      {"linear_num_key_heads", 12},
+                      {"linear_num_value_heads", 12},
+                      {"linear_key_head_dim", 64},
+                      {"linear_value_head_dim", 64},
+                      {"linear_conv_kernel_dim", 4},
+                      {"hidden_act", "silu"},
+                      {"intermediate_size", 2048},
+                      {"num_experts", 8},
+                      {"num_experts_per_tok", 2},
+                      {"moe_intermediate_size", 256},
+                      {"shared_expert_intermediate_size", 256},
+                      {"norm_topk_prob", true},
+                      {"decoder_sparse_step", 1},
+                      {"mlp_only_layers", nlohmann::json::array()},
+                      {"rms_norm_eps", 1e-6},
+                      {"tie_word_embeddings", false},
+                      {"bos_token_id", 50256},
+                      {"eos_token_id", 50256}};
+  if (extra.is_object()) j.update(extra);
+  return j.dump();
+}
+
 // Kimi K3 in the text-only layout (model_type kimi_linear with K3's fields) at the tour's common
 // size: 3 KDA : 1 MLA ending in two adjacent MLA layers as K3 does, the lower-bounded KDA gate with
 // a full-rank output gate, gated MLA with q-LoRA, SiTU, Stable LatentMoE (experts at half the
@@ -209,6 +247,29 @@ const std::vector<Preset>& presets() {
                     {"moe_intermediate_size", 1024},
                     {"bos_token_id", 1},
                     {"eos_token_id", 2}})},
+      {"qwen3-next", "Qwen3-Next: 3 Gated DeltaNet : 1 gated attention (GQA, partial RoPE), MoE 8 x 256 top-2 + gated shared",
+       qwen3_next_config({}), true},
+      // The shape of llama.cpp's own qwen3next test model (test-llama-archs), for benchmarks.
+      {"qwen3-next-bench", "Qwen3-Next bench shape: GDN, GDN, GDN, attention at width 1024, MoE 2 x 1024 top-1 + gated shared 512",
+       qwen3_next_config({{"vocab_size", 1024},
+                          {"hidden_size", 1024},
+                          {"num_hidden_layers", 4},
+                          {"num_attention_heads", 8},
+                          {"num_key_value_heads", 8},
+                          {"head_dim", 128},
+                          {"partial_rotary_factor", 1.0},
+                          {"rope_theta", 10000.0},
+                          {"linear_num_key_heads", 8},
+                          {"linear_num_value_heads", 8},
+                          {"linear_key_head_dim", 128},
+                          {"linear_value_head_dim", 128},
+                          {"num_experts", 2},
+                          {"num_experts_per_tok", 1},
+                          {"moe_intermediate_size", 1024},
+                          {"shared_expert_intermediate_size", 512},
+                          {"rms_norm_eps", 1e-5},
+                          {"bos_token_id", 1},
+                          {"eos_token_id", 2}})},
   };
   return p;
 }

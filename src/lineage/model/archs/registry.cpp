@@ -14,6 +14,9 @@ const std::map<std::string, ArchBuilder>& registry() {
       {"kda", build_kda},
       {"kimi_linear", build_kimi_linear},
       {"kimi_k3", build_kimi_k3},
+      {"qwen3_next", build_qwen3_next},
+      {"qwen3_5", build_qwen3_5},
+      {"qwen3_5_moe", build_qwen3_5_moe},
   };
   return r;
 }

@@ -1,0 +1,289 @@
+// Qwen3-Next and Qwen3.5 checkpoints as published: hybrids of Gated DeltaNet layers and gated
+// softmax-attention layers (layer_types, or every full_attention_interval-th layer attention),
+// zero-centred RMSNorms (1 + w) everywhere but the delta rule's gated output norm, a dense SwiGLU
+// MLP or Qwen's MoE (softmax router, gated shared expert) per layer.
+//   Qwen3-Next (Qwen3NextForCausalLM, model_type "qwen3_next"): flat model.* names, in_proj_qkvz and
+//   in_proj_ba interleaved per key-head group, one tensor per expert.
+//   Qwen3.5 (Qwen3_5ForConditionalGeneration "qwen3_5", dense; Qwen3_5MoeForConditionalGeneration
+//   "qwen3_5_moe"): the text model's fields in text_config and its tensors under
+//   model.language_model., flat in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, experts fused into
+//   [E, 2I, D] and [E, D, I] tensors (bound per expert as views; per-expert files bind too).
+// The vision tower (model.visual.*) and the multi-token-prediction head (mtp.*) are skipped; `info`
+// counts the MTP head apart. Qwen's own names bind through the table here: the delta rule's
+// projections are gathered into the layout the other delta-rule rows use, so nothing outside this
+// file knows either naming. Spec: shared/spec/qwen3-next-and-qwen3.5.md; reference/qwen.py.
+#include <string>
+#include <vector>
+
+#include "lineage/core/error.h"
+#include "lineage/model/archs/arch.h"
+
+namespace lineage::model {
+
+namespace {
+
+using layers::DeltaRule;
+
+enum class Flavour : uint8_t { Next, Dense35, Moe35 };
+
+struct Source {
+  const ArchInput& in;
+  std::string prefix;  // of the text model's tensors: "model." or "model.language_model."
+  Flavour flavour;
+  bool has(const std::string& name) const { return in.has_tensor(name); }
+  bool checkpoint() const { return has(prefix + "embed_tokens.weight"); }
+};
+
+// A field of the RoPE parameters: top-level (older configs) or in rope_parameters (transformers v5).
+double rope_field(const ConfigFields& c, const std::string& key, double fallback, double max) {
+  if (c.has("rope_parameters")) {
+    if (!c.json()["rope_parameters"].is_object()) c.fail("rope_parameters", "an object (rope_type, rope_theta, ...)");
+    const ConfigFields r(c.json()["rope_parameters"], c.file() + ", rope_parameters");
+    if (r.has(key)) {
+      const std::string type = r.string("rope_type", "default");
+      if (type != "default") r.fail("rope_type", "\"default\" (no RoPE scaling is supported)");
+      return r.positive(key, fallback, max);
+    }
+  }
+  return c.positive(key, fallback, max);
+}
+
+// layer_types as given, or every full_attention_interval-th layer full attention.
+std::vector<char> attention_layers(const ConfigFields& c, int64_t L) {
+  std::vector<char> full(size_t(L), 0);
+  if (c.has("layer_types")) {
+    const auto& t = c.json()["layer_types"];
+    const std::string want = cat("a list of ", L, " (num_hidden_layers) entries, each \"linear_attention\" or \"full_attention\"");
+    if (!t.is_array() || int64_t(t.size()) != L) c.fail("layer_types", want);
+    for (int64_t i = 0; i < L; ++i) {
+      const auto& v = t[size_t(i)];
+      if (!v.is_string() || (v != "linear_attention" && v != "full_attention")) c.fail("layer_types", want);
+      full[size_t(i)] = v == "full_attention";
+    }
+    return full;
+  }
+  const int64_t every = c.integer("full_attention_interval", 4, L);
+  for (int64_t i = 0; i < L; ++i) full[size_t(i)] = (i + 1) % every == 0;
+  return full;
+}
+
+layers::GatedAttention attention_layer(const ConfigFields& c, int64_t D, float eps) {
+  layers::GatedAttention a;
+  layers::GatedAttention::Config& x = a.config;
+  x.d_model = D;
+  x.n_heads = c.integer("num_attention_heads", limits::kHeads);
+  x.n_kv_heads = c.integer("num_key_value_heads", x.n_heads, limits::kHeads);
+  if (x.n_heads % x.n_kv_heads) c.fail("num_key_value_heads", cat("a divisor of num_attention_heads = ", x.n_heads));
+  x.head_dim = c.integer("head_dim", D / x.n_heads, limits::kWidth);
+  if (c.boolean("attention_bias", false)) c.fail("attention_bias", "false (Qwen's attention has no biases)");
+  if (c.has("rope_scaling")) c.fail("rope_scaling", "null (no RoPE scaling is supported)");
+  x.rope_theta = rope_field(c, "rope_theta", 10000.0, 1e12);
+  const double factor = rope_field(c, "partial_rotary_factor", 0.25, 1.0);
+  x.rope_dims = int64_t(double(x.head_dim) * factor);
+  if (x.rope_dims < 2 || x.rope_dims % 2)
+    c.fail("partial_rotary_factor", cat("a factor giving an even rotary width of at least 2 (head_dim ", x.head_dim, " x ",
+                                        factor, " = ", x.rope_dims, ")"));
+  x.output_gate = c.boolean("attn_output_gate", true);
+  x.qk_norm = true;
+  x.norm_eps = eps;
+  return a;
+}
+
+DeltaRule delta_layer(const ConfigFields& c, int64_t D, float eps) {
+  DeltaRule d;
+  DeltaRule::Config& x = d.config;
+  x.kind = "Gated DeltaNet";
+  x.d_model = D;
+  x.n_heads = x.n_kv_heads = c.integer("linear_num_key_heads", limits::kHeads);
+  x.n_v_heads = c.integer("linear_num_value_heads", limits::kHeads);
+  if (x.n_v_heads % x.n_heads) c.fail("linear_num_value_heads", cat("a multiple of linear_num_key_heads = ", x.n_heads));
+  x.head_k = c.integer("linear_key_head_dim", limits::kWidth);
+  x.head_v = c.integer("linear_value_head_dim", limits::kWidth);
+  x.conv_size = c.integer("linear_conv_kernel_dim", 4, limits::kConvSize);
+  x.qk_conv_silu = true;
+  x.q_norm = x.k_norm = DeltaRule::QkNorm::L2;
+  x.decay = DeltaRule::DecayInput::PerHeadProj;
+  x.out_gate = DeltaRule::OutGate::Swish;  // RMSNorm(o)·w·SiLU(z), the plain weight (no 1 + w)
+  x.norm_eps = eps;
+  x.names.o_norm = "norm";
+  return d;
+}
+
+// Where Qwen keeps the delta rule's parameters: one conv over q | k | v, out_proj, and the input
+// projections interleaved per key-head group (Qwen3-Next) or flat (Qwen3.5), gathered at load into
+// the layout of the other delta-rule rows.
+void bind_delta_rule(BindingTable& b, const DeltaRule::Config& x, Flavour f) {
+  const int64_t Hk = x.n_heads, Hv = x.n_v_heads, dk = x.head_k, dv = x.head_v, r = Hv / Hk;
+  const std::string p = ".linear_attn.";
+  b.splits.push_back({p + "conv1d.weight", {{p + "q_conv1d.weight", Hk * dk}, {p + "k_conv1d.weight", Hk * dk},
+                                            {p + "v_conv1d.weight", Hv * dv}}, 1});
+  b.renames.push_back({p + "o_proj.weight", p + "out_proj.weight"});
+  if (f == Flavour::Next) {
+    b.splits.push_back({p + "in_proj_qkvz.weight", {{p + "q_proj.weight", dk}, {p + "k_proj.weight", dk},
+                                                    {p + "v_proj.weight", r * dv}, {p + "g_proj.weight", r * dv}}, Hk});
+    b.splits.push_back({p + "in_proj_ba.weight", {{p + "b_proj.weight", r}, {p + "a_proj.weight", r}}, Hk});
+  } else {
+    b.splits.push_back({p + "in_proj_qkv.weight", {{p + "q_proj.weight", Hk * dk}, {p + "k_proj.weight", Hk * dk},
+                                                   {p + "v_proj.weight", Hv * dv}}, 1});
+    b.renames.push_back({p + "g_proj.weight", p + "in_proj_z.weight"});
+    b.renames.push_back({p + "b_proj.weight", p + "in_proj_b.weight"});
+    b.renames.push_back({p + "a_proj.weight", p + "in_proj_a.weight"});
+  }
+}
+
+// Parameters of the multi-token-prediction head the config declares (skipped; `info` counts them
+// apart): per MTP layer one full-attention decoder layer with its FFN and two norms, then fc
+// [D, 2D] and three norms (spec §2.1).
+int64_t mtp_params(int64_t layers, int64_t D, const layers::GatedAttention& a, int64_t ffn) {
+  const auto& c = a.config;
+  const int64_t attention = (c.output_gate ? 2 : 1) * c.n_heads * c.head_dim * D + 2 * c.n_kv_heads * c.head_dim * D +
+                            c.n_heads * c.head_dim * D + 2 * c.head_dim;
+  return layers * (attention + ffn + 2 * D) + 2 * D * D + 3 * D;
+}
+
+Model build_qwen(const ConfigFields& c, const Source& src, const std::string& layers_field) {
+  Model m;
+  const int64_t V = c.integer("vocab_size", limits::kVocab), D = c.integer("hidden_size", limits::kWidth);
+  const int64_t L = c.integer("num_hidden_layers", limits::kLayers);
+  const float eps = float(c.positive("rms_norm_eps", 1e-6, 1.0));
+  if (c.string("hidden_act", "silu") != "silu") c.fail("hidden_act", "\"silu\" (Qwen's MLPs, convs and gates)");
+  const std::vector<char> full = attention_layers(c, L);
+
+  // Qwen's MoE where the config has experts: every decoder_sparse_step-th layer not in mlp_only_layers.
+  const bool moe35 = src.flavour == Flavour::Moe35;
+  const int64_t E = src.flavour == Flavour::Dense35 ? 0 : c.count("num_experts", 0, limits::kWidth);
+  if (moe35 && E == 0) c.fail("num_experts", "at least 1 (Qwen3.5-MoE)");
+  layers::Moe::Config moe;
+  std::vector<char> dense_only(size_t(L), 0);
+  int64_t sparse_step = 1;
+  if (E > 0) {
+    moe.d_model = D;
+    moe.n_experts = E;
+    moe.top_k = c.integer("num_experts_per_tok", E);
+    moe.hidden = c.integer("moe_intermediate_size", limits::kWidth);
+    moe.shared_hidden = c.count("shared_expert_intermediate_size", 0, limits::kWidth);
+    moe.router = layers::Moe::Router::Softmax;
+    moe.renormalize = moe35 || c.boolean("norm_topk_prob", true);  // Qwen3.5-MoE always renormalizes
+    moe.shared_gate = moe.shared_hidden > 0;
+    if (!moe35) {
+      sparse_step = c.integer("decoder_sparse_step", 1, L);
+      if (c.has("mlp_only_layers")) {
+        const auto& v = c.json()["mlp_only_layers"];
+        const std::string want = cat("a list of zero-based layer numbers in [0, ", L, ")");
+        if (!v.is_array()) c.fail("mlp_only_layers", want);
+        for (const auto& i : v) {
+          if (!i.is_number_integer() || i.get<int64_t>() < 0 || i.get<int64_t>() >= L) c.fail("mlp_only_layers", want);
+          dense_only[size_t(i.get<int64_t>())] = 1;
+        }
+      }
+    }
+  }
+  const auto is_moe = [&](int64_t i) { return E > 0 && !dense_only[size_t(i)] && (i + 1) % sparse_step == 0; };
+  bool any_dense = false;
+  for (int64_t i = 0; i < L; ++i) any_dense = any_dense || !is_moe(i);
+  const int64_t dense_width = any_dense ? c.integer("intermediate_size", limits::kWidth) : 0;
+
+  m.config.model_type = src.flavour == Flavour::Next ? "qwen3_next" : moe35 ? "qwen3_5_moe" : "qwen3_5";
+  m.config.vocab_size = V;
+  m.config.d_model = D;
+  m.config.max_positions_field = "max_position_embeddings";
+  m.config.max_positions = c.count("max_position_embeddings", 0, limits::kPositions);
+  m.config.layers_field = layers_field;
+  m.config.tied_lm_head = c.boolean("tie_word_embeddings", false);
+  m.config.bos_token_id = c.token_id("bos_token_id", V, std::nullopt);
+  m.config.eos_token_id = c.token_id("eos_token_id", V, std::nullopt);
+  const std::string& P = src.prefix;
+  m.names = {P + "embed_tokens.weight", "", P + "layers.", P + "norm", "lm_head.weight"};
+  if (m.config.tied_lm_head) m.binding.ignore_suffixes.push_back("lm_head.weight");
+  m.binding.ignore_prefixes = {"mtp.", "model.visual."};
+  layers::Norm rms{layers::Norm::Kind::Rms, D, eps, {}, {}};
+  rms.unit_offset = true;
+  m.final_norm = rms;
+
+  int64_t n_full = 0, n_moe = 0;
+  layers::GatedAttention attention;
+  for (int64_t i = 0; i < L; ++i) {
+    Block b;
+    b.norm1 = b.norm2 = rms;
+    const std::string lp = cat(P, "layers.", i, ".");
+    if (src.checkpoint()) {  // layer_types against the tensors
+      const bool gdn = src.has(lp + "linear_attn.A_log"), attn = src.has(lp + "self_attn.q_proj.weight");
+      if (full[size_t(i)] && gdn && !attn)
+        c.fail("layer_types", cat("the layers the checkpoint holds: layer ", i, " is a linear_attention layer (",
+                                  lp, "linear_attn.A_log), not full_attention"));
+      if (!full[size_t(i)] && attn && !gdn)
+        c.fail("layer_types", cat("the layers the checkpoint holds: layer ", i, " is a full_attention layer (",
+                                  lp, "self_attn.q_proj.weight), not linear_attention"));
+    }
+    if (full[size_t(i)]) {
+      attention = attention_layer(c, D, eps);
+      b.mixer = attention;
+      ++n_full;
+    } else {
+      DeltaRule d = delta_layer(c, D, eps);
+      if (m.binding.splits.empty()) bind_delta_rule(m.binding, d.config, src.flavour);
+      b.mixer = std::move(d);
+    }
+    if (is_moe(i)) {
+      layers::Moe e;
+      e.config = moe;
+      e.shared_name = "shared_expert";
+      b.ffn = std::move(e);
+      ++n_moe;
+    } else {
+      layers::GatedMlp mlp;
+      mlp.config = {D, dense_width};
+      b.ffn = std::move(mlp);
+    }
+    b.names = {"input_layernorm", full[size_t(i)] ? "self_attn" : "linear_attn", "post_attention_layernorm", "mlp"};
+    m.blocks.push_back(std::move(b));
+  }
+  if (E > 0) {  // Qwen3.5's fused experts, where the files hold them so
+    const std::string p = ".mlp.experts.";
+    m.binding.unstacks.push_back(
+        {p + "gate_up_proj", p, {{".gate_proj.weight", moe.hidden}, {".up_proj.weight", moe.hidden}}, E});
+    m.binding.unstacks.push_back({p + "down_proj", p, {{".down_proj.weight", D}}, E});
+  }
+
+  // The multi-token-prediction head the config declares: skipped, counted apart.
+  const int64_t mtp = c.count(src.flavour == Flavour::Next ? "num_nextn_predict_layers" : "mtp_num_hidden_layers", 0, 16);
+  if (mtp > 0 && n_full > 0) {
+    const int64_t ffn = E > 0 ? E * 3 * moe.hidden * D + D * E + (moe.shared_hidden ? 3 * moe.shared_hidden * D + D : 0)
+                              : 3 * dense_width * D;
+    m.config.extra_params = mtp_params(mtp, D, attention, ffn);
+    m.config.extra_params_label = "multi-token-prediction head (mtp.*, not run)";
+  }
+
+  const char* what = src.flavour == Flavour::Next ? "Qwen3-Next" : moe35 ? "Qwen3.5-MoE" : "Qwen3.5";
+  m.config.description =
+      cat(what, ": ", L, " layers (", L - n_full, " Gated DeltaNet, ", n_full, " gated attention), d_model ", D,
+          E ? cat(", MoE ", E, " x ", moe.hidden, " top-", moe.top_k, " in ", n_moe, " layers") : std::string(),
+          n_moe < L ? cat(", SwiGLU MLP ", dense_width) : std::string());
+  return m;
+}
+
+// The text model's config of a Qwen3.5 checkpoint: text_config (published) or the top level (a
+// text-only config).
+Model build_qwen35(const ArchInput& in, Flavour f) {
+  const ConfigFields& top = in.config;
+  if (top.has("text_config")) {
+    if (!top.json()["text_config"].is_object()) top.fail("text_config", "an object holding the text model's config");
+    const ConfigFields text(top.json()["text_config"], top.file() + ", text_config");
+    // tie_word_embeddings lives at either level (transformers defines it in both classes).
+    Model m = build_qwen(text, Source{in, "model.language_model.", f}, "text_config.num_hidden_layers");
+    if (!text.has("tie_word_embeddings") && top.boolean("tie_word_embeddings", false)) {
+      m.config.tied_lm_head = true;
+      m.binding.ignore_suffixes.push_back("lm_head.weight");
+    }
+    return m;
+  }
+  return build_qwen(top, Source{in, "model.language_model.", f}, "num_hidden_layers");
+}
+
+}  // namespace
+
+Model build_qwen3_next(const ArchInput& in) { return build_qwen(in.config, Source{in, "model.", Flavour::Next}, "num_hidden_layers"); }
+Model build_qwen3_5(const ArchInput& in) { return build_qwen35(in, Flavour::Dense35); }
+Model build_qwen3_5_moe(const ArchInput& in) { return build_qwen35(in, Flavour::Moe35); }
+
+}  // namespace lineage::model
