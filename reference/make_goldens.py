@@ -4,7 +4,7 @@ Run with the system interpreter (it has torch): /usr/bin/python3 reference/make_
 A family is a module (or object) exposing CASES (objects with .name) and build_case(case, case_dir) -> summary;
 delta_family_goldens contributes one family per model type (linear_attn, delta_net, gated_deltanet, kda);
 kimi_linear_goldens the family kimi_linear, kimi_k3_goldens the family kimi_k3, qwen_goldens the families
-qwen3_next, qwen3_5 and qwen3_5_moe.
+qwen3_next, qwen3_5 and qwen3_5_moe, adamw_goldens the family adamw (torch.optim.AdamW's own steps).
 After a case named in grad_goldens.GRAD_CASES (a list per family) is written, grad_goldens.build_grad adds
 DIR/<family>/<case>/grad/: parameter gradients of a next-token loss from torch autograd."""
 
@@ -23,6 +23,7 @@ import grad_goldens
 import kimi_k3_goldens
 import kimi_linear_goldens
 import qwen_goldens
+import adamw_goldens
 
 FAMILIES = [
     ("gpt2", gpt2_goldens),
@@ -30,6 +31,7 @@ FAMILIES = [
     ("kimi_linear", kimi_linear_goldens),
     ("kimi_k3", kimi_k3_goldens),
     *qwen_goldens.FAMILIES,
+    *adamw_goldens.FAMILIES,
 ]
 
 

@@ -40,7 +40,8 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 // Every layer kind: softmax attention (GPT-2), the delta rule with a conv tail and the normalizer,
-// KDA + MLA (Kimi Linear), and K3 (MXFP4 experts, gated MLA, Block Attention Residuals).
+// KDA + MLA (Kimi Linear), K3 (MXFP4 experts, gated MLA, Block Attention Residuals), and Qwen's
+// Gated DeltaNet with grouped value heads + gated attention whose cache holds only the KV heads.
 class StateFile : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(StateFile, ContinuesBitForBitAfterSaveAndLoad) {
@@ -81,7 +82,8 @@ TEST_P(StateFile, ContinuesBitForBitAfterSaveAndLoad) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, StateFile,
                          ::testing::Values("gpt2/f32_defaults", "gpt2/f32_conv", "linear_attn/f32_elu_normalized",
-                                           "delta_net/f32", "kimi_linear/f32", "kimi_k3/mxfp4_routed"),
+                                           "delta_net/f32", "kimi_linear/f32", "kimi_k3/mxfp4_routed",
+                                           "qwen3_next/f32_sharded", "qwen3_5_moe/f32"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)

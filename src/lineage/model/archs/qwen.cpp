@@ -62,7 +62,7 @@ std::vector<char> attention_layers(const ConfigFields& c, int64_t L) {
     }
     return full;
   }
-  const int64_t every = c.integer("full_attention_interval", 4, L);
+  const int64_t every = c.integer("full_attention_interval", 4, limits::kLayers);
   for (int64_t i = 0; i < L; ++i) full[size_t(i)] = (i + 1) % every == 0;
   return full;
 }
@@ -166,7 +166,7 @@ Model build_qwen(const ConfigFields& c, const Source& src, const std::string& la
     moe.renormalize = moe35 || c.boolean("norm_topk_prob", true);  // Qwen3.5-MoE always renormalizes
     moe.shared_gate = moe.shared_hidden > 0;
     if (!moe35) {
-      sparse_step = c.integer("decoder_sparse_step", 1, L);
+      sparse_step = c.integer("decoder_sparse_step", 1, limits::kLayers);
       if (c.has("mlp_only_layers")) {
         const auto& v = c.json()["mlp_only_layers"];
         const std::string want = cat("a list of zero-based layer numbers in [0, ", L, ")");
