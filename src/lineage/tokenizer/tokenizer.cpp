@@ -7,6 +7,7 @@
 
 #include "lineage/core/error.h"
 #include "lineage/tokenizer/bpe_model.h"
+#include "lineage/tokenizer/nfc.h"
 
 namespace lineage::tokenizer {
 namespace {
@@ -42,6 +43,7 @@ class SegmentEncoder {
       for (const TextRewrite& r : m_.normalizer) {
         if (r.kind == TextRewrite::Kind::kReplace) replace_all(buffer_, r.pattern, r.content);
         if (r.kind == TextRewrite::Kind::kPrepend && !buffer_.empty()) buffer_.insert(0, r.content);
+        if (r.kind == TextRewrite::Kind::kNfc) buffer_ = nfc(buffer_);
       }
       text = buffer_;
     }
@@ -51,11 +53,9 @@ class SegmentEncoder {
         buffer_ = std::string(" ").append(text);
         text = buffer_;
       }
-      if (m_.gpt2_regex) {
-        split_gpt2(text, words_);
-      } else {
-        words_.push_back(text);
-      }
+      if (m_.split == BpeModel::Split::kGpt2) split_gpt2(text, words_);
+      else if (m_.split == BpeModel::Split::kQwen2) split_qwen2(text, words_);
+      else words_.push_back(text);
     } else if (m_.mode == SymbolMode::kTiktoken) {
       split_kimi(text, words_);
     } else if (m_.metaspace) {
