@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <functional>
 #include <set>
+#include <vector>
 
 #include "lineage/core/error.h"
 #include "lineage/core/hash.h"
@@ -279,19 +280,16 @@ Skeleton load_skeleton(const fs::path& dir) {
   Skeleton s;
   s.model = build_from_config(cfg, (dir / "config.json").string(), [](const std::string&) { return false; });
   // The top level's, else the text model's (Qwen3.5 keeps it in text_config only).
-  const nlohmann::json* text = cfg.contains("text_config") && cfg["text_config"].is_object() ? &cfg["text_config"] : nullptr;
-  for (const char* key : {"dtype", "torch_dtype", "text_config.dtype", "text_config.torch_dtype"}) {
-    const std::string k = key;
-    const nlohmann::json& from = k.starts_with("text_config.") && text ? *text : cfg;
-    const std::string field = k.starts_with("text_config.") ? k.substr(12) : k;
-    if (k.starts_with("text_config.") && !text) continue;
-    if (!from.contains(field) || !from[field].is_string()) continue;
-    const std::string d = from[field];
-    if (d == "bfloat16") s.dtype = DType::BF16;
-    else if (d == "float16") s.dtype = DType::F16;
-    else if (d == "float32") s.dtype = DType::F32;
-    if (s.dtype) break;
-  }
+  std::vector<const nlohmann::json*> levels = {&cfg};
+  if (cfg.contains("text_config") && cfg["text_config"].is_object()) levels.push_back(&cfg["text_config"]);
+  for (const nlohmann::json* from : levels)
+    for (const char* key : {"dtype", "torch_dtype"}) {
+      if (s.dtype || !from->contains(key) || !(*from)[key].is_string()) continue;
+      const std::string d = (*from)[key];
+      if (d == "bfloat16") s.dtype = DType::BF16;
+      else if (d == "float16") s.dtype = DType::F16;
+      else if (d == "float32") s.dtype = DType::F32;
+    }
   return s;
 }
 

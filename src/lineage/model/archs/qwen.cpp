@@ -132,13 +132,12 @@ void bind_delta_rule(BindingTable& b, const DeltaRule::Config& x, Flavour f) {
 }
 
 // Parameters of the multi-token-prediction head the config declares (skipped; `info` counts them
-// apart): per MTP layer one full-attention decoder layer with its FFN and two norms, then fc
-// [D, 2D] and three norms (spec §2.1).
-int64_t mtp_params(int64_t layers, int64_t D, const layers::GatedAttention& a, int64_t ffn) {
-  const auto& c = a.config;
-  const int64_t attention = (c.output_gate ? 2 : 1) * c.n_heads * c.head_dim * D + 2 * c.n_kv_heads * c.head_dim * D +
-                            c.n_heads * c.head_dim * D + 2 * c.head_dim;
-  return layers * (attention + ffn + 2 * D) + 2 * D * D + 3 * D;
+// apart): per MTP layer one full-attention decoder layer (`layer`, its norms, mixer and FFN), then
+// fc [D, 2D] and three norms (spec §2.1).
+int64_t mtp_params(int64_t layers, int64_t D, Block& layer) {
+  int64_t per_layer = 0;
+  layer.for_each_tensor("", [&](const std::string&, Tensor&, const Shape& s, layers::Init) { per_layer += shape_numel(s); });
+  return layers * per_layer + 2 * D * D + 3 * D;
 }
 
 Model build_qwen(const ConfigFields& c, const Source& src, const std::string& layers_field) {
@@ -201,7 +200,6 @@ Model build_qwen(const ConfigFields& c, const Source& src, const std::string& la
   m.final_norm = rms;
 
   int64_t n_full = 0, n_moe = 0;
-  layers::GatedAttention attention;
   for (int64_t i = 0; i < L; ++i) {
     Block b;
     b.norm1 = b.norm2 = rms;
@@ -216,8 +214,7 @@ Model build_qwen(const ConfigFields& c, const Source& src, const std::string& la
                                   lp, "self_attn.q_proj.weight), not linear_attention"));
     }
     if (full[size_t(i)]) {
-      attention = attention_layer(c, D, eps);
-      b.mixer = attention;
+      b.mixer = attention_layer(c, D, eps);
       ++n_full;
     } else {
       DeltaRule d = delta_layer(c, D, eps);
@@ -248,9 +245,11 @@ Model build_qwen(const ConfigFields& c, const Source& src, const std::string& la
   // The multi-token-prediction head the config declares: skipped, counted apart.
   const int64_t mtp = c.count(src.flavour == Flavour::Next ? "num_nextn_predict_layers" : "mtp_num_hidden_layers", 0, 16);
   if (mtp > 0 && n_full > 0) {
-    const int64_t ffn = E > 0 ? E * 3 * moe.hidden * D + D * E + (moe.shared_hidden ? 3 * moe.shared_hidden * D + D : 0)
-                              : 3 * dense_width * D;
-    m.config.extra_params = mtp_params(mtp, D, attention, ffn);
+    for (int64_t i = L - 1; i >= 0; --i)
+      if (full[size_t(i)]) {
+        m.config.extra_params = mtp_params(mtp, D, m.blocks[size_t(i)]);
+        break;
+      }
     m.config.extra_params_label = "multi-token-prediction head (mtp.*, not run)";
   }
 
