@@ -50,6 +50,18 @@ model::Model tiny_preset(const std::string& name, uint64_t seed) {
                 {"q_lora_rank", 24},
                 {"routed_expert_hidden_size", 32},
                 {"attn_res_block_size", 2}});
+    if (j["model_type"] == "qwen3_next")  // GDN, attention (GQA 4 / 2, RoPE on 4 of 16 dims); MoE 4 top-2 + gated shared
+      j.update({{"full_attention_interval", 2},
+                {"num_attention_heads", 4},
+                {"num_key_value_heads", 2},
+                {"head_dim", 16},
+                {"linear_num_key_heads", 2},
+                {"linear_num_value_heads", 4},
+                {"linear_key_head_dim", 16},
+                {"linear_value_head_dim", 16},
+                {"num_experts", 4},
+                {"moe_intermediate_size", 32},
+                {"shared_expert_intermediate_size", 32}});
     const model::ArchBuilder* build = model::find_arch(j["model_type"]);
     model::Model m = (*build)({model::ConfigFields(j, "tiny " + name), [](const std::string&) { return false; }});
     model::init_random(m, seed, DType::F32);

@@ -17,8 +17,8 @@ namespace lineage::model {
 namespace step_test {
 namespace {
 
-const char* const kPresets[] = {"gpt2-124m",      "linear-attention", "mamba2-decay", "deltanet",
-                                "gated-deltanet", "kda",              "kimi-linear",  "kimi-k3"};
+const char* const kPresets[] = {"gpt2-124m", "linear-attention", "mamba2-decay", "deltanet",  "gated-deltanet",
+                                "kda",       "kimi-linear",      "kimi-k3",      "qwen3-next"};
 
 // Each sequence of a batched step gives the logits it gives alone: every family, B = 1, 2, 5, 16,
 // unequal prompts, sequences joining (mixed prefill + decode steps) and leaving (slots reused).
@@ -212,7 +212,7 @@ long minor_faults() {
 // hinting, compaction) while other processes run, so a count of them would fail by chance. Under
 // AddressSanitizer, whose operator new the test binary leaves alone, only the growths are counted.
 TEST(Workspace, NoAllocationPerStepOnceWarm) {
-  for (const char* name : {"gpt2-124m", "kda", "linear-attention", "kimi-linear", "kimi-k3"}) {
+  for (const char* name : {"gpt2-124m", "kda", "linear-attention", "kimi-linear", "kimi-k3", "qwen3-next"}) {
     SCOPED_TRACE(name);
     const Model m = test::tiny_preset(name);
     constexpr int B = 8, kSteps = 100;
