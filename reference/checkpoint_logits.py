@@ -1,7 +1,7 @@
 """Logits of a checkpoint directory as the PyTorch reference computes them (float64): the check that a
 checkpoint `lineage train` wrote loads outside lineage. Any family the reference implements: GPT-2, the
-flash-linear-attention models, Kimi Linear and Kimi K3 (published kimi_k3 layout, or kimi_linear with K3's
-fields). Usage:
+flash-linear-attention models, Kimi Linear, Kimi K3 (published kimi_k3 layout, or kimi_linear with K3's
+fields), and Qwen3-Next, Qwen3.5 and Qwen3.5-MoE in their published layouts. Usage:
   /usr/bin/python3 reference/checkpoint_logits.py MODEL_DIR TOKENS.npy OUT.npy
 TOKENS.npy: int32 [T]; OUT.npy: float32 [T, vocab]."""
 import json
@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 import delta_family
+import qwen
 from grad_goldens import make_model
 from safetensors_io import read_checkpoint
 
@@ -21,7 +22,7 @@ def family_of(config: dict) -> str:
     model_type = config.get("model_type")
     if model_type == "kimi_k3" or (model_type == "kimi_linear" and "routed_expert_hidden_size" in config):
         return "kimi_k3"
-    if model_type in ("gpt2", "kimi_linear") or model_type in delta_family.MODEL_TYPES:
+    if model_type in ("gpt2", "kimi_linear") or model_type in delta_family.MODEL_TYPES or model_type in qwen.FAMILIES:
         return model_type
     raise SystemExit(f"config.json: model_type {model_type!r} is not a family the reference implements")
 

@@ -7,10 +7,12 @@ PyTorch's float32 autograd gradient).
 
 loss = (1 / (B T)) sum_b sum_{t < T} CE(logits(tokens[b, :T])[t], tokens[b, t + 1]): every sequence runs
 alone from an empty state / empty cache through the family's own full-sequence forward (gpt2.gpt2_forward,
-delta_family.fla_forward, kimi_linear.kimi_forward, kimi_k3.k3_forward; their token mixers as the forward
-goldens run them: the token-by-token recurrence for the delta rule, the explicit MLA form), called here, not
-copied. Tensors that get no gradient by design (mask buffers, the router's e_score_correction_bias, packed
-integer tensors) are listed under "no_grad" with the reason, and every other tensor must get one.
+delta_family.fla_forward, kimi_linear.kimi_forward, kimi_k3.k3_forward, qwen.qwen_forward; their token mixers
+as the forward goldens run them: the token-by-token recurrence for the delta rule and Qwen's Gated DeltaNet,
+the explicit MLA form, Qwen's explicit causal softmax attention), called here, not copied. Tensors that get no
+gradient by design (mask buffers, the router's e_score_correction_bias, packed integer tensors, tensors the
+text model skips: vision, Qwen's mtp.* head) are listed under "no_grad" with the reason, and every other
+tensor must get one.
 
 make_goldens.py calls build_grad(family, case_dir, grad_case) after it has written a case named in
 GRAD_CASES (find_grad_case); the gradients run on exactly what it wrote (config.json and the checkpoint read
@@ -29,6 +31,8 @@ import delta_family
 import gpt2
 import kimi_k3
 import kimi_linear
+import qwen
+import qwen_goldens
 from golden_io import METRIC, read_model_dir, relative_rms, write_array
 from kimi_linear_goldens import check_routing
 
@@ -42,6 +46,11 @@ F32_GRAD_TOL = 1e-3
 _RECURRENT = ("recurrent: delta_family.gated_delta_recurrent, the token-by-token recurrence of spec 1.5 "
               "(the reference has no chunked model path; test_reference.py checks that autograd through the "
               "chunked form of spec 1.6 gives the same gradients)")
+_QWEN_FORM = ("Gated DeltaNet recurrent: qwen.gdn_recurrent, the token-by-token gated delta rule of spec 3.4 "
+              "(value head j reads key head j // r; no chunked form); gated attention explicit (full causal "
+              "softmax, K and V expanded to the query heads); qwen.qwen_forward")
+_QWEN_MOE = ("; MoE as a loop over the selected experts (the top-k selection takes no gradient, the chosen "
+             "experts' softmax weights do, renormalized)")
 _FORMS = {
     "gpt2": "full-sequence causal softmax attention (gpt2.gpt2_forward)",
     "linear_attn": _RECURRENT + "; the normaliser's running key sum as a cumulative sum",
@@ -50,6 +59,9 @@ _FORMS = {
     "kda": _RECURRENT,
     "kimi_linear": "KDA " + _RECURRENT + "; MLA explicit (K and V expanded, full causal softmax)",
     "kimi_k3": "KDA " + _RECURRENT + "; MLA explicit (K and V expanded, full causal softmax)",
+    "qwen3_next": _QWEN_FORM + _QWEN_MOE + " (per-expert tensors)",
+    "qwen3_5": _QWEN_FORM + "; dense SwiGLU MLPs",
+    "qwen3_5_moe": _QWEN_FORM + _QWEN_MOE + " (the fused gate_up_proj / down_proj sliced per expert)",
 }
 
 
@@ -75,6 +87,10 @@ GRAD_CASES = {
     "kimi_linear": [GradCase("f32", 9006)],                 # KDA + MLA, dense + MoE (8 experts, k 2, shared)
     "kimi_k3": [GradCase("text_only", 9007)],               # K3 without MXFP4: q-LoRA gated MLA, lower-bound
                                                             # KDA, latent MoE, Block AttnRes, SiTU
+    "qwen3_next": [GradCase("f32_sharded", 9011)],          # interleaved in_proj_qkvz / _ba, GVA r 2, gated
+                                                            # attention, MoE (8 experts, k 2, per-expert, shared)
+    "qwen3_5": [GradCase("f32", 9012)],                     # flat in_proj_qkv / _z / _b / _a, tied, dense MLP
+    "qwen3_5_moe": [GradCase("f32", 9013)],                 # fused experts gate_up_proj [E, 2I, D] / down_proj
 }
 
 
@@ -89,6 +105,7 @@ _BY_DESIGN = {
                     "gradient through the selected experts' weights"),
     "packed": "integer tensor (MXFP4 weight_packed / weight_scale codes): not differentiable",
     "vision": "vision tower / projector: not part of the text model's loss",
+    "mtp": "multi-token-prediction head (mtp.*): not part of the next-token loss, the text model skips it",
     "first_mix": ("layer 0's pre-attention AttnRes mix: never evaluated (no sources yet, the layer's input is "
                   "the embedding itself), so the loss does not depend on it"),
 }
@@ -97,13 +114,16 @@ _BY_DESIGN = {
 @dataclass(frozen=True)
 class Model:
     """A written case as the gradient code runs it: forward(w, tokens [T], routing) -> logits [T, vocab] with
-    w = canonical(stored tensors, dtype); no_grad(name, tensor) -> a _BY_DESIGN key or None."""
+    w = canonical(stored tensors, dtype); no_grad(name, tensor) -> a _BY_DESIGN key or None; MoE families:
+    routing_margin(label, one sequence's [(layer, Routing)]) -> the smallest top-k margin, raising where the
+    family's golden margins or expert coverage fail."""
     family: str
     vocab_size: int
     canonical: Callable
     forward: Callable
     no_grad: Callable
-    moe_cfg: Optional[object] = None  # the config, for MoE families (routing checks)
+    moe_cfg: Optional[object] = None           # the config, for MoE families (routing checks)
+    routing_margin: Optional[Callable] = None  # MoE families
 
 
 def _common_no_grad(name: str, t: torch.Tensor) -> Optional[str]:
@@ -112,6 +132,39 @@ def _common_no_grad(name: str, t: torch.Tensor) -> Optional[str]:
     if name.endswith("e_score_correction_bias"):
         return "router_bias"
     return None
+
+
+def _kimi_margin(cfg) -> Callable:
+    """routing_margin by kimi_linear_goldens.check_routing (kimi_linear, kimi_k3)."""
+    return lambda label, routing: check_routing(label, cfg, routing)["expert_margin"]
+
+
+def _qwen_margin(cfg: qwen.QwenConfig) -> Callable:
+    """routing_margin by qwen_goldens.routing_problem (the Qwen goldens' margins and expert coverage)."""
+    def margin(label: str, routing: list) -> float:
+        problem = qwen_goldens.routing_problem(cfg, routing)
+        if problem:
+            raise AssertionError(f"{label}: {problem}")
+        return qwen_goldens.min_margin(routing)
+    return margin
+
+
+def _qwen_model(family: str, config: dict) -> Model:
+    """A Qwen family's Model: qwen.qwen_forward on the text tensors; mtp.* and model.visual.* get no gradient."""
+    cfg = qwen.QwenConfig.from_json(config)
+    if cfg.family != family:
+        raise ValueError(f"grad: config.json model_type {cfg.family!r} in family {family}")
+
+    def no_grad(name, t):
+        if name.startswith("mtp."):
+            return "mtp"
+        if name.startswith(qwen.SKIPPED_PREFIXES[family]):
+            return "vision"
+        return _common_no_grad(name, t)
+    moe = cfg.num_experts > 0
+    return Model(family, cfg.vocab_size, lambda ts, dt: qwen.canonical_weights(cfg, ts, dt),
+                 lambda w, tok, routing: qwen.qwen_forward(cfg, w, tok, routing=routing), no_grad,
+                 cfg if moe else None, _qwen_margin(cfg) if moe else None)
 
 
 def make_model(family: str, config: dict) -> Model:
@@ -137,7 +190,7 @@ def make_model(family: str, config: dict) -> Model:
         cfg = kimi_linear.KimiConfig.from_json(config)
         return Model(family, cfg.vocab_size, lambda ts, dt: kimi_linear.canonical_weights(cfg, ts, dt),
                      lambda w, tok, routing: kimi_linear.kimi_forward(cfg, w, tok, routing=routing),
-                     _common_no_grad, cfg)
+                     _common_no_grad, cfg, _kimi_margin(cfg))
     if family == "kimi_k3":
         cfg = kimi_k3.K3Config.from_json(config)
 
@@ -148,7 +201,10 @@ def make_model(family: str, config: dict) -> Model:
                 return "first_mix"
             return _common_no_grad(name, t)
         return Model(family, cfg.vocab_size, lambda ts, dt: kimi_k3.canonical_weights(cfg, ts, dt),
-                     lambda w, tok, routing: kimi_k3.k3_forward(cfg, w, tok, routing=routing), no_grad, cfg)
+                     lambda w, tok, routing: kimi_k3.k3_forward(cfg, w, tok, routing=routing), no_grad, cfg,
+                     _kimi_margin(cfg))
+    if family in qwen.FAMILIES:
+        return _qwen_model(family, config)
     raise ValueError(f"grad: unknown family {family!r}")
 
 
@@ -194,14 +250,14 @@ def loss_and_grads(model: Model, stored: dict, tokens: torch.Tensor, dtype: torc
 
 
 def _check_routing(label: str, model: Model, routing64: list, routing32: list) -> str:
-    """MoE families: every sequence's selections keep kimi_linear_goldens' margins, float32 selects the same
-    experts, and every expert of every MoE layer is used in the batch (so each one gets a gradient)."""
+    """MoE families: every sequence's selections keep the family's golden margins (model.routing_margin),
+    float32 selects the same experts, and every expert of every MoE layer is used in the batch (so each one
+    gets a gradient)."""
     if model.moe_cfg is None:
         return ""
     notes = []
     for b, (seq64, seq32) in enumerate(zip(routing64, routing32)):
-        stats = check_routing(f"{label} sequence {b}", model.moe_cfg, seq64)
-        notes.append(stats["expert_margin"])
+        notes.append(model.routing_margin(f"{label} sequence {b}", seq64))
         for (layer, sel64), (_, sel32) in zip(seq64, seq32):
             if not torch.equal(sel64.ids, sel32.ids):
                 raise AssertionError(f"{label}: sequence {b} layer {layer}: float32 selects other experts")

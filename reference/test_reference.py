@@ -228,6 +228,16 @@ def _chunked_as_recurrent(calls: list):
     return run
 
 
+def _qwen_chunked_as_recurrent(calls: list):
+    """qwen.gdn_recurrent's signature on the chunked form (chunks of 16, q/k heads repeated to the value heads,
+    the per-head decay spread over the channels); appends T to calls."""
+    def run(q, k, v, beta, g, S, key_head):
+        calls.append(q.shape[0])
+        T, Hv, dk = q.shape[0], v.shape[1], q.shape[2]
+        return _chunked_gated_delta(q[:, key_head], k[:, key_head], v, beta, g[:, :, None].expand(T, Hv, dk), S, C=16)
+    return run
+
+
 def _grad_case(family: str, root: str, grad_case: Optional[grad_goldens.GradCase] = None) -> tuple:
     """(grad_goldens.Model, stored tensors, tokens [B, T + 1]) of a gradient-golden case of the family (by
     default its first, grad_goldens.GRAD_CASES[family][0]), written under root by the family's build_case."""
@@ -245,7 +255,8 @@ def test_chunked_gradients_match_recurrent():
     channel, S0; beta on and off) of a random 37-token problem, and with respect to every parameter of every
     delta-rule gradient-golden case (each family's list in grad_goldens.GRAD_CASES: T = 20, a full chunk and a
     partial one) with the chunked form swapped in for the models' recurrence (delta_family's, which
-    kimi_linear's and kimi_k3's KDA use too). The models themselves only run the recurrence."""
+    kimi_linear's and kimi_k3's KDA use too; qwen.gdn_recurrent for the Qwen families). The models themselves
+    only run the recurrence."""
     gen = torch.Generator().manual_seed(13)
     T, HV, K, V = 37, 2, 5, 4
     rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
@@ -272,18 +283,19 @@ def test_chunked_gradients_match_recurrent():
                 err = relative_rms(got, want)
                 assert err < 1e-10, f"gate {gate}, beta {use_beta}: d/d{name} chunked vs recurrent {err:.3g}"
     with tempfile.TemporaryDirectory() as root:
-        for family, grad_case in [(f, g) for f in ("linear_attn", "delta_net", "gated_deltanet", "kda", "kimi_linear",
-                                                   "kimi_k3") for g in grad_goldens.GRAD_CASES[f]]:
+        families = ("linear_attn", "delta_net", "gated_deltanet", "kda", "kimi_linear", "kimi_k3", *qwen.FAMILIES)
+        for family, grad_case in [(f, g) for f in families for g in grad_goldens.GRAD_CASES[f]]:
             model, stored, tokens = _grad_case(family, root, grad_case)
             label = f"{family}/{grad_case.case}"
             loss, want, _ = grad_goldens.loss_and_grads(model, stored, tokens, torch.float64)
             calls = []
-            saved = delta_family.gated_delta_recurrent, kimi_linear.gated_delta_recurrent
+            saved = delta_family.gated_delta_recurrent, kimi_linear.gated_delta_recurrent, qwen.gdn_recurrent
             delta_family.gated_delta_recurrent = kimi_linear.gated_delta_recurrent = _chunked_as_recurrent(calls)
+            qwen.gdn_recurrent = _qwen_chunked_as_recurrent(calls)
             try:
                 chunked_loss, got, _ = grad_goldens.loss_and_grads(model, stored, tokens, torch.float64)
             finally:
-                delta_family.gated_delta_recurrent, kimi_linear.gated_delta_recurrent = saved
+                delta_family.gated_delta_recurrent, kimi_linear.gated_delta_recurrent, qwen.gdn_recurrent = saved
             assert calls and all(t == grad_goldens.T for t in calls), (label, calls)
             assert abs(float(chunked_loss - loss)) < 1e-12 * float(loss), label
             for name, g in want.items():
@@ -299,7 +311,9 @@ def test_grad_goldens_match_finite_differences():
     differences of the same loss (step 1e-5) at the largest-gradient entry of several tensors, relative error
     <= 1e-6 (~1e-8 measured), on each family's first case (grad_goldens.GRAD_CASES[family][0]): gpt2/f32_tanh
     (the tied wte takes the embedding's and the head's share), kda/attnres (per-channel decay, short conv,
-    output gate, AttnRes pseudo-query and norm)."""
+    output gate, AttnRes pseudo-query and norm), qwen3_next/f32_sharded (interleaved in_proj_qkvz / _ba, GDN
+    decay and conv, gated norm, 1 + w norms, gated attention, router and per-expert tensors), qwen3_5/f32 (tied
+    embedding), qwen3_5_moe/f32 (fused experts)."""
     picks = {
         "gpt2": ["wte.weight", "wpe.weight", "h.0.attn.c_attn.weight", "h.1.mlp.c_fc.bias", "h.0.ln_1.weight",
                  "ln_f.bias"],
@@ -307,6 +321,19 @@ def test_grad_goldens_match_finite_differences():
                 "model.layers.0.attn.f_proj.1.weight", "model.layers.2.attn.q_conv1d.weight",
                 "model.layers.0.attn.b_proj.weight", "model.layers.1.attn.g_proj.1.bias",
                 "model.layers.2.attn_res_proj.weight", "model.res_norm.weight", "lm_head.weight"],
+        "qwen3_next": ["model.layers.0.linear_attn.in_proj_qkvz.weight", "model.layers.1.linear_attn.in_proj_ba.weight",
+                       "model.layers.2.linear_attn.A_log", "model.layers.0.linear_attn.dt_bias",
+                       "model.layers.1.linear_attn.conv1d.weight", "model.layers.0.linear_attn.norm.weight",
+                       "model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.k_norm.weight",
+                       "model.layers.2.mlp.gate.weight", "model.layers.1.mlp.experts.3.up_proj.weight",
+                       "model.layers.0.mlp.shared_expert_gate.weight", "model.norm.weight"],
+        "qwen3_5": ["model.language_model.embed_tokens.weight",
+                    "model.language_model.layers.0.linear_attn.in_proj_z.weight",
+                    "model.language_model.layers.3.self_attn.q_norm.weight"],
+        "qwen3_5_moe": ["model.language_model.layers.0.mlp.experts.gate_up_proj",
+                        "model.language_model.layers.2.mlp.experts.down_proj",
+                        "model.language_model.layers.1.linear_attn.in_proj_qkv.weight",
+                        "model.language_model.layers.2.linear_attn.in_proj_a.weight"],
     }
     step = 1e-5
     with tempfile.TemporaryDirectory() as root:

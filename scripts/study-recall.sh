@@ -15,7 +15,7 @@ start=$(date +%s)
 # 64 values; two heads of 32 at width 64, two layers; 2048 tokens a step (64 sequences at 8 pairs, 2 at
 # 256); one peak rate for every row; one thread per model (tiny models run faster without the pool's
 # synchronization).
-archs=${ARCHS:-softmax attention,softmax attention + conv,linear attention,linear attention + conv,DeltaNet,Gated DeltaNet,KDA,KDA/MLA 3:1 hybrid}
+archs=${ARCHS:-softmax attention,softmax attention + conv,linear attention,linear attention + conv,DeltaNet,Gated DeltaNet,KDA,KDA/MLA 3:1 hybrid,Qwen3.5 hybrid}
 build/lineage study recall --pairs "${PAIRS:-8,16,32,64,128,256}" --keys "${KEYS:-256}" --values 64 --d-model 64 \
   --heads 2 --layers 2 --steps "${STEPS:-1000}" --tokens-per-step 2048 --lr 2e-3 --threads 1 --archs "$archs" \
   --out "$out" "$@"

@@ -41,11 +41,15 @@ TEST_P(GoldenGrad, LossAndEveryGradientMatchAutograd) {
 
   std::map<std::string, const float*> grads;
   std::map<std::string, int64_t> sizes;
-  // Under the checkpoint's names (Kimi's f_a_proj for the engine's f_proj.0, ...).
-  for (const train::ParamRef& p : bp.params()) {
-    const std::string stored = model::stored_name(m.binding, p.name);
-    grads[stored] = p.grad, sizes[stored] = p.n;
-  }
+  // Under the checkpoint's names and in its layout (Kimi's f_a_proj for the engine's f_proj.0; Qwen's
+  // in_proj_qkvz joined from the q, k, v and z projections' gradients, its fused experts stacked).
+  std::map<std::string, Shape> shapes;
+  m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape&, layers::Init) { shapes[name] = t.shape(); });
+  std::vector<std::pair<std::string, Tensor>> params;
+  for (const train::ParamRef& p : bp.params())
+    params.emplace_back(p.name, Tensor::borrow(DType::F32, shapes.at(p.name), p.grad, nullptr));
+  const std::vector<std::pair<std::string, Tensor>> stored = model::stored_tensors(m.binding, params);
+  for (const auto& [name, t] : stored) grads[name] = t.data<float>(), sizes[name] = t.numel();
   size_t checked = 0;
   double worst_ratio = 0, worst_err = 0, largest = 0;
   std::string worst_name, largest_name;
@@ -85,7 +89,9 @@ INSTANTIATE_TEST_SUITE_P(Families, GoldenGrad,
                                            GradCase{"linear_attn", "f32_elu_conv"},
                                            GradCase{"delta_net", "f32"}, GradCase{"gated_deltanet", "f32_gva"},
                                            GradCase{"kda", "attnres"}, GradCase{"kda", "lower_bound"},
-                                           GradCase{"kimi_linear", "f32"}, GradCase{"kimi_k3", "text_only"}),
+                                           GradCase{"kimi_linear", "f32"}, GradCase{"kimi_k3", "text_only"},
+                                           GradCase{"qwen3_next", "f32_sharded"}, GradCase{"qwen3_5", "f32"},
+                                           GradCase{"qwen3_5_moe", "f32"}),
                          [](const auto& info) { return info.param.family + "_" + info.param.name; });
 
 }  // namespace

@@ -66,8 +66,9 @@ bool ends_with(const std::string& s, const std::string& t) {
 }
 
 // nanoGPT's groups, by what each tensor is: matrices (the AttnRes pseudo-queries too, stored as
-// Linear(D, 1) weights), embeddings and convolution kernels decay; norms (GPT-2's ln_*), biases, the
-// decay parameters A_log and dt_bias and the router's correction bias do not.
+// Linear(D, 1) weights, and Qwen's shared-expert gate, a Linear(D, 1)), embeddings and convolution
+// kernels decay; norms (GPT-2's ln_*, the zero-centred ones), biases, the decay parameters A_log and
+// dt_bias and the router's correction bias do not.
 bool decays(const std::string& name) {
   const bool norm = name.find("norm") != std::string::npos || name.find("ln_") != std::string::npos;
   const bool bias = ends_with(name, ".bias") || ends_with(name, "_bias");
@@ -75,7 +76,8 @@ bool decays(const std::string& name) {
 }
 
 TEST(AdamW, ParameterGroupsAsNanoGPTForEveryFamily) {
-  for (const char* family : {"gpt2", "linear_attn", "delta_net", "gated_deltanet", "kda", "kimi_linear", "kimi_k3"}) {
+  for (const char* family : {"gpt2", "linear_attn", "delta_net", "gated_deltanet", "kda", "kimi_linear", "kimi_k3",
+                             "qwen3_next", "qwen3_5", "qwen3_5_moe"}) {
     int trained = 0, decayed = 0, kept = 0;
     for (const auto& e : fs::directory_iterator(test::testdata() / family)) {
       if (!fs::exists(e.path() / "config.json")) continue;

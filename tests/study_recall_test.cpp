@@ -133,6 +133,16 @@ TEST(StudyRecall, CommandTrainsTheRows) {
                                      "'KDA/MLA 3:1 hybrid' --set 'KDA/MLA 3:1 hybrid:intermediate_size=32' --json");
   ASSERT_EQ(set.exit_code, 0) << set.err;
   EXPECT_EQ(nlohmann::json::parse(set.out)[0]["arch"], "KDA/MLA 3:1 hybrid [intermediate_size=32]");
+  // Qwen3.5's hybrid trains too (GVA-capable Gated DeltaNet, gated attention, zero-centred norms). At
+  // 16 tokens its state: three GDN layers of 2 heads × 8 × 8 floats and a tail of 3 rows of
+  // q | k | v (48 channels), and the attention layer's cache of 1 KV head × 8 dims × 16 tokens × k, v.
+  const auto qwen = test::run_lineage("study recall --pairs 4 --steps 1 --batch 1 --eval 1 --d-model 16 --archs "
+                                      "'Qwen3.5 hybrid' --json");
+  ASSERT_EQ(qwen.exit_code, 0) << qwen.err;
+  const nlohmann::json q = nlohmann::json::parse(qwen.out);
+  ASSERT_EQ(q.size(), 1u);
+  EXPECT_EQ(q[0]["arch"], "Qwen3.5 hybrid");
+  EXPECT_EQ(q[0]["state_bytes"], 3 * (2 * 8 * 8 + 3 * 48) * 4 + 2 * 1 * 8 * 16 * 4);
   for (const char* bad : {"--pairs 0", "--pairs 100", "--d-model 30 --heads 4", "--archs Mamba", "--steps x",
                           "--decay-scale 0", "--decay-scale inf", "--set use_gate=false", "--set DeltaNet:use_gate",
                           "--set Mamba:use_gate=false", "--set DeltaNet:use_gate=yes",

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -82,6 +84,16 @@ void expect_reference_logits(const fs::path& model_dir, const std::vector<int32_
   EXPECT_LE(test::rel_rms(got.data<float>(), want.data<float>(), got.numel()), 1e-5);
 }
 
+// A .bin corpus of 3,000 seeded token ids below 256 in the test's temporary directory.
+fs::path random_tokens(const std::string& name, uint64_t seed) {
+  const fs::path data = test::temp_dir() / name;
+  Rng rng(seed);
+  std::vector<uint16_t> ids(3000);
+  for (auto& t : ids) t = uint16_t(rng.next_u64() % 256);
+  std::ofstream(data, std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * 2));
+  return data;
+}
+
 TEST(TrainCli, WritesACheckpointThatLineageAndThePyTorchReferenceLoad) {
   const fs::path out = test::temp_dir() / "run";
   const auto r = run_lineage(train_args(out, 6));
@@ -102,19 +114,52 @@ TEST(TrainCli, WritesACheckpointThatLineageAndThePyTorchReferenceLoad) {
 // Kimi K3 trains through Block AttnRes, gated MLA and the latent MoE; its checkpoint, saved under K3's
 // names, loads in the PyTorch reference with the same logits.
 TEST(TrainCli, KimiK3TrainsAndItsCheckpointLoadsInTheReference) {
-  const fs::path data = test::temp_dir() / "k3.bin", out = test::temp_dir() / "k3";
-  {
-    Rng rng(5);
-    std::vector<uint16_t> ids(3000);
-    for (auto& t : ids) t = uint16_t(rng.next_u64() % 256);
-    std::ofstream(data, std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * 2));
-  }
+  const fs::path data = random_tokens("k3.bin", 5), out = test::temp_dir() / "k3";
   const auto r = run_lineage("train --model " + shell_quote((test::testdata() / "kimi_k3" / "text_only").string()) +
                              " --data " + shell_quote(data.string()) + " --out " + shell_quote(out.string()) +
                              " --steps 3 --warmup 1 --batch 2 --seq-len 24 --eval-every 3 --threads 1");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("step 3/3"), std::string::npos) << r.err;
   expect_reference_logits(out, {5, 17, 99, 3, 200, 7, 0, 255});
+}
+
+// Qwen's hybrids train (Gated DeltaNet with GVA, gated attention with partial RoPE and q/k norms, the
+// zero-centred norms, the softmax router and the gated shared expert): Qwen3.5 from a config.json
+// shaped as published (text_config, layer_types), Qwen3-Next and Qwen3.5-MoE continued from their
+// test checkpoints. Each written checkpoint is in the family's own layout (in_proj_qkvz interleaved
+// per key-head group, in_proj_qkv, conv1d, fused experts) and loads in the PyTorch reference with
+// the same logits.
+TEST(TrainCli, QwenHybridsTrainAndTheirCheckpointsLoadInTheReference) {
+  const fs::path data = random_tokens("qwen.bin", 7), config = test::temp_dir() / "qwen3_5.json";
+  std::ofstream(config) << R"({"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+    "text_config": {"model_type": "qwen3_5_text", "vocab_size": 256, "hidden_size": 48, "num_hidden_layers": 4,
+      "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "attn_output_gate": true,
+      "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 8,
+      "linear_conv_kernel_dim": 4, "intermediate_size": 96, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+      "max_position_embeddings": 4096, "tie_word_embeddings": true,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}},
+    "tie_word_embeddings": true})";
+  struct Run {
+    std::string name, from;
+  };
+  for (const Run& run : {Run{"qwen3_5", "--config " + shell_quote(config.string())},
+                         Run{"qwen3_next", "--model " + shell_quote((test::testdata() / "qwen3_next" / "f32_sharded").string())},
+                         Run{"qwen3_5_moe", "--model " + shell_quote((test::testdata() / "qwen3_5_moe" / "f32").string())}}) {
+    SCOPED_TRACE(run.name);
+    const fs::path out = test::temp_dir() / run.name;
+    const auto r = run_lineage("train " + run.from + " --data " + shell_quote(data.string()) + " --out " +
+                               shell_quote(out.string()) + " --steps 4 --warmup 1 --batch 2 --seq-len 24 --eval-every 4 --threads 2");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("step 4/4"), std::string::npos) << r.err;
+    const std::string header = test::slurp(out / "model.safetensors").substr(0, 200000);
+    for (const char* stored : {"linear_attn.conv1d.weight", run.name == "qwen3_next" ? "in_proj_qkvz.weight" : "in_proj_qkv.weight"})
+      EXPECT_NE(header.find(stored), std::string::npos) << stored;
+    if (run.name == "qwen3_5_moe") {
+      EXPECT_NE(header.find("mlp.experts.gate_up_proj"), std::string::npos);
+    }
+    expect_reference_logits(out, {5, 17, 99, 3, 200, 7, 0, 255, 31, 64});
+  }
 }
 
 TEST(TrainCli, ResumingContinuesTheSameCurveAndRerunsAreIdentical) {

@@ -1,5 +1,7 @@
-// Training the Mixture-of-Experts (Kimi Linear's and Kimi K3's Stable LatentMoE) through the library:
-// the layer alone (input and every tensor) and whole tiny all-KDA Kimi models whose FFNs are MoE, each
+// Training the Mixture-of-Experts (Kimi Linear's, Kimi K3's Stable LatentMoE, Qwen's softmax router
+// with its gated shared expert) through the library: the layer alone (input and every tensor) and whole
+// tiny all-KDA Kimi models (and a Qwen3-Next of a Gated DeltaNet and a gated attention layer) whose
+// FFNs are MoE, each
 // gradient against directional finite differences of the loss with the top-k choice checked unchanged
 // under every perturbation (a flipped choice is a jump, not a derivative); the router bias's gradient
 // stays 0; the thread count; and the loss falling on a learnable sequence.
@@ -89,9 +91,22 @@ struct MoeCase {
   nlohmann::json config;
 };
 
+// A tiny Qwen3-Next: a Gated DeltaNet layer (4 value heads reading 2 key heads) and a gated attention
+// layer (2 query heads on 1 KV head, half of each head rotated), zero-centred norms, and in each an
+// MoE of 6 experts, top-2 of a softmax over all 6, renormalized, with a shared expert gated by σ(W·x).
+nlohmann::json qwen_moe() {
+  return {{"model_type", "qwen3_next"}, {"vocab_size", kVocab}, {"hidden_size", 16}, {"num_hidden_layers", 2},
+          {"layer_types", {"linear_attention", "full_attention"}}, {"linear_num_key_heads", 2},
+          {"linear_num_value_heads", 4}, {"linear_key_head_dim", 8}, {"linear_value_head_dim", 4},
+          {"linear_conv_kernel_dim", 4}, {"num_attention_heads", 2}, {"num_key_value_heads", 1}, {"head_dim", 8},
+          {"partial_rotary_factor", 0.5}, {"rope_theta", 10000.0}, {"num_experts", 6}, {"num_experts_per_tok", 2},
+          {"moe_intermediate_size", 8}, {"shared_expert_intermediate_size", 8}, {"norm_topk_prob", true},
+          {"hidden_act", "silu"}, {"rms_norm_eps", 1e-5}, {"tie_word_embeddings", false}};
+}
+
 // Plain top-2 with a shared expert (Kimi Linear's shape); top-3 of 8 in 2 of 4 groups (0.0 mask)
 // without shared experts or renormalization, every FFN MoE; K3's Stable LatentMoE (experts at width 8,
-// their sum RMSNormed, SiTU, groups masked with −inf) with a shared expert.
+// their sum RMSNormed, SiTU, groups masked with −inf) with a shared expert; Qwen3-Next's (qwen_moe).
 const MoeCase kCases[] = {
     {"plain_top2_shared", kimi_moe({})},
     {"grouped_top3_noshared",
@@ -102,6 +117,7 @@ const MoeCase kCases[] = {
      kimi_moe({{"routed_expert_hidden_size", 8}, {"latent_moe_use_norm", true}, {"hidden_act", "situ"},
                {"activation_situ_beta", 4.0}, {"activation_situ_linear_beta", 25.0}, {"num_expert_group", 2},
                {"topk_group", 1}, {"first_k_dense_replace", 0}, {"routed_scaling_factor", 1.0}})},
+    {"qwen_softmax_gated_shared", qwen_moe()},
 };
 
 // Central differences along d at 2ε and ε, Richardson-combined. `crossed` says whether a step crossed a

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <functional>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "lineage/core/json_read.h"
 #include "lineage/kernels/matrix.h"
 #include "lineage/model/archs/arch.h"
+#include "lineage/model/binding.h"
 #include "lineage/model/forward.h"
 
 namespace lineage::io {
@@ -103,18 +105,12 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
     for (const auto& s : table.optional) optional = optional || ends_with(name, s);
     // A slice of a stacked tensor: expert e's rows of one part, a view.
     for (const auto& us : table.unstacks) {
-      const size_t at = name.rfind(us.before);
-      if (at == std::string::npos) continue;
-      size_t end = at + us.before.size();
-      while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
-      if (end == at + us.before.size() || end - at - us.before.size() > 9) continue;
-      const int64_t e = std::stoll(name.substr(at + us.before.size(), end - at - us.before.size()));
-      int64_t r0 = 0, per = 0;
+      const std::optional<model::UnstackSlot> slot = model::unstack_slot(us, name);
+      if (!slot) continue;
+      const int64_t e = slot->expert, r0 = slot->row0, rows = us.parts[slot->part].second;
+      int64_t per = 0;
       for (const auto& p : us.parts) per += p.second;
-      const auto part = std::find_if(us.parts.begin(), us.parts.end(), [&](const auto& p) { return name.substr(end) == p.first; });
-      if (part == us.parts.end()) continue;
-      for (auto p = us.parts.begin(); p != part; ++p) r0 += p->second;
-      const std::string stored = name.substr(0, at) + us.stored;
+      const std::string& stored = slot->stored;
       if (!ckpt.has(stored)) continue;  // stored one tensor per expert instead
       bound.insert(stored);
       const TensorEntry& en = ckpt.entry(stored);
@@ -128,7 +124,7 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
       }
       Shape slice = en.shape;
       slice.erase(slice.begin());
-      t = ckpt.tensor(stored).rows(e, e + 1).reshaped(slice).rows(r0, r0 + part->second);
+      t = ckpt.tensor(stored).rows(e, e + 1).reshaped(slice).rows(r0, r0 + rows);
       return;
     }
     // A part of a split tensor: a view of its rows, or its rows of every group gathered.

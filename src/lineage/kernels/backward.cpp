@@ -144,9 +144,10 @@ void row_stats(const float* x, int64_t T, int64_t D, float eps, bool center, flo
 }
 
 // The shared body of both norms' backward: xhat = (x − mean)·rstd, g = dy·w;
-// dx = rstd·(g − [center] mean(g) − xhat·mean(g·xhat)); dw += Σ_t dy·xhat; db += Σ_t dy.
+// dx = rstd·(g − [center] mean(g) − xhat·mean(g·xhat)); dw += Σ_t dy·xhat; db += Σ_t dy. The scale is
+// w + w_offset (the zero-centred RMSNorm's 1 + w, the 1 added in f32 as the forward adds it).
 void norm_backward(const float* x, const float* dy, int64_t T, int64_t D, const float* w, float eps, bool center,
-                   float* dx, float* dw, float* db) {
+                   float* dx, float* dw, float* db, float w_offset = 0.0f) {
   std::vector<float> mean(static_cast<size_t>(T)), rstd(static_cast<size_t>(T));
   row_stats(x, T, D, eps, center, mean.data(), rstd.data());
   // Parameter gradients first: dx may alias dy.
@@ -168,14 +169,14 @@ void norm_backward(const float* x, const float* dy, int64_t T, int64_t D, const 
       const float mu = mean[size_t(t)], r = rstd[size_t(t)];
       double sum_g = 0, sum_gx = 0;
       for (int64_t c = 0; c < D; ++c) {
-        const float gc = w ? g[c] * w[c] : g[c];
+        const float gc = w ? g[c] * (w[c] + w_offset) : g[c];
         sum_g += gc;
         sum_gx += gc * (xr[c] - mu) * r;
       }
       const float mg = center ? float(sum_g / double(D)) : 0.0f, mgx = float(sum_gx / double(D));
       float* d = dx + t * D;
       for (int64_t c = 0; c < D; ++c) {
-        const float gc = w ? g[c] * w[c] : g[c];
+        const float gc = w ? g[c] * (w[c] + w_offset) : g[c];
         d[c] = r * (gc - mg - (xr[c] - mu) * r * mgx);
       }
     }
@@ -200,8 +201,9 @@ void layer_norm_backward(const float* x, const float* dy, int64_t T, int64_t D, 
 }
 
 void rms_norm_backward(const float* x, const float* dy, int64_t T, int64_t D, const Tensor* w, float eps, float* dx,
-                       float* dw) {
-  norm_backward(x, dy, T, D, w ? f32_data(*w, "RMSNorm weight") : nullptr, eps, false, dx, w ? dw : nullptr, nullptr);
+                       float* dw, float w_offset) {
+  norm_backward(x, dy, T, D, w ? f32_data(*w, "RMSNorm weight") : nullptr, eps, false, dx, w ? dw : nullptr, nullptr,
+                w_offset);
 }
 
 void linear_backward(const float* x, const float* dy, int64_t T, const Matrix& W, float* dx, Matrix* dW, float* dbias) {

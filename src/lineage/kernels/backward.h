@@ -30,10 +30,10 @@ void activation_backward(Activation act, const float* pre, const float* dy, floa
 void layer_norm_backward(const float* x, const float* dy, int64_t T, int64_t D, const Tensor& w, float eps, float* dx,
                          float* dw, float* db);
 
-// RMSNorm's backward (norm.h rms_norm, y = x / sqrt(mean(x²) + eps) · w). w may be undefined-null
-// (no scale; dw then null). Same aliasing and threading as layer_norm_backward.
+// RMSNorm's backward (norm.h rms_norm, y = x / sqrt(mean(x²) + eps) · (w + w_offset)). w may be
+// undefined-null (no scale; dw then null). Same aliasing and threading as layer_norm_backward.
 void rms_norm_backward(const float* x, const float* dy, int64_t T, int64_t D, const Tensor* w, float eps, float* dx,
-                       float* dw);
+                       float* dw, float w_offset = 0.0f);
 
 // The backward of linear(x, T, W, bias, y) for an F32 matrix in either layout: dx[T, in] = dy·W
 // (overwritten; skipped when null), dW (stored layout, F32) += ∂L/∂W, dbias[out] += Σ_t dy[t]

@@ -88,20 +88,26 @@ Tensor tensor_of(const std::vector<double>& v, Shape shape) {
   return t;
 }
 
+// LayerNorm, RMSNorm, and the zero-centred RMSNorm (scale 1 + w: its twin is the plain norm with the
+// weight w + 1, and ∂w the same as for the plain weight).
 TEST(TrainKernels, NormsMatchTheirTwins) {
   for (const int threads : {1, 2})
     for (const int64_t D : {1, 17, 64})
-      for (const bool center : {true, false}) {
+      for (const int kind : {0, 1, 2}) {
         ScopedThreads st(threads);
+        const bool center = kind == 0;
+        const double offset = kind == 2 ? 1.0 : 0.0;
         const int64_t T = 37;
         const std::vector<double> x = randn(T * D, 20 + D, 3.0), w = randn(D, 21), dy = randn(T * D, 22);
+        std::vector<double> scale(w);
+        for (double& s : scale) s += offset;
         std::vector<double> dx(static_cast<size_t>(T * D)), dw(static_cast<size_t>(D), 0.0), db(static_cast<size_t>(D), 0.0);
-        ref::norm_backward(x.data(), dy.data(), T, D, w.data(), 1e-5, center, dx.data(), dw.data(), db.data());
+        ref::norm_backward(x.data(), dy.data(), T, D, scale.data(), 1e-5, center, dx.data(), dw.data(), db.data());
         const std::vector<float> xf = to_float(x), dyf = to_float(dy);
         std::vector<float> dxf(dx.size()), dwf(dw.size(), 0.0f), dbf(db.size(), 0.0f);
         const Tensor wt = tensor_of(w, {D});
         if (center) layer_norm_backward(xf.data(), dyf.data(), T, D, wt, 1e-5f, dxf.data(), dwf.data(), dbf.data());
-        else rms_norm_backward(xf.data(), dyf.data(), T, D, &wt, 1e-5f, dxf.data(), dwf.data());
+        else rms_norm_backward(xf.data(), dyf.data(), T, D, &wt, 1e-5f, dxf.data(), dwf.data(), float(offset));
         if (D > 1) expect_close(dxf.data(), dx, 2e-5, "dx");  // D = 1 LayerNorm: dx is rounding noise around 0
         expect_close(dwf.data(), dw, 1e-5, "dw");
         if (center) expect_close(dbf.data(), db, 1e-6, "db");

@@ -14,11 +14,11 @@ void forward(const Norm& n, const float* x, int64_t T, float* y) {
 }
 
 void backward(const Norm& n, const float* x, int64_t T, const float* dy, float* dx, Norm& grad) {
-  LINEAGE_CHECK(!n.unit_offset, "the zero-centred RMSNorm has no backward yet (train/backprop refuses the model)");
   if (n.kind == Norm::Kind::Layer)
     kernels::layer_norm_backward(x, dy, T, n.dim, n.weight, n.eps, dx, grad.weight.data<float>(), grad.bias.data<float>());
   else
-    kernels::rms_norm_backward(x, dy, T, n.dim, &n.weight, n.eps, dx, grad.weight.data<float>());
+    kernels::rms_norm_backward(x, dy, T, n.dim, &n.weight, n.eps, dx, grad.weight.data<float>(),
+                               n.unit_offset ? 1.0f : 0.0f);
 }
 
 }  // namespace lineage::layers

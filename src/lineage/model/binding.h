@@ -6,9 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "lineage/core/tensor.h"
 
 namespace lineage::model {
 
@@ -44,6 +47,7 @@ struct BindingTable {
     std::string before;  // what precedes the expert index in the parameter's name: ".mlp.experts."
     std::vector<std::pair<std::string, int64_t>> parts;  // {".gate_proj.weight", I}, {".up_proj.weight", I}
     int64_t slices = 0;  // E: the stored tensor's first dimension
+    bool stack_on_save = false;  // the family's files store it so (a writer stacks the experts back)
   };
 
   std::vector<Rename> renames;
@@ -87,5 +91,26 @@ inline std::string stored_name(const BindingTable& b, const std::string& param) 
       return param.substr(0, param.size() - r.param.size()) + r.stored;
   return param;
 }
+
+// Where the parameter `name` sits in the stacked tensor `us` describes: the stored tensor's full name,
+// the expert (slice), the part (index into us.parts) and its first row within the slice; nothing when
+// `name` is no slice of it.
+struct UnstackSlot {
+  std::string stored;
+  int64_t expert = 0;
+  size_t part = 0;
+  int64_t row0 = 0;
+};
+std::optional<UnstackSlot> unstack_slot(const BindingTable::Unstack& us, const std::string& name);
+
+// The tensors a checkpoint of this family stores for the parameters `params` (name and tensor, in
+// the order the model lists them): each renamed and unsqueezed as above, the parts of a split tensor
+// joined back group by group, and the experts' slices stacked where the Unstack says the family
+// stores them so. A joined tensor comes where its first part came. What a writer of such a
+// checkpoint writes (lineage train's model.safetensors), and how a parameter's gradient is named in
+// the checkpoint's terms. Throws naming the stored tensor when some of its parts are missing or
+// their dtypes differ.
+std::vector<std::pair<std::string, Tensor>> stored_tensors(const BindingTable& b,
+                                                           const std::vector<std::pair<std::string, Tensor>>& params);
 
 }  // namespace lineage::model

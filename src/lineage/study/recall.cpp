@@ -19,7 +19,7 @@ namespace lineage::study {
 namespace {
 
 // Each row of the lineage at width d: the config.json that computes it (fla's field names for the
-// delta-rule family, GPT-2's for softmax attention, Kimi Linear's for the hybrid).
+// delta-rule family, GPT-2's for softmax attention, Kimi Linear's and Qwen3.5's for the hybrids).
 std::vector<std::pair<std::string, nlohmann::json>> arch_configs(const RecallConfig& c, int64_t positions) {
   const int64_t vocab = 1 + c.keys + c.values, hd = c.d_model / c.heads;
   const auto fla = [&](const std::string& type, nlohmann::json extra) {
@@ -39,6 +39,18 @@ std::vector<std::pair<std::string, nlohmann::json>> arch_configs(const RecallCon
                  {"qk_rope_head_dim", hd / 2}, {"v_head_dim", hd}});
   hybrid["linear_attn_config"].update({{"kda_layers", {1, 2, 3}}, {"full_attn_layers", {4}}, {"num_heads", c.heads},
                                        {"head_dim", hd}});
+  // Qwen3.5 (dense) at this width: three Gated DeltaNet layers to one gated attention layer, as
+  // published (zero-centred norms, q/k norms, a quarter of each head rotated, θ 1e7, the output gate),
+  // key and value heads as the other rows, the attention's KV heads half its query heads (GQA).
+  const nlohmann::json qwen35 = {
+      {"model_type", "qwen3_5"}, {"vocab_size", vocab}, {"hidden_size", c.d_model}, {"num_hidden_layers", 4},
+      {"layer_types", {"linear_attention", "linear_attention", "linear_attention", "full_attention"}},
+      {"num_attention_heads", c.heads}, {"num_key_value_heads", std::max<int64_t>(1, c.heads / 2)},
+      {"head_dim", hd}, {"attn_output_gate", true}, {"linear_num_key_heads", c.heads},
+      {"linear_num_value_heads", c.heads}, {"linear_key_head_dim", hd}, {"linear_value_head_dim", hd},
+      {"linear_conv_kernel_dim", 4}, {"intermediate_size", 4 * c.d_model}, {"hidden_act", "silu"},
+      {"rms_norm_eps", 1e-6}, {"max_position_embeddings", positions}, {"tie_word_embeddings", true},
+      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e7}, {"partial_rotary_factor", 0.25}}}};
   const auto gpt2 = [&](int64_t conv) {
     return nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", vocab}, {"n_positions", positions},
                           {"n_embd", c.d_model},  {"n_layer", c.layers},   {"n_head", c.heads},
@@ -58,6 +70,7 @@ std::vector<std::pair<std::string, nlohmann::json>> arch_configs(const RecallCon
       {"Gated DeltaNet", fla("gated_deltanet", {{"head_dim", hd}, {"expand_v", 1.0}})},
       {"KDA", fla("kda", {{"head_dim", hd}, {"expand_v", 1.0}})},
       {"KDA/MLA 3:1 hybrid", hybrid},
+      {"Qwen3.5 hybrid", qwen35},
   };
   // A row that --archs or --set names must exist.
   const auto find = [&](const std::string& option, const std::string& name) {

@@ -66,12 +66,8 @@ void visit_trainable(const Variant& v, F&& f) {
 }  // namespace
 
 std::string untrainable_reason(const Model& m) {
-  if (m.final_norm.unit_offset) return "the zero-centred RMSNorm (1 + w) has no backward yet";
   for (size_t i = 0; i < m.blocks.size(); ++i) {
     const model::Block& b = m.blocks[i];
-    if (b.norm1.unit_offset || b.norm2.unit_offset) return cat("layer ", i, ": the zero-centred RMSNorm (1 + w) has no backward yet");
-    if (const auto* e = std::get_if<layers::Moe>(&b.ffn); e && (e->config.router != layers::Moe::Router::Sigmoid || e->config.shared_gate))
-      return cat("layer ", i, ": the softmax router and the gated shared expert have no backward yet");
     for (const std::string& why : {layer_reason(b.mixer), layer_reason(b.ffn)})
       if (!why.empty()) return cat("layer ", i, ": ", why);
   }
@@ -87,6 +83,7 @@ struct Backprop::BlockSaved {
   layers::Buffer input[2], normed[2], partial[2], mix_weights[2];
   int64_t mix_sources[2] = {0, 0};  // 0: the sublayer read the stream itself, no mix
   layers::Attention::Saved attention;
+  layers::GatedAttention::Saved gated_attention;
   layers::DeltaRule::Saved delta_rule;
   layers::Mla::Saved mla;
   layers::Mlp::Saved mlp;
@@ -94,6 +91,7 @@ struct Backprop::BlockSaved {
   layers::Moe::Saved moe;
 
   layers::Attention::Saved& of(const layers::Attention&) { return attention; }
+  layers::GatedAttention::Saved& of(const layers::GatedAttention&) { return gated_attention; }
   layers::DeltaRule::Saved& of(const layers::DeltaRule&) { return delta_rule; }
   layers::Mla::Saved& of(const layers::Mla&) { return mla; }
   layers::Mlp::Saved& of(const layers::Mlp&) { return mlp; }

@@ -202,17 +202,17 @@ void Trainer::save(const fs::path& dir, const std::string& config_json,
                    const std::optional<fs::path>& tokenizer_dir) const {
   fs::create_directories(dir);
   write_file(dir / "config.json", config_json);
-  std::vector<std::pair<std::string, Tensor>> weights, moments;
+  std::vector<std::pair<std::string, Tensor>> params, moments;
   size_t i = 0;
   m_.for_each_tensor([&](const std::string& name, Tensor& t, const Shape&, layers::Init) {
     if (!t.defined()) return;
-    const Tensor saved = c_.save_dtype == DType::F32 ? t : convert(t, c_.save_dtype);
-    weights.emplace_back(model::stored_name(m_.binding, name), saved.reshaped(model::stored_shape(m_.binding, name, t.shape())));
+    params.emplace_back(name, c_.save_dtype == DType::F32 ? t : convert(t, c_.save_dtype));
     moments.emplace_back("exp_avg." + name, Tensor::borrow(DType::F32, t.shape(), opt_.m()[i].data(), nullptr));
     moments.emplace_back("exp_avg_sq." + name, Tensor::borrow(DType::F32, t.shape(), opt_.v()[i].data(), nullptr));
     ++i;
   });
-  io::save_safetensors(dir / "model.safetensors", weights);
+  // In the family's own layout (model/binding.h): Qwen's joined projections, fused experts.
+  io::save_safetensors(dir / "model.safetensors", model::stored_tensors(m_.binding, params));
   io::save_safetensors(dir / "optimizer.safetensors", moments);
   if (tokenizer_dir && fs::absolute(*tokenizer_dir) != fs::absolute(dir))
     for (const char* f : kTokenizerFiles)

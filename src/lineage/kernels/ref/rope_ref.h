@@ -20,4 +20,16 @@ void rope_interleaved(F* x, int64_t d, int64_t p, double theta, int sign) {
   }
 }
 
+// The same with the rotate-half pairs (x_i, x_i+d/2), i < d/2.
+template <class F>
+void rope_neox(F* x, int64_t d, int64_t p, double theta, int sign) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const double angle = double(p) * std::pow(theta, -2.0 * double(i) / double(d));
+    const F c = F(std::cos(angle)), s = F(std::sin(angle)) * F(sign);
+    const F a = x[i], b = x[i + half];
+    x[i] = c * a - s * b, x[i + half] = s * a + c * b;
+  }
+}
+
 }  // namespace lineage::kernels::ref

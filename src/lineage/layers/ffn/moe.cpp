@@ -278,10 +278,18 @@ void forward_train(const Moe& m, const TrainShape& s, const float* x, float* y, 
     }
     kernels::linear(a, N, m.weights.latent_up, nullptr, y);
   }
-  if (c.shared_hidden > 0) {
+  if (c.shared_hidden > 0) {  // plus the shared MLP's output, with the gate times σ(W_sg·x) per token
     float* sh = sv.shared_out.get(size_t(N * D));
     forward_train(m.weights.shared, s, x, sh, sv.shared);
-    add_into(y, sh, N * D);
+    if (c.shared_gate) {
+      float* g = sv.shared_gate.get(size_t(N));
+      kernels::linear(x, N, m.weights.shared_gate, nullptr, g);
+      kernels::sigmoid(g, g, N);
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t d = 0; d < D; ++d) y[t * D + d] += g[t] * sh[t * D + d];
+    } else {
+      add_into(y, sh, N * D);
+    }
   }
 }
 
@@ -326,8 +334,25 @@ void backward(const Moe& m, const TrainShape& s, const float* x, const float* dy
   const Moe::Config& c = m.config;
   const int64_t N = s.N(), D = c.d_model, E = c.n_experts, k = c.top_k, X = m.expert_width();
   float* tmp = sv.d_x.get(size_t(N * D));
-  if (c.shared_hidden > 0) backward(m.weights.shared, s, x, dy, sv.shared, dx, grad.weights.shared);
-  else std::memset(dx, 0, size_t(N * D) * sizeof(float));
+  if (c.shared_hidden > 0 && c.shared_gate) {
+    // y += σ(a)·sh, a = W_sg·x: ∂sh = σ(a)·dy, ∂a = (dy·sh)·σ(a)(1 − σ(a)).
+    const float* g = sv.shared_gate.get(0);
+    const float* sh = sv.shared_out.get(0);
+    float* d_sh = sv.d_shared.get(size_t(N * D));
+    float* d_a = sv.d_shared_gate.get(size_t(N));
+    for (int64_t t = 0; t < N; ++t) {
+      double dot = 0;
+      for (int64_t d = 0; d < D; ++d) d_sh[t * D + d] = g[t] * dy[t * D + d], dot += double(dy[t * D + d]) * sh[t * D + d];
+      d_a[t] = float(dot * double(g[t]) * (1.0 - double(g[t])));
+    }
+    backward(m.weights.shared, s, x, d_sh, sv.shared, dx, grad.weights.shared);
+    kernels::linear_backward(x, d_a, N, m.weights.shared_gate, tmp, &grad.weights.shared_gate, nullptr);
+    add_into(dx, tmp, N * D);
+  } else if (c.shared_hidden > 0) {
+    backward(m.weights.shared, s, x, dy, sv.shared, dx, grad.weights.shared);
+  } else {
+    std::memset(dx, 0, size_t(N * D) * sizeof(float));
+  }
 
   // ∂L/∂(the experts' weighted sum): dy itself, or back through the up projection and the norm.
   const float* d_sum = dy;
@@ -350,7 +375,8 @@ void backward(const Moe& m, const TrainShape& s, const float* x, const float* dy
 
   // The router: through the chosen experts' weights only.
   float* dlogits = sv.d_logits.get(size_t(N * E));
-  const kernels::MoeRouterArgs ra{N, E, k, c.renormalize, c.scaling, c.bias_in_weights ? m.prepared.bias.data() : nullptr};
+  const kernels::MoeRouterArgs ra{N, E, k, c.renormalize, c.scaling, c.bias_in_weights ? m.prepared.bias.data() : nullptr,
+                                  c.router == Moe::Router::Softmax};
   kernels::moe_router_backward(ra, sv.logits.get(0), sv.ids.data(), sv.d_weights.get(0), dlogits);
   kernels::linear_backward(x, dlogits, N, m.weights.gate, tmp, &grad.weights.gate, nullptr);
   add_into(dx, tmp, N * D);

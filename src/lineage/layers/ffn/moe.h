@@ -74,12 +74,13 @@ struct Moe {
   // Training (train_step.h): the router logits [N, E], the chosen experts [N, k] and their weights
   // [N, k]; the slots (t·k + j) grouped by expert (order [N·k], offsets [E + 1]); the experts' rows in
   // and out in that order [N·k, X] and each expert's own activations; with a latent space z [N, L_a],
-  // the weighted sum before and after its norm [N, L_a]; the shared MLP's output [N, D] and activations. Backward's
-  // ∂L/∂(weighted sum) [N, X], ∂L/∂(experts' rows out, then in) [N·k, X], ∂L/∂(weights) [N, k],
+  // the weighted sum before and after its norm [N, L_a]; the shared MLP's output [N, D] and activations
+  // and its gate σ(W_sg·x) [N]. Backward's ∂L/∂(weighted sum) [N, X], ∂L/∂(shared output) [N, D] and
+  // ∂L/∂(gate's input) [N], ∂L/∂(experts' rows out, then in) [N·k, X], ∂L/∂(weights) [N, k],
   // ∂L/∂logits [N, E], ∂L/∂(experts' input) [N, X], and a share of ∂L/∂x [N, D].
   struct Saved {
-    Buffer logits, weights, rows_in, rows_out, latent_in, latent_sum, latent_normed, shared_out;
-    Buffer d_sum, d_rows_out, d_rows_in, d_weights, d_logits, d_in, d_x;
+    Buffer logits, weights, rows_in, rows_out, latent_in, latent_sum, latent_normed, shared_out, shared_gate;
+    Buffer d_shared, d_shared_gate, d_sum, d_rows_out, d_rows_in, d_weights, d_logits, d_in, d_x;
     std::vector<int32_t> ids, order, scratch;
     std::vector<int64_t> offsets;
     std::vector<GatedMlp::Saved> experts;

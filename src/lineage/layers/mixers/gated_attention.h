@@ -16,6 +16,7 @@
 #include "lineage/layers/mixers/attention.h"
 #include "lineage/layers/norm.h"
 #include "lineage/layers/step.h"
+#include "lineage/layers/train_step.h"
 
 namespace lineage::layers {
 
@@ -46,6 +47,15 @@ struct GatedAttention {
     Buffer qg, q, gate, k, v, context;
     std::vector<kernels::AttentionSeq> seqs;
   };
+  // What the training forward keeps for backward (train_step.h): q_proj's output, the queries and
+  // keys before their norms ([N, H·hd], [N, KVH·hd]), the queries after norm and rotation and the
+  // keys and values widened to every query head ([N, H·hd] each: the attention kernel reads one KV
+  // head per query head), σ(gate), the context before and after the gate ([N, H·hd]), each query's
+  // log-sum-exp [B, H, T]; and backward's own gradients.
+  struct Saved {
+    Buffer qg, q_raw, k_raw, q, k_wide, v_wide, gate, context, gated, lse;
+    Buffer d_gated, d_q, d_k_wide, d_v_wide, d_k, d_v, d_qg, d_x;
+  };
 
   Config config;
   Weights weights;
@@ -73,5 +83,12 @@ struct GatedAttention {
 // attn.q, attn.k, attn.v, attn.gate, attn.context (before the gate) and attn.out.
 void forward(const GatedAttention& a, const Call& call, const float* x, std::span<GatedAttention::State* const> states,
              float* y, GatedAttention::Buffers& buf, const Trace& trace);
+
+// Training (train_step.h): y[N, D] = gated attention of x over B sequences of T tokens, each from an
+// empty cache at position 0; no T × T score matrix is stored (kernels::attention_causal_train).
+void forward_train(const GatedAttention& a, const TrainShape& s, const float* x, float* y,
+                   GatedAttention::Saved& saved);
+void backward(const GatedAttention& a, const TrainShape& s, const float* x, const float* dy,
+              GatedAttention::Saved& saved, float* dx, GatedAttention& grad);
 
 }  // namespace lineage::layers

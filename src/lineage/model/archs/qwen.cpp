@@ -235,11 +235,11 @@ Model build_qwen(const ConfigFields& c, const Source& src, const std::string& la
     b.names = {"input_layernorm", full[size_t(i)] ? "self_attn" : "linear_attn", "post_attention_layernorm", "mlp"};
     m.blocks.push_back(std::move(b));
   }
-  if (E > 0) {  // Qwen3.5's fused experts, where the files hold them so
+  if (E > 0) {  // Qwen3.5's fused experts, where the files hold them so (and written so for Qwen3.5-MoE)
     const std::string p = ".mlp.experts.";
     m.binding.unstacks.push_back(
-        {p + "gate_up_proj", p, {{".gate_proj.weight", moe.hidden}, {".up_proj.weight", moe.hidden}}, E});
-    m.binding.unstacks.push_back({p + "down_proj", p, {{".down_proj.weight", D}}, E});
+        {p + "gate_up_proj", p, {{".gate_proj.weight", moe.hidden}, {".up_proj.weight", moe.hidden}}, E, moe35});
+    m.binding.unstacks.push_back({p + "down_proj", p, {{".down_proj.weight", D}}, E, moe35});
   }
 
   // The multi-token-prediction head the config declares: skipped, counted apart.
