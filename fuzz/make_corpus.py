@@ -111,6 +111,17 @@ gpt2_json = {"version": "1.0",
              "decoder": {"type": "ByteLevel"},
              "model": {"type": "BPE", "vocab": gpt2_vocab, "merges": [m.split(" ") for m in gpt2_merges]}}
 put("fuzz_tokenizer", "gpt2_tokenizer_json.txt", b"0" + json.dumps(gpt2_json, ensure_ascii=False).encode() + SEP + text.encode())
+# Qwen's: the NFC normalizer, a Split on Qwen2's or Qwen3.5's pattern, ByteLevel without its own regex.
+QWEN2 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|"
+          r"\s*[\r\n]+|\s+(?!\S)|\s+")
+mark_text = text + " x\u0301y !\u0301! \u0301 नमस्ते e\u0301 'S"
+for name, pattern in (("qwen2_sequence.txt", QWEN2), ("qwen35_sequence.txt", QWEN35)):
+    qwen_json = dict(gpt2_json, normalizer={"type": "NFC"},
+                     pre_tokenizer={"type": "Sequence", "pretokenizers": [
+                         {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+                         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]})
+    put("fuzz_tokenizer", name, b"0" + json.dumps(qwen_json, ensure_ascii=False).encode() + SEP + mark_text.encode())
 
 SP = "\u2581"
 sp_vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}

@@ -1,6 +1,6 @@
 // Generates the Unicode tables of the pre-tokenizers, each from the regex engine its reference runs on:
-//   src/lineage/tokenizer/unicode_tables.cpp: \p{L}, \p{N} and \s as this node's JavaScript regex engine
-//     (the one js-tiktoken runs GPT-2's pattern on) defines them;
+//   src/lineage/tokenizer/unicode_tables.cpp: \p{L}, \p{N}, \s and \p{M} as this node's JavaScript regex
+//     engine (the one js-tiktoken runs GPT-2's pattern on, and transformers.js Qwen's) defines them;
 //   src/lineage/tokenizer/unicode_tables_tiktoken.cpp: the classes of Kimi's pattern (\p{Han}, the letter
 //     categories, \p{M}, \p{N}, \s) as the Rust regex crate inside npm tiktoken (the engine of
 //     Python's tiktoken too) defines them, read back through that engine.
@@ -18,6 +18,7 @@ const classes = [
   { name: "kLetterRanges", re: /^\p{L}$/u, what: "\\p{L}" },
   { name: "kNumberRanges", re: /^\p{N}$/u, what: "\\p{N}" },
   { name: "kSpaceRanges", re: /^\s$/u, what: "\\s (ECMAScript: WhiteSpace + LineTerminator)" },
+  { name: "kMarkRanges", re: /^\p{M}$/u, what: "\\p{M} (Qwen3.5's pattern)" },
 ];
 
 function ranges(re) {

@@ -303,24 +303,26 @@ void parse_pre_tokenizer(BpeModel& m, const json& node, const std::string& file)
     m.add_prefix_space = get_bool(node, "add_prefix_space", false, file, field + ".add_prefix_space");
     m.split = get_bool(node, "use_regex", true, file, field + ".use_regex") ? BpeModel::Split::kGpt2 : BpeModel::Split::kNone;
   } else if (type == "Sequence") {
-    // Qwen2 .. Qwen3-Next: Split on Qwen2's pattern (Isolated), then ByteLevel without its own regex.
-    const std::string want = cat("[Split on Qwen2's pattern ", kQwen2Pattern,
+    // Qwen2 .. Qwen3-Next: Split on Qwen2's pattern (Isolated), then ByteLevel without its own regex;
+    // Qwen3.5 the same with its pattern.
+    const std::string want = cat("[Split on Qwen2's pattern ", kQwen2Pattern, " or Qwen3.5's ", kQwen35Pattern,
                                  " (behavior Isolated), ByteLevel (use_regex false)] (other sequences are not supported)");
     const json& steps = require(node, "pretokenizers", file, field + ".pretokenizers");
     if (!steps.is_array() || steps.size() != 2 || !steps[0].is_object() || !steps[1].is_object())
       fail(file, field + ".pretokenizers", found(steps), want);
     const json& split = steps[0];
     const json& pattern = split.value("pattern", json());
-    const bool qwen2 = split.value("type", "") == "Split" && pattern.is_object() && pattern.contains("Regex") &&
-                       pattern["Regex"] == kQwen2Pattern && split.value("behavior", "") == "Isolated" &&
-                       split.value("invert", false) == false;
-    if (!qwen2) fail(file, field + ".pretokenizers[0]", found(split), want);
+    const json regex = pattern.is_object() ? pattern.value("Regex", json()) : json();
+    const bool qwen2 = regex == kQwen2Pattern, qwen35 = regex == kQwen35Pattern;
+    if (split.value("type", "") != "Split" || !(qwen2 || qwen35) || split.value("behavior", "") != "Isolated" ||
+        split.value("invert", false) != false)
+      fail(file, field + ".pretokenizers[0]", found(split), want);
     if (steps[1].value("type", "") != "ByteLevel" ||
         get_bool(steps[1], "use_regex", true, file, field + ".pretokenizers[1].use_regex"))
       fail(file, field + ".pretokenizers[1]", found(steps[1]), want);
     m.mode = SymbolMode::kByteLevel;
     m.add_prefix_space = get_bool(steps[1], "add_prefix_space", false, file, field + ".pretokenizers[1].add_prefix_space");
-    m.split = BpeModel::Split::kQwen2;
+    m.split = qwen2 ? BpeModel::Split::kQwen2 : BpeModel::Split::kQwen35;
   } else if (type == "Metaspace") {
     m.metaspace = parse_metaspace(node, file, field);
   } else {

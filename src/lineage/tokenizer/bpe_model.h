@@ -77,8 +77,8 @@ struct BpeModel {
   // kByteLevel
   std::array<int32_t, 256> byte_symbol_ids{};  // id of the one-byte symbol of each byte value
   // How byte-level text is cut into words before the merges: GPT-2's pattern (ByteLevel use_regex),
-  // Qwen2's (a Split before a ByteLevel without its own), or not at all.
-  enum class Split : uint8_t { kNone, kGpt2, kQwen2 };
+  // Qwen2's or Qwen3.5's (a Split before a ByteLevel without its own), or not at all.
+  enum class Split : uint8_t { kNone, kGpt2, kQwen2, kQwen35 };
   Split split = Split::kGpt2;
   bool add_prefix_space = false;                // ByteLevel add_prefix_space
 
@@ -135,6 +135,15 @@ void split_gpt2(std::string_view text, std::vector<std::string_view>& words);
 inline constexpr const char* kQwen2Pattern =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 void split_qwen2(std::string_view text, std::vector<std::string_view>& words);
+
+// Qwen3.5's pre-tokenizer: Qwen2's pattern with combining marks (\p{M}) joined to the letters' runs
+// and taken out of the punctuation's,
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// as the same scanner (transformers.js on the ECMAScript engine is its reference).
+inline constexpr const char* kQwen35Pattern =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+void split_qwen35(std::string_view text, std::vector<std::string_view>& words);
 
 // Kimi's pre-tokenizer (moonshotai tokenization_kimi.py pat_str), run by tiktoken on the regex crate:
 //   [\p{Han}]+

@@ -10,7 +10,8 @@
 namespace lineage::tokenizer {
 namespace {
 
-enum class CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };
+// kMark only from classify_qwen with marks (Qwen3.5's pattern); everywhere else marks are kOther.
+enum class CharClass : uint8_t { kLetter, kNumber, kSpace, kOther, kMark };
 
 bool in_ranges(const unicode::CodePointRange* ranges, size_t count, uint32_t cp) {
   const unicode::CodePointRange* end = ranges + count;
@@ -166,29 +167,48 @@ size_t line_breaks(std::string_view text, size_t i) {
   return i;
 }
 
-}  // namespace
+// Qwen's classes: split_gpt2's, and with `marks` the combining marks (\p{M}, otherwise kOther) a
+// class of their own.
+CharClass classify_qwen(uint32_t cp, bool marks) {
+  const CharClass c = classify(cp);
+  if (!marks || c != CharClass::kOther || cp == kInvalidCodePoint || cp < 0x300) return c;
+  return in_ranges(unicode::kMarkRanges, unicode::kMarkRangesCount, cp) ? CharClass::kMark : c;
+}
 
-void split_qwen2(std::string_view text, std::vector<std::string_view>& words) {
+// Qwen2's pattern, or with `marks` Qwen3.5's: "[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+" where Qwen2 has
+// "[^\r\n\p{L}\p{N}]?\p{L}+", and "[^\s\p{L}\p{M}\p{N}]+" for "[^\s\p{L}\p{N}]+".
+void split_qwen(std::string_view text, std::vector<std::string_view>& words, bool marks) {
   const size_t n = text.size();
+  const auto letters = [](CharClass c) { return c == CharClass::kLetter || c == CharClass::kMark; };
+  const auto others = [](CharClass c) { return c == CharClass::kOther; };
+  // The end of the run of code points from i whose class `keep` accepts.
+  const auto scan = [&](size_t i, auto keep) {
+    while (i < n) {
+      const CodePoint c = decode_utf8(text, i);
+      if (!keep(classify_qwen(c.cp, marks))) break;
+      i += c.length;
+    }
+    return i;
+  };
   size_t i = 0;
   while (i < n) {
     size_t end = 0;
     const CodePoint c = decode_utf8(text, i);
-    const CharClass cls = classify(c.cp);
+    const CharClass cls = classify_qwen(c.cp, marks);
     const bool line_break = c.cp == '\r' || c.cp == '\n';
     const CodePoint next = i + c.length < n ? decode_utf8(text, i + c.length) : CodePoint{kInvalidCodePoint, 0};
-    const CharClass next_cls = next.length ? classify(next.cp) : CharClass::kSpace;  // nothing follows
+    const CharClass next_cls = next.length ? classify_qwen(next.cp, marks) : CharClass::kSpace;  // nothing follows
     if (c.cp == '\'' && contraction_length_any_case(text, i)) {
       end = i + contraction_length_any_case(text, i);
-    } else if (cls == CharClass::kLetter) {  // "[^\r\n\p{L}\p{N}]?\p{L}+" without its lead
-      end = scan_run(text, i, CharClass::kLetter);
-    } else if (cls != CharClass::kNumber && !line_break && next.length && next_cls == CharClass::kLetter) {
-      end = scan_run(text, i + c.length, CharClass::kLetter);  // one lead, then the letters
+    } else if (letters(cls)) {  // "[^\r\n\p{L}\p{N}]?\p{L}+" without its lead (a mark: its own lead or not)
+      end = scan(i, letters);
+    } else if (cls != CharClass::kNumber && !line_break && next.length && letters(next_cls)) {
+      end = scan(i + c.length, letters);  // one lead, then the letters
     } else if (cls == CharClass::kNumber) {  // "\p{N}": one at a time
       end = i + c.length;
     } else if (cls == CharClass::kOther || (c.cp == ' ' && next.length && next_cls == CharClass::kOther)) {
       // " ?[^\s\p{L}\p{N}]+[\r\n]*"
-      end = line_breaks(text, scan_run(text, cls == CharClass::kOther ? i : i + 1, CharClass::kOther));
+      end = line_breaks(text, scan(cls == CharClass::kOther ? i : i + 1, others));
     } else {
       // Whitespace: "\s*[\r\n]+" (up to the run's last line break), else "\s+(?!\S)" (the run
       // less its last character when a non-space follows), else "\s+".
@@ -206,6 +226,12 @@ void split_qwen2(std::string_view text, std::vector<std::string_view>& words) {
     i = end;
   }
 }
+
+}  // namespace
+
+void split_qwen2(std::string_view text, std::vector<std::string_view>& words) { split_qwen(text, words, false); }
+
+void split_qwen35(std::string_view text, std::vector<std::string_view>& words) { split_qwen(text, words, true); }
 
 void split_before(std::string_view text, std::string_view replacement, std::vector<std::string_view>& words) {
   size_t start = 0;
