@@ -14,6 +14,7 @@
 
 #include "lineage/core/error.h"
 #include "lineage/io/load_model.h"
+#include "lineage/io/safetensors.h"
 #include "test_support.h"
 
 namespace lineage {
@@ -70,6 +71,29 @@ TEST(Qwen, InfoFromThePublishedConfigsAlone) {
   // The multi-token-prediction head the Qwen3.5 configs declare is counted apart, not in the total.
   const auto text = test::run_lineage("info --model " + test::shell_quote(data_dir("qwen3.5-9b").string()));
   EXPECT_NE(text.out.find("multi-token-prediction head"), std::string::npos) << text.out;
+}
+
+// What `info` counts apart from config.json alone (the MTP head and Qwen3.5's vision tower, by their
+// formulas) against what a checkpoint holding them stores: the elements of its mtp.* and
+// model.visual.* tensors (reference/qwen_goldens.py writes them at the shapes transformers gives).
+TEST(Qwen, SkippedHeadAndVisionTowerCountedAsStored) {
+  const fs::path dir = test::testdata() / "qwen3_5_moe" / "bf16_mtp_visual";
+  const io::Checkpoint ckpt = io::Checkpoint::open(dir);
+  int64_t stored = 0, visual = 0;
+  for (const std::string& name : ckpt.names()) {
+    const bool is_visual = name.rfind("model.visual.", 0) == 0;
+    if (!is_visual && name.rfind("mtp.", 0) != 0) continue;
+    int64_t n = 1;
+    for (const int64_t d : ckpt.entry(name).shape) n *= d;
+    stored += n, visual += is_visual ? n : 0;
+  }
+  ASSERT_GT(visual, 0);
+  ASSERT_GT(stored, visual);
+  const auto r = test::run_lineage("info --model " + test::shell_quote(dir.string()) + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["extra_params"], stored);
+  EXPECT_NE(j["extra_params_label"].get<std::string>().find("vision tower"), std::string::npos);
 }
 
 TEST(Qwen, BadConfigsNameTheField) {

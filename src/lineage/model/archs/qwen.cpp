@@ -12,6 +12,7 @@
 // counts the MTP head apart. Qwen's own names bind through the table here: the delta rule's
 // projections are gathered into the layout the other delta-rule rows use, so nothing outside this
 // file knows either naming. Spec: shared/spec/qwen3-next-and-qwen3.5.md; reference/qwen.py.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct Source {
   const ArchInput& in;
   std::string prefix;  // of the text model's tensors: "model." or "model.language_model."
   Flavour flavour;
+  std::optional<ConfigFields> vision = std::nullopt;  // Qwen3.5's vision_config, when the config has one
   bool has(const std::string& name) const { return in.has_tensor(name); }
   bool checkpoint() const { return has(prefix + "embed_tokens.weight"); }
 };
@@ -138,6 +140,21 @@ int64_t mtp_params(int64_t layers, int64_t D, Block& layer) {
   int64_t per_layer = 0;
   layer.for_each_tensor("", [&](const std::string&, Tensor&, const Shape& s, layers::Init) { per_layer += shape_numel(s); });
   return layers * per_layer + 2 * D * D + 3 * D;
+}
+
+// Qwen3.5's vision tower (model.visual.*, Qwen3-VL's without the deepstack mergers), counted from
+// vision_config: the Conv3d patch embedding with its bias, the learned position table, `depth`
+// blocks (two LayerNorms, qkv [3W, W] and proj [W, W], linear_fc1 [I, W] and linear_fc2 [W, I], all
+// with biases), and the merger (a LayerNorm over W, then over the 2×2 merged patches M = W·s²:
+// linear_fc1 [M, M] and linear_fc2 [out, M] with biases).
+int64_t vision_params(const ConfigFields& v) {
+  const int64_t W = v.integer("hidden_size", 1152, limits::kWidth), I = v.integer("intermediate_size", 4304, limits::kWidth);
+  const int64_t depth = v.integer("depth", 27, limits::kLayers), C = v.integer("in_channels", 3, 64);
+  const int64_t p = v.integer("patch_size", 16, 1024), tp = v.integer("temporal_patch_size", 2, 64);
+  const int64_t s = v.integer("spatial_merge_size", 2, 64), out = v.integer("out_hidden_size", 3584, limits::kWidth);
+  const int64_t pos = v.integer("num_position_embeddings", 2304, limits::kPositions), M = W * s * s;
+  const int64_t block = 4 * W + (3 * W * W + 3 * W) + (W * W + W) + (I * W + I) + (W * I + W);
+  return (W * C * tp * p * p + W) + pos * W + depth * block + 2 * W + (M * M + M) + (out * M + out);
 }
 
 Model build_qwen(const ConfigFields& c, const Source& src, const std::string& layers_field) {
@@ -252,6 +269,13 @@ Model build_qwen(const ConfigFields& c, const Source& src, const std::string& la
       }
     m.config.extra_params_label = "multi-token-prediction head (mtp.*, not run)";
   }
+  // Qwen3.5's vision tower, where its top-level config (src.vision) describes one: likewise.
+  if (src.vision) {
+    m.config.extra_params += vision_params(*src.vision);
+    m.config.extra_params_label = m.config.extra_params_label.empty()
+                                      ? "vision tower (model.visual.*, not run)"
+                                      : "multi-token-prediction head (mtp.*) and vision tower (model.visual.*; neither run)";
+  }
 
   const char* what = src.flavour == Flavour::Next ? "Qwen3-Next" : moe35 ? "Qwen3.5-MoE" : "Qwen3.5";
   m.config.description =
@@ -268,8 +292,13 @@ Model build_qwen35(const ArchInput& in, Flavour f) {
   if (top.has("text_config")) {
     if (!top.json()["text_config"].is_object()) top.fail("text_config", "an object holding the text model's config");
     const ConfigFields text(top.json()["text_config"], top.file() + ", text_config");
+    Source src{in, "model.language_model.", f};
+    if (top.has("vision_config")) {
+      if (!top.json()["vision_config"].is_object()) top.fail("vision_config", "an object describing the vision tower");
+      src.vision.emplace(top.json()["vision_config"], top.file() + ", vision_config");
+    }
     // tie_word_embeddings lives at either level (transformers defines it in both classes).
-    Model m = build_qwen(text, Source{in, "model.language_model.", f}, "text_config.num_hidden_layers");
+    Model m = build_qwen(text, src, "text_config.num_hidden_layers");
     if (!text.has("tie_word_embeddings") && top.boolean("tie_word_embeddings", false)) {
       m.config.tied_lm_head = true;
       m.binding.ignore_suffixes.push_back("lm_head.weight");
