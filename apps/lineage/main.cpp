@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.fallthrough(false);
   lineage::app::add_generate(app);
   lineage::app::add_logits(app);
+  lineage::app::add_perplexity(app);
   lineage::app::add_tokenize(app);
   lineage::app::add_info(app);
   lineage::app::add_tour(app);

@@ -11,21 +11,46 @@
 
 namespace lineage::io {
 
-void save_npy(const std::filesystem::path& path, const float* data, const Shape& shape) {
+namespace {
+
+// The bytes before a float32 array of `shape`: magic, version 1.0, the header padded to 64 bytes.
+std::string f32_header(const Shape& shape) {
   std::string dims;
   for (size_t i = 0; i < shape.size(); ++i) dims += std::to_string(shape[i]) + (shape.size() == 1 || i + 1 < shape.size() ? "," : "");
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }";
   const size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  std::ofstream out(path, std::ios::binary);
-  if (!out) throw Error(cat(path.string(), ": cannot open for writing"));
   const uint16_t len = uint16_t(header.size());
-  out.write("\x93NUMPY\x01\x00", 8);
-  out.write(reinterpret_cast<const char*>(&len), 2);
-  out << header;
-  out.write(reinterpret_cast<const char*>(data), std::streamsize(shape_numel(shape) * 4));
-  if (!out) throw Error(cat(path.string(), ": write failed"));
+  return std::string("\x93NUMPY\x01\x00", 8) + char(len & 0xFF) + char(len >> 8) + header;
+}
+
+}  // namespace
+
+void save_npy(const std::filesystem::path& path, const float* data, const Shape& shape) {
+  NpyWriter out(path, shape);
+  out.write(data, shape_numel(shape));
+  out.close();
+}
+
+NpyWriter::NpyWriter(const std::filesystem::path& path, const Shape& shape)
+    : path_(path), out_(path, std::ios::binary), total_(shape_numel(shape)) {
+  if (!out_) throw Error(cat(path.string(), ": cannot open for writing"));
+  out_ << f32_header(shape);
+}
+
+void NpyWriter::write(const float* data, int64_t n) {
+  if (written_ + n > total_) throw Error(cat(path_.string(), ": more values written than its shape holds"));
+  out_.write(reinterpret_cast<const char*>(data), std::streamsize(n * 4));
+  written_ += n;
+  if (!out_) throw Error(cat(path_.string(), ": write failed"));
+}
+
+void NpyWriter::close() {
+  if (written_ != total_)
+    throw Error(cat(path_.string(), ": ", written_, " values written, its shape holds ", total_));
+  out_.close();
+  if (!out_) throw Error(cat(path_.string(), ": write failed"));
 }
 
 namespace {

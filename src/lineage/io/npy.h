@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "lineage/core/tensor.h"
@@ -10,6 +11,20 @@
 namespace lineage::io {
 
 void save_npy(const std::filesystem::path& path, const float* data, const Shape& shape);
+
+// A float32 .npy of `shape` written in pieces (what save_npy writes at once): write() appends values
+// in C order; close() checks that exactly the shape's count came.
+class NpyWriter {
+ public:
+  NpyWriter(const std::filesystem::path& path, const Shape& shape);
+  void write(const float* data, int64_t n);
+  void close();
+
+ private:
+  std::filesystem::path path_;
+  std::ofstream out_;
+  int64_t total_ = 0, written_ = 0;
+};
 // Reads <f4, <f8 (narrowed), <i4 or <i8 arrays into an owned tensor (F32 or I32/I64). Anything else
 // (a damaged header, a shape whose byte length differs from the data's) is an Error naming the file.
 Tensor load_npy(const std::filesystem::path& path);
