@@ -71,6 +71,12 @@ TEST(Qwen, InfoFromThePublishedConfigsAlone) {
   // The multi-token-prediction head the Qwen3.5 configs declare is counted apart, not in the total.
   const auto text = test::run_lineage("info --model " + test::shell_quote(data_dir("qwen3.5-9b").string()));
   EXPECT_NE(text.out.find("multi-token-prediction head"), std::string::npos) << text.out;
+  // Qwen3-Next's config declares none, its checkpoint ships one layer: spec §6's ≈1.65 B (one
+  // attention layer 27,263,488 + one MoE block 1,614,809,088 + its two norms, fc [H, 2H] and three
+  // norms), ≈81.3 B on disk with the text model.
+  const auto next = test::run_lineage("info --model " + test::shell_quote(data_dir("qwen3-next-80b-a3b").string()) + " --json");
+  ASSERT_EQ(next.exit_code, 0) << next.err;
+  EXPECT_EQ(json::parse(next.out)["extra_params"], 27263488LL + 1614809088LL + 2 * 2048 + 2 * 2048 * 2048 + 3 * 2048);
 }
 
 // What `info` counts apart from config.json alone (the MTP head and Qwen3.5's vision tower, by their

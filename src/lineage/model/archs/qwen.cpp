@@ -259,8 +259,12 @@ Model build_qwen(const ConfigFields& c, const Source& src, const std::string& la
     m.binding.unstacks.push_back({p + "down_proj", p, {{".down_proj.weight", D}}, E, moe35});
   }
 
-  // The multi-token-prediction head the config declares: skipped, counted apart.
-  const int64_t mtp = c.count(src.flavour == Flavour::Next ? "num_nextn_predict_layers" : "mtp_num_hidden_layers", 0, 16);
+  // The multi-token-prediction head: skipped, counted apart. Qwen3.5's configs declare it; Qwen3-Next's
+  // does not, yet its checkpoints ship one layer (vLLM's qwen3_next_mtp reads num_nextn_predict_layers,
+  // default 1): counted from the config alone, or where a checkpoint holds mtp.fc.weight.
+  const int64_t next_default = src.checkpoint() && !src.has("mtp.fc.weight") ? 0 : 1;
+  const int64_t mtp = src.flavour == Flavour::Next ? c.count("num_nextn_predict_layers", next_default, 16)
+                                                   : c.count("mtp_num_hidden_layers", 0, 16);
   if (mtp > 0 && n_full > 0) {
     for (int64_t i = L - 1; i >= 0; --i)
       if (full[size_t(i)]) {
