@@ -5,6 +5,8 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "common.h"
@@ -19,7 +21,19 @@ struct ServeOpts {
   ModelSource src;
   serve::ServerOptions server;
   std::string cache_bytes = "256M";
+  std::string api_key_file;
 };
+
+// The key in --api-key-file: its first line, surrounding whitespace dropped; an empty one is an error.
+std::string read_api_key(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw Error(cat("--api-key-file ", file, ": cannot be read"));
+  std::string line;
+  std::getline(in, line);
+  const size_t a = line.find_first_not_of(" \t\r"), b = line.find_last_not_of(" \t\r");
+  if (a == std::string::npos) throw Error(cat("--api-key-file ", file, ": the first line holds no key"));
+  return line.substr(a, b - a + 1);
+}
 
 void run_serve(ServeOpts& o) {
   // SIGINT / SIGTERM are taken by a thread of their own (sigwait), which stops the server; every
@@ -31,6 +45,7 @@ void run_serve(ServeOpts& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that goes away mid-write is an error return, not a kill
 
+  if (!o.api_key_file.empty()) o.server.api_key = read_api_key(o.api_key_file);
   io::LoadedModel m = load(o.src, true);
   require_tokenizer(m, "serve");
   o.server.engine.cache.budget_bytes = parse_bytes(o.cache_bytes, "--cache-bytes");
@@ -44,6 +59,11 @@ void run_serve(ServeOpts& o) {
                (long long)e.context(), (long long)o.server.engine.queue,
                format_bytes(double(o.server.engine.cache.budget_bytes)).c_str(),
                (long long)o.server.engine.cache.checkpoint_every);
+  if (!o.server.api_key.empty())
+    std::fprintf(stderr, "lineage serve: every endpoint but /health and / wants Authorization: Bearer <the API key>\n");
+  else if (o.server.host != "127.0.0.1" && o.server.host != "localhost" && o.server.host != "::1")
+    std::fprintf(stderr, "lineage serve: no API key: anyone who reaches %s:%d may use it (--api-key or --api-key-file)\n",
+                 o.server.host.c_str(), port);
   std::fflush(stderr);
   std::atomic<bool> signalled{false};
   std::thread waiter([&] {
@@ -96,6 +116,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--http-threads", s.threads, "HTTP worker threads (default: slots + queue + 16)")
       ->check(CLI::Range(1, 65536));
   cmd->add_option("--name", s.model_name, "model id in /v1/models and responses (default: the directory's name)");
+  auto* key = cmd->add_option("--api-key", s.api_key,
+                              "require Authorization: Bearer KEY on every endpoint but /health and / (401 otherwise)");
+  auto* key_file = cmd->add_option("--api-key-file", o.api_key_file, "the same, the key read from this file's first line (kept out of the process list)");
+  key->excludes(key_file);
   cmd->callback([] { run_serve(o); });
 }
 

@@ -234,3 +234,47 @@ def test_bench_serve_runs_every_concurrency(gpt2_dir):
         assert r["generated_tokens"] == 5 * r["requests"]
         assert r["roofline_tokens_per_second"] > 0 and r["bandwidth_bytes_per_s"] > 1e9
         assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] and 0 < r["per_token_p50_ms"] <= r["per_token_p99_ms"]
+
+
+def test_api_key(gpt2_dir, tmp_path):
+    """--api-key-file: every endpoint but /health and the page wants `Authorization: Bearer KEY`; a missing
+    or wrong key (a prefix of it, a longer one, another scheme) is a 401 with an OpenAI error object; the
+    right one serves as without a key. A file without a key, and both flags at once, are refused."""
+    key_file = tmp_path / "key"
+    key_file.write_text("  s3cret-key-123\n")
+    s = Server(gpt2_dir, "--ctx", "64", "--slots", "2", "--api-key-file", str(key_file))
+    try:
+        body = {"prompt": "Hello", "max_tokens": 3, "temperature": 0}
+        json_type = {"Content-Type": "application/json"}
+        for path in ("/v1/completions", "/v1/chat/completions", "/completions"):
+            status, err = s.post(path, body if "chat" not in path else {**body, "messages": [{"role": "user", "content": "Hi"}]})
+            assert status == 401, (path, err)
+            assert err["error"]["code"] == "invalid_api_key" and "API key" in err["error"]["message"]
+        for header in ("Bearer s3cret-key-12", "Bearer s3cret-key-1234", "Basic s3cret-key-123", "s3cret-key-123",
+                       "Bearer  s3cret-key-123", "Bearer S3CRET-KEY-123"):
+            status, err = s.post("/v1/completions", body, headers={**json_type, "Authorization": header})
+            assert status == 401, header
+            assert "Incorrect API key" in err["error"]["message"]
+        for path in ("/v1/models", "/metrics"):
+            status, _, raw = s.request("GET", path)
+            assert status == 401, path
+        ok = {**json_type, "Authorization": "Bearer s3cret-key-123"}
+        status, out = s.post("/v1/completions", body, headers=ok)
+        assert status == 200 and out["choices"][0]["text"], out
+        status, out = s.post("/v1/completions", body, headers={**json_type, "Authorization": "bearer s3cret-key-123"})
+        assert status == 200, out
+        status, _, raw = s.request("GET", "/v1/models", headers=ok)
+        assert status == 200 and json.loads(raw)["data"]
+        assert s.request("GET", "/health")[0] == 200
+        status, ctype, page = s.request("GET", "/")
+        assert status == 200 and ctype.startswith("text/html") and b"Authorization" in page
+        status, _, raw = s.request("GET", "/metrics", headers=ok)
+        assert status == 200 and 'lineage_http_errors_total{status="401"}' in raw.decode()
+    finally:
+        s.stop()
+    (tmp_path / "empty").write_text("\n")
+    p = run_lineage("serve", "--model", str(gpt2_dir), "--port", "0", "--api-key-file", str(tmp_path / "empty"), check=False)
+    assert p.returncode == 2 and "holds no key" in p.stderr, p.stderr
+    p = run_lineage("serve", "--model", str(gpt2_dir), "--port", "0", "--api-key", "a", "--api-key-file", str(key_file),
+                    check=False)
+    assert p.returncode == 2 and "excludes" in p.stderr, p.stderr

@@ -3,10 +3,12 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string_view>
 
 #include "lineage/core/error.h"
 #include "lineage/serve/page_html.h"  // kChatPage, generated from page.html
@@ -131,11 +133,39 @@ std::vector<int32_t> Server::prompt_tokens(const CompletionRequest& r) const {
   return ids;
 }
 
+bool bearer_matches(const std::string& header, const std::string& key) {
+  static const std::string scheme = "bearer ";
+  bool scheme_ok = header.size() >= scheme.size();
+  for (size_t i = 0; scheme_ok && i < scheme.size(); ++i)
+    scheme_ok = char(std::tolower(static_cast<unsigned char>(header[i]))) == scheme[i];
+  const std::string_view given = scheme_ok ? std::string_view(header).substr(scheme.size()) : std::string_view();
+  // Every byte of the key is compared whatever came before: no early exit on the first difference.
+  unsigned diff = given.size() != key.size() ? 1u : 0u;
+  for (size_t i = 0; i < key.size(); ++i)
+    diff |= unsigned(static_cast<unsigned char>(key[i]) ^ static_cast<unsigned char>(i < given.size() ? given[i] : 0));
+  return scheme_ok && diff == 0;
+}
+
 void Server::routes() {
   const auto error = [](httplib::Response& res, const ApiError& e) {
     res.status = e.status;
     res.set_content(e.body(), "application/json");
   };
+
+  if (!options_.api_key.empty()) {
+    http_->set_pre_routing_handler([this, error](const httplib::Request& req, httplib::Response& res) {
+      if (req.path == "/health" || req.path == "/") return httplib::Server::HandlerResponse::Unhandled;
+      if (bearer_matches(req.get_header_value("Authorization"), options_.api_key))
+        return httplib::Server::HandlerResponse::Unhandled;
+      res.set_header("WWW-Authenticate", "Bearer");
+      error(res, ApiError{401,
+                          req.has_header("Authorization")
+                              ? "Incorrect API key provided: the Authorization header is not the server's Bearer key"
+                              : "You didn't provide an API key: send it as `Authorization: Bearer KEY` (lineage serve --api-key)",
+                          "invalid_request_error", "", "invalid_api_key"});
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
 
   const auto completion = [this, error](bool chat) {
     return [this, error, chat](const httplib::Request& req, httplib::Response& res) {

@@ -5,6 +5,7 @@
 // `lineage serve`: an OpenAI-compatible HTTP server (Debian's cpp-httplib) over the serving engine.
 //   POST /v1/completions, POST /v1/chat/completions   (SSE streaming with "stream": true)
 //   GET  /v1/models, /health, /metrics (Prometheus text), / (the chat page)
+// With an API key, every endpoint but /health and / wants `Authorization: Bearer KEY` (401 otherwise).
 // Every request decodes in the engine's shared steps over its own state slot; the prefix cache
 // reuses what earlier requests computed. Bad requests get an OpenAI-style error object and the
 // right status; a client that goes away frees its slot within a heartbeat (docs/serve.md).
@@ -39,7 +40,14 @@ struct ServerOptions {
   int threads = 0;                          // HTTP worker threads; 0: slots + queue + 16
   std::string model_name;                   // /v1/models id; default: the directory's name
   int64_t default_max_tokens = 1024;        // when a request gives none and the context is unbounded
+  // Non-empty: every endpoint but /health and the page at / answers 401 unless the request carries
+  // `Authorization: Bearer <api_key>` (compared in time that does not depend on where they differ).
+  std::string api_key;
 };
+
+// Whether `header` (an Authorization header's value) is "Bearer <key>", the scheme's case ignored;
+// the time taken depends on the key's length only.
+bool bearer_matches(const std::string& header, const std::string& key);
 
 class Server {
  public:
