@@ -73,13 +73,26 @@ TEST_P(Cache, ResumesFromTheLongestUsablePrefix) {
   const std::vector<float> resumed = last_logits(m, &st, b), fresh = last_logits(m, nullptr, b);
   EXPECT_LT(test::rel_rms(resumed.data(), fresh.data(), V), 1e-5);
 
+  // Diverging one token before a checkpoint (the 16th token differs, so 15 are shared): that
+  // checkpoint holds one token too many; recurrent layers resume at the one before (8), KV-only at
+  // 15. Diverging right after it (16 shared): it is exactly usable.
+  for (const int64_t shared : {15, 16}) {
+    std::vector<int32_t> d(a.begin(), a.begin() + shared);
+    for (int32_t t : ids(6, V, 6)) d.push_back(t);
+    d[size_t(shared)] = (a[size_t(shared)] + 1) % int32_t(V);
+    const int64_t at = cache.restore(d, st);
+    EXPECT_EQ(at, GetParam().recurrent ? (shared == 15 ? 8 : 16) : shared) << shared << " shared";
+    const std::vector<float> r = last_logits(m, &st, d), f = last_logits(m, nullptr, d);
+    EXPECT_LT(test::rel_rms(r.data(), f.data(), V), 1e-5) << shared << " shared";
+  }
+
   // The whole sequence again plus more: resumes at its end (30), one token short of a repeat.
   std::vector<int32_t> c = a;
   c.push_back(4);
   EXPECT_EQ(cache.restore(c, st), 30);
   EXPECT_EQ(cache.restore(a, st), GetParam().recurrent ? 24 : 29) << "at least one token is left to feed";
   EXPECT_EQ(cache.restore(ids(12, V, 9), st), 0);
-  EXPECT_EQ(cache.stats().hits, 3);
+  EXPECT_EQ(cache.stats().hits, 5);
 }
 
 TEST_P(Cache, FoldsExtendedEntriesAndEvictsLeastRecentlyUsed) {
@@ -216,6 +229,57 @@ TEST(Engine, TogetherAndCachedEqualsAlone) {
   EXPECT_GE(st.cache_hits, 1);
   EXPECT_LE(st.most_together, 3);
   EXPECT_GE(cached + again.cached_tokens, 16);
+}
+
+// Through the engine, alone and batched: after a 24-token prompt leaves checkpoints at 8 and 16, two
+// requests together that diverge at token 15 (a checkpoint one token past the divergence) and at
+// token 16 (one exactly at it) continue as a cold run does, on a delta-rule model (KDA) and on a
+// hybrid whose MLA rows are cut with the restore (Kimi Linear).
+TEST(Engine, ResumesOnlyWhatMatchesAroundACheckpoint) {
+  for (const char* dir : {"kda/f32", "kimi_linear/f32"}) {
+    SCOPED_TRACE(dir);
+    const io::LoadedModel lm = io::load_model(test::testdata() / dir, false);
+    const model::Model& m = lm.model;
+    const int64_t V = m.config.vocab_size;
+    EngineOptions eo;
+    eo.slots = 2;
+    eo.prefill_chunk = 8;
+    eo.cache.checkpoint_every = 8;
+    Engine engine(m, eo);
+    const std::vector<int32_t> a = ids(24, V, 4);
+    run(engine, a, 1);
+    std::vector<std::vector<int32_t>> prompts;
+    for (const int64_t shared : {15, 16}) {
+      std::vector<int32_t> p(a.begin(), a.begin() + shared);
+      for (int32_t t : ids(5, V, 8)) p.push_back(t);
+      p[size_t(shared)] = (a[size_t(shared)] + 1) % int32_t(V);
+      prompts.push_back(p);
+    }
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<EngineResult> results(2);
+    int done = 0;
+    for (size_t i = 0; i < 2; ++i) {
+      EngineRequest r;
+      r.prompt = prompts[i];
+      r.options.max_tokens = 5;
+      r.options.sampling.temperature = 0;
+      r.on_done = [&, i](EngineResult&& res) {
+        std::lock_guard lock(mu);
+        results[i] = std::move(res);
+        ++done;
+        cv.notify_all();
+      };
+      ASSERT_TRUE(engine.submit(std::move(r)));
+    }
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done == 2; });
+    EXPECT_EQ(results[0].cached_tokens, 8) << "the checkpoint at 16 holds one token past the divergence";
+    EXPECT_EQ(results[1].cached_tokens, 16);
+    for (size_t i = 0; i < 2; ++i) EXPECT_EQ(results[i].tokens, alone(m, prompts[i], 5)) << "request " << i;
+    lock.unlock();
+    EXPECT_EQ(run(engine, prompts[0], 5).tokens, alone(m, prompts[0], 5)) << "alone, the cache warm";
+  }
 }
 
 TEST(Engine, CancelFreesTheSlotAndTheQueueIsBounded) {

@@ -249,7 +249,8 @@ const std::vector<Preset>& presets() {
                     {"eos_token_id", 2}})},
       {"qwen3-next", "Qwen3-Next: 3 Gated DeltaNet : 1 gated attention (GQA, partial RoPE), MoE 8 x 256 top-2 + gated shared",
        qwen3_next_config({}), true},
-      // The shape of llama.cpp's own qwen3next test model (test-llama-archs), for benchmarks.
+      // The bench shape of issue #36, run against llama.cpp by scripts/bench-peers.sh (whose GGUF of
+      // the same shape bench/peers/make_qwen3next_gguf.cpp writes).
       {"qwen3-next-bench", "Qwen3-Next bench shape: GDN, GDN, GDN, attention at width 1024, MoE 2 x 1024 top-1 + gated shared 512",
        qwen3_next_config({{"vocab_size", 1024},
                           {"hidden_size", 1024},
