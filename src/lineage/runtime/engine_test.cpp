@@ -164,6 +164,31 @@ EngineResult run(Engine& e, std::vector<int32_t> prompt, int max_tokens) {
   return done.get_future().get();
 }
 
+// Submits every prompt at once (greedy, max_tokens each) and waits for them all.
+std::vector<EngineResult> run_together(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                       int max_tokens) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<EngineResult> results(prompts.size());
+  size_t done = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EngineRequest r;
+    r.prompt = prompts[i];
+    r.options.max_tokens = max_tokens;
+    r.options.sampling.temperature = 0;
+    r.on_done = [&, i](EngineResult&& res) {
+      std::lock_guard lock(mu);
+      results[i] = std::move(res);
+      ++done;
+      cv.notify_all();
+    };
+    EXPECT_TRUE(engine.submit(std::move(r)));
+  }
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return done == prompts.size(); });
+  return results;
+}
+
 std::vector<int32_t> alone(const model::Model& m, std::span<const int32_t> prompt, int max_tokens) {
   Session s(m);
   auto l = s.prefill(prompt);
@@ -192,27 +217,7 @@ TEST(Engine, TogetherAndCachedEqualsAlone) {
     for (int32_t t : ids(2 + i, V, 10 + i)) p.push_back(t);
     prompts.push_back(p);
   }
-  std::mutex mu;
-  std::vector<EngineResult> results(prompts.size());
-  std::condition_variable cv;
-  int done = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    EngineRequest r;
-    r.prompt = prompts[i];
-    r.options.max_tokens = 6;
-    r.options.sampling.temperature = 0;
-    r.on_done = [&, i](EngineResult&& res) {
-      std::lock_guard lock(mu);
-      results[i] = std::move(res);
-      ++done;
-      cv.notify_all();
-    };
-    ASSERT_TRUE(engine.submit(std::move(r)));
-  }
-  {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return done == int(prompts.size()); });
-  }
+  const std::vector<EngineResult> results = run_together(engine, prompts, 6);
   int64_t cached = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(results[i].tokens, alone(m, prompts[i], 6)) << "request " << i;
@@ -255,29 +260,10 @@ TEST(Engine, ResumesOnlyWhatMatchesAroundACheckpoint) {
       p[size_t(shared)] = (a[size_t(shared)] + 1) % int32_t(V);
       prompts.push_back(p);
     }
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<EngineResult> results(2);
-    int done = 0;
-    for (size_t i = 0; i < 2; ++i) {
-      EngineRequest r;
-      r.prompt = prompts[i];
-      r.options.max_tokens = 5;
-      r.options.sampling.temperature = 0;
-      r.on_done = [&, i](EngineResult&& res) {
-        std::lock_guard lock(mu);
-        results[i] = std::move(res);
-        ++done;
-        cv.notify_all();
-      };
-      ASSERT_TRUE(engine.submit(std::move(r)));
-    }
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return done == 2; });
+    const std::vector<EngineResult> results = run_together(engine, prompts, 5);
     EXPECT_EQ(results[0].cached_tokens, 8) << "the checkpoint at 16 holds one token past the divergence";
     EXPECT_EQ(results[1].cached_tokens, 16);
     for (size_t i = 0; i < 2; ++i) EXPECT_EQ(results[i].tokens, alone(m, prompts[i], 5)) << "request " << i;
-    lock.unlock();
     EXPECT_EQ(run(engine, prompts[0], 5).tokens, alone(m, prompts[0], 5)) << "alone, the cache warm";
   }
 }
