@@ -225,6 +225,8 @@ for name, body, control in [
                   "max_completion_tokens": 4, "top_p": 0.5, "top_k": 3, "stop": ["\n\n", "user:"]}, 1),
         ("chat_parts", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]}, 3),
         ("extras", {"prompt": "x", "n": 1, "ignore_eos": True, "return_progress": True, "user": "u",
-                    "frequency_penalty": 0}, 6)]:
+                    "frequency_penalty": 0}, 6),
+        ("logprobs_echo", {"prompt": [[464, 3290, 13]], "max_tokens": 0, "logprobs": 5, "echo": True}, 2),
+        ("chat_logprobs", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 3}, 1)]:
     put("fuzz_openai_request", f"{name}.json", json.dumps(body).encode() + bytes([control]))
 

@@ -278,3 +278,80 @@ def test_api_key(gpt2_dir, tmp_path):
     p = run_lineage("serve", "--model", str(gpt2_dir), "--port", "0", "--api-key", "a", "--api-key-file", str(key_file),
                     check=False)
     assert p.returncode == 2 and "excludes" in p.stderr, p.stderr
+
+
+def _log_softmax_rows(model_dir, ids, tmp_path):
+    """log-softmax of `lineage logits` over ids: row i scores the token after position i."""
+    import numpy as np
+    out = tmp_path / "logits.npy"
+    run_lineage("logits", "--model", str(model_dir), "--tokens", " ".join(map(str, ids)), "--out", str(out))
+    x = np.load(out).astype(np.float64)
+    x -= x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
+def test_logprobs_and_echo(gpt2_server, gpt2_dir, tmp_path):
+    """logprobs (and echo's prompt logprobs) against the log-softmax of `lineage logits` on the same
+    tokens, to 1e-5; the alternatives are the top N; chat's logprobs likewise; the refusals named."""
+    import numpy as np
+    prompt = [464, 3290, 3332, 319, 262, 2603, 13]
+    status, out = gpt2_server.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0,
+                                                       "logprobs": 3, "echo": True})
+    assert status == 200, out
+    lp = out["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"])
+    generated = out["usage"]["completion_tokens"]
+    assert len(lp["tokens"]) == len(prompt) + generated
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    status, plain = gpt2_server.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0})
+    assert out["choices"][0]["text"].endswith(plain["choices"][0]["text"])
+    # The generated ids: greedy, so the argmax of each row; the text of every token.
+    rows = _log_softmax_rows(gpt2_dir, prompt, tmp_path)
+    ids = list(prompt)
+    for _ in range(generated):
+        ids.append(int(_log_softmax_rows(gpt2_dir, ids, tmp_path)[-1].argmax()))
+    rows = _log_softmax_rows(gpt2_dir, ids, tmp_path)
+    for i in range(1, len(ids)):
+        want = rows[i - 1]
+        assert abs(lp["token_logprobs"][i] - want[ids[i]]) <= 1e-5 * max(1.0, abs(want[ids[i]])), i
+        top = sorted(lp["top_logprobs"][i].values(), reverse=True)
+        assert np.allclose(top, np.sort(want)[::-1][:len(top)], rtol=1e-5, atol=1e-6), i
+        assert len(top) <= 3
+    assert lp["text_offset"][1] == len(lp["tokens"][0])
+
+    # The request lm-evaluation-harness's local-completions model sends for a log-likelihood task
+    # (context + continuation as one token list in a list, max_tokens 1, logprobs 1, echo), and its
+    # reading of the answer: the continuation's summed log-probability and whether it is greedy.
+    context, continuation = prompt[:5], prompt[5:]
+    status, out = gpt2_server.post("/v1/completions", {"model": "tiny", "prompt": [context + continuation],
+                                                       "temperature": 0, "max_tokens": 1, "logprobs": 1,
+                                                       "seed": 1234, "echo": True})
+    assert status == 200, out
+    res = out["choices"][0]["logprobs"]
+    ctxlen = len(context)
+    loglik = sum(res["token_logprobs"][ctxlen:-1])
+    greedy = all(max(top, key=top.get) == tok for top, tok in zip(res["top_logprobs"][ctxlen:-1], res["tokens"][ctxlen:-1]))
+    want = sum(rows[i - 1][prompt[i]] for i in range(ctxlen, len(prompt)))
+    assert abs(loglik - want) <= 1e-5 * abs(want)
+    assert greedy == all(rows[i - 1].argmax() == prompt[i] for i in range(ctxlen, len(prompt)))
+
+    # Scoring the prompt alone (max_tokens 0 with echo), and chat's logprobs.
+    status, out = gpt2_server.post("/v1/completions", {"prompt": prompt, "max_tokens": 0, "logprobs": 0, "echo": True})
+    assert status == 200 and out["usage"]["completion_tokens"] == 0, out
+    assert len(out["choices"][0]["logprobs"]["tokens"]) == len(prompt)
+    status, out = gpt2_server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                            "max_tokens": 3, "temperature": 0, "logprobs": True,
+                                                            "top_logprobs": 2})
+    assert status == 200, out
+    content = out["choices"][0]["logprobs"]["content"]
+    assert len(content) == out["usage"]["completion_tokens"]
+    for c in content:
+        assert c["top_logprobs"][0]["logprob"] == max(t["logprob"] for t in c["top_logprobs"])
+        assert c["logprob"] == c["top_logprobs"][0]["logprob"], "greedy: the chosen token is the most likely"
+        assert bytes(c["bytes"]).decode("utf-8", "replace") == c["token"]
+    for body, field in (({"prompt": "x", "logprobs": 21}, "logprobs"), ({"prompt": "x", "echo": True, "stream": True}, "echo"),
+                        ({"prompt": "x", "max_tokens": 0}, "max_tokens"), ({"prompt": [[1, 2], [3]]}, "prompt")):
+        status, err = gpt2_server.post("/v1/completions", body)
+        assert status == 400 and err["error"]["param"] == field, (body, err)
+    status, err = gpt2_server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2})
+    assert status == 400 and err["error"]["param"] == "top_logprobs", err

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <utility>
 
 #include "lineage/core/error.h"
 #include "lineage/model/forward.h"
@@ -13,6 +15,29 @@ namespace {
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+constexpr int kMaxTopLogprobs = 20;
+
+// `token`'s log-probability in the logits row [V], and the `top` most likely tokens.
+TokenLogprob token_logprob(const float* row, int64_t V, int32_t token, int top) {
+  double hi = row[0];
+  for (int64_t v = 1; v < V; ++v) hi = std::max(hi, double(row[v]));
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - hi);
+  const double lse = hi + std::log(sum);
+  TokenLogprob t;
+  t.token = token;
+  t.logprob = float(double(row[token]) - lse);
+  if (top > 0) {
+    std::vector<int32_t> ids(static_cast<size_t>(V));
+    for (int64_t v = 0; v < V; ++v) ids[size_t(v)] = int32_t(v);
+    const size_t k = std::min(size_t(top), ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(k), ids.end(),
+                      [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    for (size_t i = 0; i < k; ++i) t.top.emplace_back(ids[i], float(double(row[ids[i]]) - lse));
+  }
+  return t;
 }
 
 }  // namespace
@@ -58,7 +83,10 @@ std::optional<uint64_t> Engine::submit(EngineRequest request) {
   if (n == 0) throw Error("the prompt is empty; generation needs at least one token");
   if (limit_ > 0 && (n > limit_ || (n == limit_ && !options_.allow_full_prompt)))
     throw Error(cat("the prompt has ", n, " tokens; the context holds ", limit_, " (prompt and completion)"));
-  if (request.options.max_tokens < 1) throw Error(cat("max_tokens must be at least 1, found ", request.options.max_tokens));
+  if (request.options.max_tokens < (request.prompt_logprobs ? 0 : 1))
+    throw Error(cat("max_tokens must be at least ", request.prompt_logprobs ? 0 : 1, ", found ", request.options.max_tokens));
+  if (request.logprobs > kMaxTopLogprobs)
+    throw Error(cat("logprobs: at most ", kMaxTopLogprobs, " alternatives, found ", request.logprobs));
   for (int32_t t : request.prompt)
     if (t < 0 || t >= model_.config.vocab_size)
       throw Error(cat("token id ", t, " is outside the vocabulary of ", model_.config.vocab_size));
@@ -140,7 +168,7 @@ void Engine::run() {
       Live l{w.id, std::move(w.request), pool_.acquire(), w.submitted, std::move(sampler), 0, {}, {}, {}, {}};
       l.result.prompt_tokens = int64_t(l.request.prompt.size());
       l.result.queued_seconds = now() - w.submitted;
-      l.fed = cache_.restore(l.request.prompt, pool_.state(l.slot));
+      l.fed = l.request.prompt_logprobs ? 0 : cache_.restore(l.request.prompt, pool_.state(l.slot));
       l.result.cached_tokens = l.fed;
       l.history.assign(l.request.prompt.begin(), l.request.prompt.begin() + l.fed);
       std::lock_guard lock(mu_);
@@ -190,10 +218,14 @@ void Engine::step(std::vector<Live>& live) {
       l.history.push_back(*l.next);
     }
   }
-  logits_.resize(size_t(step_.n_seqs() * V));
+  // Every row's logits when a prefill piece wants its prompt's log-probabilities; else each last.
+  bool all_rows = false;
+  for (size_t b = 0; b < live.size(); ++b)
+    all_rows = all_rows || (live[b].request.prompt_logprobs && step_.length(int64_t(b)) > 1);
+  logits_.resize(size_t((all_rows ? step_.n_tokens() : step_.n_seqs()) * V));
   const double t0 = now();
   try {
-    model::forward(model_, step_, pool_, model::LogitRows::Last, logits_.data(), ws_);
+    model::forward(model_, step_, pool_, all_rows ? model::LogitRows::All : model::LogitRows::Last, logits_.data(), ws_);
   } catch (const Error& e) {  // every request of the step ends: its state is no longer known
     for (Live& l : live) l.history.clear();
     while (!live.empty()) finish(live, live.size() - 1, "error", e.what());
@@ -205,14 +237,26 @@ void Engine::step(std::vector<Live>& live) {
     Live& l = live[b];
     const int64_t n = int64_t(l.request.prompt.size()), pos = pool_.position(l.slot);
     const GenerateOptions& o = l.request.options;
+    const int64_t last_row = all_rows ? step_.begin(int64_t(b)) + step_.length(int64_t(b)) - 1 : int64_t(b);
     if (l.fed < n || !l.next) {  // a prefill piece
+      if (l.request.prompt_logprobs) {  // row j predicts the piece's token j + 1, the last row the next piece's first
+        const int64_t first = l.fed - step_.length(int64_t(b));
+        for (int64_t j = 0; j < step_.length(int64_t(b)) && first + j + 1 < n; ++j)
+          l.result.prompt_logprobs.push_back(token_logprob(
+              logits_.data() + (last_row - step_.length(int64_t(b)) + 1 + j) * V, V,
+              l.request.prompt[size_t(first + j + 1)], std::max(l.request.logprobs, 0)));
+      }
       if (l.request.on_progress) l.request.on_progress(l.fed, n);
       if (cache_.wants_checkpoint(pos) && l.fed < n) cache_.checkpoint(pool_.state(l.slot), l.checkpoints);
       if (l.fed < n) continue;
+      if (o.max_tokens == 0) {  // the prompt's log-probabilities only
+        finish(live, b, "length");
+        continue;
+      }
     } else {
       ++decoded;
     }
-    const float* row = logits_.data() + int64_t(b) * V;
+    const float* row = logits_.data() + last_row * V;
     const int64_t bad = first_non_finite(DType::F32, row, V);
     if (bad >= 0) {
       finish(live, b, "error", cat("the logits at position ", pos - 1, " hold ", row[bad], " for token ", bad,
@@ -224,6 +268,10 @@ void Engine::step(std::vector<Live>& live) {
     if (o.eos && next == *o.eos) {
       finish(live, b, "stop");
       continue;
+    }
+    if (l.request.logprobs >= 0) {
+      l.result.logprobs.push_back(token_logprob(row, V, next, l.request.logprobs));
+      if (l.request.on_logprob) l.request.on_logprob(l.result.logprobs.back());
     }
     l.result.tokens.push_back(next);
     l.next = next;

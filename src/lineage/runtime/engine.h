@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "lineage/model/model.h"
@@ -29,8 +30,19 @@
 
 namespace lineage::runtime {
 
+// A token's log-probability under the model (log-softmax of its logits row, in double rounded to
+// f32) and, when asked for, the `top` most likely tokens there (descending; ties to the lower id).
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
 struct EngineResult {
   std::vector<int32_t> tokens;  // generated ids (EOS not included)
+  // With EngineRequest::logprobs >= 0: one per generated token (EOS not included);
+  // with prompt_logprobs: one per prompt token after the first (the first has no context).
+  std::vector<TokenLogprob> logprobs, prompt_logprobs;
   int64_t prompt_tokens = 0, cached_tokens = 0;
   // "stop" (EOS), "length" (max_tokens), "context" (the context limit), "cancelled" (cancel() or
   // on_token returned false), "error" (error says why).
@@ -43,9 +55,18 @@ struct EngineResult {
 struct EngineRequest {
   std::vector<int32_t> prompt;  // at least one token
   GenerateOptions options;      // max_tokens, sampling (its own seeded sampler), eos
+  // >= 0: each generated token's log-probability and that many top alternatives (at most 20), in
+  // EngineResult::logprobs and on_logprob; < 0: none.
+  int logprobs = -1;
+  // The prompt tokens' log-probabilities too (OpenAI's echo): the prompt is run from an empty state
+  // (no prefix-cache restore: a cached prefix has no logits). With it, max_tokens may be 0: the
+  // prompt only.
+  bool prompt_logprobs = false;
   // Each generated token (not EOS); returning false ends the request (finish_reason "cancelled"):
   // the caller found a stop sequence, or its client went away.
   std::function<bool(int32_t token)> on_token;
+  // With logprobs >= 0: each generated token's log-probability, just before its on_token.
+  std::function<void(const TokenLogprob&)> on_logprob;
   // After each prefill piece: prompt tokens in the state so far (cached ones included), of total.
   std::function<void(int64_t done, int64_t total)> on_progress;
   std::function<void(EngineResult&&)> on_done;
@@ -80,7 +101,8 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Queues a request and returns its id, or nothing when the queue is full. Throws Error for a
-  // request that can never run: no prompt, a prompt longer than the context, max_tokens < 1.
+  // request that can never run: no prompt, a prompt longer than the context, max_tokens < 1 (0 with
+  // prompt_logprobs), logprobs above 20.
   std::optional<uint64_t> submit(EngineRequest request);
   // Ends a request at the next step boundary (or takes it out of the queue); its slot is free for
   // the next step. Unknown or finished ids are ignored.

@@ -71,6 +71,7 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
     throw ApiError{400, cat("the body must be a JSON object, found ", j.type_name()), "invalid_request_error", "", "invalid_json"};
   CompletionRequest r;
   r.chat = chat;
+  int top_logprobs = -1;
   for (const auto& item : j.items()) {
     const std::string& key = item.key();
     const json& v = item.value();
@@ -82,12 +83,15 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
         r.prompt = v.get<std::string>();
       } else if (v.is_array() && v.size() == 1 && v[0].is_string()) {
         r.prompt = v[0].get<std::string>();
-      } else if (v.is_array() && !v.empty() && v[0].is_number_integer()) {
+      } else if (v.is_array() && !v.empty() && (v[0].is_number_integer() || (v.size() == 1 && v[0].is_array()))) {
+        // token ids, or one list of them in a list (what lm-evaluation-harness sends)
+        const json& list = v[0].is_array() ? v[0] : v;
         std::vector<int32_t> ids;
-        for (const auto& t : v) ids.push_back(int32_t(integer(t, "prompt", 0, INT32_MAX)));
+        for (const auto& t : list) ids.push_back(int32_t(integer(t, "prompt", 0, INT32_MAX)));
         r.prompt_ids = std::move(ids);
       } else {
-        throw bad(key, cat("expected a string, one string in a list, or a list of token ids, found ", found(v)));
+        throw bad(key, cat("expected a string, one string in a list, or a list of token ids (or one such list in a list; ",
+                           "one prompt per request), found ", found(v)));
       }
     } else if (key == "messages" && chat) {
       if (!v.is_array() || v.empty()) throw bad(key, cat("expected a non-empty list of messages, found ", found(v)));
@@ -100,7 +104,7 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
       }
     } else if (key == "max_tokens" || key == "max_completion_tokens") {
       if (!v.is_null()) r.max_tokens = integer(v, key.c_str(), INT64_MIN / 2, int64_t(1) << 30);
-      if (r.max_tokens && *r.max_tokens <= 0) throw bad(key, cat("expected at least 1, found ", *r.max_tokens));
+      if (r.max_tokens && *r.max_tokens < 0) throw bad(key, cat("expected at least 0, found ", *r.max_tokens));
     } else if (key == "temperature") {
       if (!v.is_null()) r.temperature = float(number(v, "temperature", 0, 100));
     } else if (key == "top_p") {
@@ -130,12 +134,29 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
       r.ignore_eos = boolean(v, "ignore_eos");
     } else if (key == "return_progress") {
       r.return_progress = boolean(v, "return_progress");
-    } else if (key == "echo" || key == "logprobs" || key == "best_of" || key == "suffix") {
+    } else if (key == "logprobs" && !chat) {  // an integer: the alternatives per token
+      if (!v.is_null() && v != false) r.logprobs = int(integer(v, "logprobs", 0, 20));
+    } else if (key == "logprobs" && chat) {  // a boolean; top_logprobs gives the alternatives
+      if (!v.is_null() && boolean(v, "logprobs")) r.logprobs = std::max(r.logprobs, 0);
+    } else if (key == "top_logprobs" && chat) {
+      if (!v.is_null()) top_logprobs = int(integer(v, "top_logprobs", 0, 20));
+    } else if (key == "echo" && !chat) {
+      if (!v.is_null()) r.echo = boolean(v, "echo");
+    } else if (key == "echo" || key == "best_of" || key == "suffix") {
       // Would change the answer; only their neutral values are accepted.
       const bool neutral = v.is_null() || v == false || (key == "best_of" && v == 1) || (key == "suffix" && v == "");
       if (!neutral) throw bad(key, "is not supported");
     }
   }
+  if (top_logprobs >= 0) {
+    if (r.logprobs < 0) throw bad("top_logprobs", "needs \"logprobs\": true");
+    r.logprobs = top_logprobs;
+  }
+  if (r.max_tokens && *r.max_tokens == 0 && !(r.echo && r.logprobs >= 0))
+    throw bad(j.contains("max_tokens") ? "max_tokens" : "max_completion_tokens",
+              "expected at least 1 (0 only with \"echo\": true and \"logprobs\", to score the prompt)");
+  if (r.stream && (r.logprobs >= 0 || r.echo))
+    throw bad(r.echo ? "echo" : "logprobs", "is not supported with \"stream\": true yet (send the request unstreamed)");
   if (chat && r.messages.empty()) throw ApiError{400, "field \"messages\" is missing", "invalid_request_error", "messages", "missing"};
   if (!chat && !j.contains("prompt")) throw ApiError{400, "field \"prompt\" is missing", "invalid_request_error", "prompt", "missing"};
   return r;

@@ -34,11 +34,16 @@ struct CompletionRequest {
   bool stream = false, include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;                    // llama-server's: keep going past EOS
   bool return_progress = false;               // llama-server's: prefill progress events while streaming
+  // Completions: `logprobs: N` (0..20), chat: `logprobs: true` with `top_logprobs: N`: each token's
+  // log-probability and N alternatives; -1: none. `echo` (completions): the prompt's text before the
+  // completion's, and with logprobs the prompt tokens' too (max_tokens 0 then allowed).
+  int logprobs = -1;
+  bool echo = false;
 };
 
 // Parses a request body. Throws ApiError (400) for a body that is not a JSON object, a missing
 // prompt or messages, a known field of the wrong type or out of range (naming the field), n other
-// than 1. Fields it does not know (frequency_penalty, user, ...) are ignored, as OpenAI clients send
+// than 1, logprobs or echo with stream (not streamed yet). Fields it does not know (frequency_penalty, user, ...) are ignored, as OpenAI clients send
 // many; the ones that would change the result and cannot be honored are refused.
 CompletionRequest parse_request(std::string_view body, bool chat);
 

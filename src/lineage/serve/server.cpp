@@ -62,6 +62,54 @@ json extension(const runtime::EngineResult& r) {
           {"seconds", r.seconds}};
 }
 
+// OpenAI's log-probabilities of a finished request. A token's text is its bytes (where they are not
+// whole UTF-8 characters, the JSON writer replaces them); chat entries carry the bytes too.
+json token_bytes(const std::string& text) {
+  json b = json::array();
+  for (const char c : text) b.push_back(int(static_cast<unsigned char>(c)));
+  return b;
+}
+
+// /v1/completions: tokens, token_logprobs, top_logprobs (a map per token) and text_offset (characters
+// into the choice's text); with echo the prompt's tokens first, the first of them without a value.
+json completion_logprobs(const tokenizer::Tokenizer& tok, const runtime::EngineResult& r,
+                         const std::vector<int32_t>& prompt, bool echo) {
+  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  int64_t offset = 0;
+  const auto add = [&](int32_t id, const runtime::TokenLogprob* lp) {
+    const std::string& text = tok.token_bytes(id);
+    tokens.push_back(text);
+    offsets.push_back(offset);
+    for (const char c : text) offset += (static_cast<unsigned char>(c) & 0xC0) != 0x80;  // UTF-8 lead bytes
+    values.push_back(lp ? json(lp->logprob) : json(nullptr));
+    if (!lp) {
+      tops.push_back(nullptr);
+      return;
+    }
+    json top = json::object();
+    for (const auto& [alt, value] : lp->top) top[tok.token_bytes(alt)] = value;
+    tops.push_back(top);
+  };
+  if (echo)
+    for (size_t i = 0; i < prompt.size(); ++i) add(prompt[i], i == 0 ? nullptr : &r.prompt_logprobs[i - 1]);
+  for (size_t i = 0; i < r.tokens.size(); ++i) add(r.tokens[i], &r.logprobs[i]);
+  return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+// /v1/chat/completions: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+json chat_logprobs(const tokenizer::Tokenizer& tok, const runtime::EngineResult& r) {
+  json content = json::array();
+  for (size_t i = 0; i < r.tokens.size(); ++i) {
+    const runtime::TokenLogprob& lp = r.logprobs[i];
+    json top = json::array();
+    for (const auto& [alt, value] : lp.top)
+      top.push_back({{"token", tok.token_bytes(alt)}, {"logprob", value}, {"bytes", token_bytes(tok.token_bytes(alt))}});
+    const std::string& text = tok.token_bytes(r.tokens[i]);
+    content.push_back({{"token", text}, {"logprob", lp.logprob}, {"bytes", token_bytes(text)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
 json choice(bool chat, bool stream, const std::string& text, const json& finish) {
   json c = {{"index", 0}, {"finish_reason", finish}};
   if (!chat) c["text"] = text, c["logprobs"] = nullptr;
@@ -178,6 +226,8 @@ void Server::routes() {
                          "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"};
         runtime::EngineRequest er;
         er.prompt = prompt;
+        er.logprobs = r.logprobs;
+        er.prompt_logprobs = r.echo && r.logprobs >= 0;
         er.options.max_tokens = int(std::min<int64_t>(r.max_tokens.value_or(ctx > 0 ? ctx - n : options_.default_max_tokens),
                                                       int64_t(1) << 30));
         static std::atomic<uint64_t> seeds{std::random_device{}()};
@@ -252,7 +302,13 @@ void Server::routes() {
             if (ch->result.finish_reason == "error") {
               body = json::parse(ApiError{500, ch->result.error, "server_error", "", "engine_error"}.body());
             } else {
-              body["choices"] = json::array({choice(chat, false, ch->text, finish_reason(*ch))});
+              // echo: the prompt's text before the completion's (its ids decoded when it came as ids).
+              const std::string echoed = !r.echo ? std::string()
+                                         : r.prompt_ids ? model_.tokenizer->decode(*r.prompt_ids) : r.prompt;
+              body["choices"] = json::array({choice(chat, false, echoed + ch->text, finish_reason(*ch))});
+              if (r.logprobs >= 0)
+                body["choices"][0]["logprobs"] = chat ? chat_logprobs(*model_.tokenizer, ch->result)
+                                                      : completion_logprobs(*model_.tokenizer, ch->result, prompt, r.echo);
               body["usage"] = usage(ch->result);
               body["lineage"] = extension(ch->result);
             }
