@@ -3,7 +3,9 @@
 # endpoints, and every error a client can cause, after which the server still serves.
 import json
 import socket
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -355,3 +357,61 @@ def test_logprobs_and_echo(gpt2_server, gpt2_dir, tmp_path):
         assert status == 400 and err["error"]["param"] == field, (body, err)
     status, err = gpt2_server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2})
     assert status == 400 and err["error"]["param"] == "top_logprobs", err
+
+
+def test_tools_render_through_the_template(hybrid_dir, gpt2_server, tmp_path):
+    """Chat with tools: the tools, an assistant's tool_calls and a tool result are rendered by the
+    model's template (Qwen3's) exactly as @huggingface/jinja renders them (the prompt's token count
+    against `lineage tokenize` of that render); tool_choice none drops the tools; a model whose
+    template cannot render tools, and tool_choice required, are 400s naming the field."""
+    import shutil
+    source = Path(__file__).resolve().parents[2]
+    model = tmp_path / "with_tools"
+    shutil.copytree(hybrid_dir, model)
+    template = (source / "tests" / "chat_template" / "templates" / "qwen3.jinja").read_text()
+    (model / "chat_template.jinja").write_text(template)
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                               "required": ["city"]}}}]
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
+
+    def reference_tokens(context: dict) -> int:
+        script = ("import {Template} from '@huggingface/jinja';"
+                  "import {readFileSync} from 'node:fs';"
+                  "const [t, c] = process.argv.slice(1).map((f) => readFileSync(f, 'utf8'));"
+                  "process.stdout.write(new Template(t).render(JSON.parse(c)));")
+        (tmp_path / "t.jinja").write_text(template)
+        (tmp_path / "c.json").write_text(json.dumps(context))
+        rendered = subprocess.run(["node", "--input-type=module", "-e", script, str(tmp_path / "t.jinja"), str(tmp_path / "c.json")],
+                                  cwd=source / "tests" / "chat_template", capture_output=True, text=True, check=True).stdout
+        (tmp_path / "r.txt").write_text(rendered)
+        out = run_lineage("tokenize", "--model", str(model), "--text", rendered).stdout.split()
+        return len(out)
+
+    s = Server(model, "--ctx", "1024", "--slots", "1")
+    try:
+        base = {"messages": messages, "max_tokens": 3, "temperature": 0}
+        status, out = s.post("/v1/chat/completions", {**base, "tools": tools})
+        assert status == 200, out
+        # The server passes a null content as "" (templates test content as a string).
+        sent = [{**m, "content": m["content"] or ""} for m in messages]
+        ctx = {"messages": sent, "tools": tools, "add_generation_prompt": True, "bos_token": "", "eos_token": ""}
+        assert out["usage"]["prompt_tokens"] == reference_tokens(ctx)
+        assert out["choices"][0]["finish_reason"] in ("length", "stop", "tool_calls")
+        status, none = s.post("/v1/chat/completions", {**base, "tools": tools, "tool_choice": "none"})
+        assert status == 200
+        ctx.pop("tools")
+        assert none["usage"]["prompt_tokens"] == reference_tokens(ctx) < out["usage"]["prompt_tokens"]
+        events = s.stream("/v1/chat/completions", {**base, "tools": tools})
+        assert events[-1]["choices"][0]["finish_reason"] in ("length", "stop", "tool_calls")
+        status, err = s.post("/v1/chat/completions", {**base, "tools": tools, "tool_choice": "required"})
+        assert status == 400 and err["error"]["param"] == "tool_choice", err
+        status, err = s.post("/v1/chat/completions", {**base, "tools": [{"type": "function"}]})
+        assert status == 400 and err["error"]["param"] == "tools[0]", err
+    finally:
+        s.stop()
+    status, err = gpt2_server.post("/v1/chat/completions", {"messages": messages[:1], "tools": tools, "max_tokens": 2})
+    assert status == 400 and err["error"]["param"] == "tools" and "chat template" in err["error"]["message"], err

@@ -317,7 +317,9 @@ TEST(Engine, CancelFreesTheSlotAndTheQueueIsBounded) {
   EXPECT_EQ(engine.stats().state_bytes, 0u) << "the cancelled request's state still counted";
 
   // The context: a prompt that leaves no room is refused; one that fills it ends "context".
-  EXPECT_THROW(engine.submit({std::vector<int32_t>(40, 1), {}, {}, {}, {}}), Error);
+  EngineRequest too_long;
+  too_long.prompt.assign(40, 1);
+  EXPECT_THROW(engine.submit(std::move(too_long)), Error);
   const EngineResult full = run(engine, std::vector<int32_t>(38, 1), 10);
   EXPECT_EQ(full.finish_reason, "context");
   EXPECT_EQ(full.tokens.size(), 3u) << "38 + 2 fed, and the last one sampled";

@@ -1,6 +1,10 @@
 #include "lineage/serve/openai.h"
 
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "lineage/core/error.h"
 
@@ -72,6 +76,7 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
   CompletionRequest r;
   r.chat = chat;
   int top_logprobs = -1;
+  std::string tool_choice = "auto";
   for (const auto& item : j.items()) {
     const std::string& key = item.key();
     const json& v = item.value();
@@ -140,12 +145,44 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
       if (!v.is_null() && boolean(v, "logprobs")) r.logprobs = std::max(r.logprobs, 0);
     } else if (key == "top_logprobs" && chat) {
       if (!v.is_null()) top_logprobs = int(integer(v, "top_logprobs", 0, 20));
+    } else if (key == "tools" && chat) {
+      if (v.is_null()) continue;
+      if (!v.is_array()) throw bad(key, cat("expected a list of {\"type\": \"function\", \"function\": {...}}, found ", found(v)));
+      for (size_t i = 0; i < v.size(); ++i) {
+        const json& t = v[i];
+        if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object() ||
+            !t["function"].contains("name") || !t["function"]["name"].is_string())
+          throw bad(cat("tools[", i, "]"), cat("expected {\"type\": \"function\", \"function\": {\"name\": ..., ",
+                                              "\"parameters\": ...}}, found ", found(t)));
+      }
+    } else if (key == "tool_choice" && chat) {
+      if (v.is_null() || v == "auto") tool_choice = "auto";
+      else if (v == "none") tool_choice = "none";
+      else throw bad(key, cat("\"auto\" or \"none\" (lineage does not constrain the output to a call, so \"required\" ",
+                              "or a named function cannot be honoured), found ", found(v)));
     } else if (key == "echo" && !chat) {
       if (!v.is_null()) r.echo = boolean(v, "echo");
     } else if (key == "echo" || key == "best_of" || key == "suffix") {
       // Would change the answer; only their neutral values are accepted.
       const bool neutral = v.is_null() || v == false || (key == "best_of" && v == 1) || (key == "suffix" && v == "");
       if (!neutral) throw bad(key, "is not supported");
+    }
+  }
+  if (chat && (tool_choice != "none" || j.contains("tools"))) {
+    // Tools and tool messages go to the template as sent (key order kept: it shows in tojson).
+    bool tool_messages = false;
+    for (const auto& m : j["messages"])
+      tool_messages = tool_messages || m.contains("tool_calls") || m["role"] == "tool";
+    const bool tools = j.contains("tools") && !j["tools"].is_null() && !j["tools"].empty();
+    if (tools || tool_messages) {
+      const nlohmann::ordered_json o = nlohmann::ordered_json::parse(body);
+      r.raw_messages = o["messages"];
+      // Text parts joined and a null content (an assistant's tool calls) an empty text, as for the
+      // other messages and as llama-server passes them: templates test content as a string.
+      for (size_t i = 0; i < r.raw_messages.size(); ++i)
+        if (!r.raw_messages[i].contains("content") || !r.raw_messages[i]["content"].is_string())
+          r.raw_messages[i]["content"] = r.messages[i].content;
+      if (tools && tool_choice != "none") r.tools = o["tools"];
     }
   }
   if (top_logprobs >= 0) {
@@ -160,6 +197,85 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
   if (chat && r.messages.empty()) throw ApiError{400, "field \"messages\" is missing", "invalid_request_error", "messages", "missing"};
   if (!chat && !j.contains("prompt")) throw ApiError{400, "field \"prompt\" is missing", "invalid_request_error", "prompt", "missing"};
   return r;
+}
+
+bool CompletionRequest::uses_tools() const { return !tools.is_null() || !raw_messages.is_null(); }
+
+namespace {
+
+std::string trim(std::string_view s) {
+  const size_t a = s.find_first_not_of(" \t\r\n");
+  if (a == std::string_view::npos) return "";
+  const size_t b = s.find_last_not_of(" \t\r\n");
+  return std::string(s.substr(a, b - a + 1));
+}
+
+// {"name": ..., "arguments": {...} or "..."} → a call; nothing when it is not one.
+std::optional<ToolCall> call_from_json(std::string_view text) {
+  const json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
+  const json args = j.contains("arguments") ? j["arguments"] : json::object();
+  return ToolCall{j["name"].get<std::string>(), args.is_string() ? args.get<std::string>() : args.dump()};
+}
+
+}  // namespace
+
+ParsedReply parse_tool_calls(const std::string& text) {
+  ParsedReply out;
+  std::string rest;
+  // Qwen / Hermes: <tool_call> JSON </tool_call> blocks (an unclosed last one runs to the end).
+  static const std::string open = "<tool_call>", close = "</tool_call>";
+  size_t at = 0;
+  while (true) {
+    const size_t b = text.find(open, at);
+    if (b == std::string::npos) {
+      rest += text.substr(at);
+      break;
+    }
+    const size_t e = text.find(close, b + open.size());
+    const size_t body_end = e == std::string::npos ? text.size() : e;
+    if (const auto call = call_from_json(trim(std::string_view(text).substr(b + open.size(), body_end - b - open.size())))) {
+      rest += text.substr(at, b - at);
+      out.calls.push_back(*call);
+    } else {
+      rest += text.substr(at, (e == std::string::npos ? text.size() : e + close.size()) - at);
+    }
+    if (e == std::string::npos) break;
+    at = e + close.size();
+  }
+  // Kimi: <|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>, in a section.
+  static const std::string section_begin = "<|tool_calls_section_begin|>", section_end = "<|tool_calls_section_end|>";
+  static const std::string call_begin = "<|tool_call_begin|>", arg_begin = "<|tool_call_argument_begin|>",
+                           call_end = "<|tool_call_end|>";
+  const size_t sb = rest.find(section_begin);
+  if (sb != std::string::npos) {
+    const size_t se = rest.find(section_end, sb);
+    const std::string section = rest.substr(sb, (se == std::string::npos ? rest.size() : se) - sb);
+    std::vector<ToolCall> kimi;
+    bool whole = true;
+    for (size_t p = section.find(call_begin); p != std::string::npos; p = section.find(call_begin, p + 1)) {
+      const size_t a = section.find(arg_begin, p), c = section.find(call_end, p);
+      if (a == std::string::npos || c == std::string::npos || a > c) {
+        whole = false;
+        break;
+      }
+      std::string id = trim(std::string_view(section).substr(p + call_begin.size(), a - p - call_begin.size()));
+      if (id.rfind("functions.", 0) == 0) id = id.substr(10);
+      const std::string name = id.substr(0, id.rfind(':'));
+      const std::string args = trim(std::string_view(section).substr(a + arg_begin.size(), c - a - arg_begin.size()));
+      if (name.empty() || json::parse(args, nullptr, false).is_discarded()) {
+        whole = false;
+        break;
+      }
+      kimi.push_back({name, args});
+    }
+    if (whole && !kimi.empty()) {
+      out.calls.insert(out.calls.end(), kimi.begin(), kimi.end());
+      rest = rest.substr(0, sb) + (se == std::string::npos ? "" : rest.substr(se + section_end.size()));
+    }
+  }
+  out.content = trim(rest);
+  return out;
 }
 
 std::string StopFilter::push(std::string_view text) {

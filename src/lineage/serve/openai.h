@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -39,7 +40,27 @@ struct CompletionRequest {
   // completion's, and with logprobs the prompt tokens' too (max_tokens 0 then allowed).
   int logprobs = -1;
   bool echo = false;
+  // Chat: `tools` (a list of {"type": "function", "function": {...}}, kept as sent; null: none) and
+  // the messages as sent (assistant `tool_calls`, `tool` results), for a template that renders them;
+  // tool_choice "none" drops the tools from the prompt, "auto" keeps them.
+  nlohmann::ordered_json tools, raw_messages;
+  bool uses_tools() const;  // tools given, or a message with tool_calls or the tool role
 };
+
+// A tool call the model wrote, as OpenAI returns it: its function's name and arguments (a JSON text).
+struct ToolCall {
+  std::string name, arguments;
+};
+// The model's text split into what it said and the calls it made, in the tool-call syntaxes of the
+// model families lineage runs: Qwen's (and Hermes') `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+// blocks, and Kimi's `<|tool_calls_section_begin|> <|tool_call_begin|>functions.NAME:IDX
+// <|tool_call_argument_begin|>{...}<|tool_call_end|> ... <|tool_calls_section_end|>` section. A block
+// whose JSON does not parse, or lacks a name, stays in the content as text.
+struct ParsedReply {
+  std::string content;  // the text outside the calls, trimmed
+  std::vector<ToolCall> calls;
+};
+ParsedReply parse_tool_calls(const std::string& text);
 
 // Parses a request body. Throws ApiError (400) for a body that is not a JSON object, a missing
 // prompt or messages, a known field of the wrong type or out of range (naming the field), n other

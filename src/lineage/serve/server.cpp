@@ -110,6 +110,19 @@ json chat_logprobs(const tokenizer::Tokenizer& tok, const runtime::EngineResult&
   return {{"content", content}, {"refusal", nullptr}};
 }
 
+// OpenAI's tool_calls: ids made from the completion's id and the call's index; streamed ones carry
+// their index.
+json tool_calls_json(const std::vector<ToolCall>& calls, const std::string& completion_id, bool stream) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", cat("call_", completion_id, "_", i)}, {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (stream) c["index"] = i;
+    out.push_back(c);
+  }
+  return out;
+}
+
 json choice(bool chat, bool stream, const std::string& text, const json& finish) {
   json c = {{"index", 0}, {"finish_reason", finish}};
   if (!chat) c["text"] = text, c["logprobs"] = nullptr;
@@ -171,7 +184,18 @@ std::vector<int32_t> Server::prompt_tokens(const CompletionRequest& r) const {
   const tokenizer::Tokenizer& tok = *model_.tokenizer;
   if (r.prompt_ids) return *r.prompt_ids;
   std::vector<int32_t> ids;
-  if (r.chat) {
+  if (r.chat && r.uses_tools()) {  // through the template with the tools and the messages as sent
+    if (!template_)
+      throw ApiError{400, "tools and tool messages need the model's chat template; this model has none",
+                     "invalid_request_error", "tools", "no_tool_template"};
+    if (template_->source().find("tool") == std::string::npos)
+      throw ApiError{400, cat("the chat template (", template_->where(), ") does not render tools or tool calls"),
+                     "invalid_request_error", "tools", "no_tool_template"};
+    nlohmann::ordered_json vars = {{"messages", r.raw_messages}, {"add_generation_prompt", true},
+                                   {"bos_token", template_->bos_token()}, {"eos_token", template_->eos_token()}};
+    if (!r.tools.is_null()) vars["tools"] = r.tools;
+    ids = tok.encode(template_->render_context(vars));
+  } else if (r.chat) {
     ids = chat::encode_chat(tok, template_ ? &*template_ : nullptr, r.messages, true);
   } else {
     ids = tok.encode(r.prompt);
@@ -306,6 +330,15 @@ void Server::routes() {
               const std::string echoed = !r.echo ? std::string()
                                          : r.prompt_ids ? model_.tokenizer->decode(*r.prompt_ids) : r.prompt;
               body["choices"] = json::array({choice(chat, false, echoed + ch->text, finish_reason(*ch))});
+              if (chat && !r.tools.is_null()) {  // the calls the model wrote, as tool_calls
+                const ParsedReply reply = parse_tool_calls(ch->text);
+                if (!reply.calls.empty()) {
+                  json& message = body["choices"][0]["message"];
+                  message["content"] = reply.content.empty() ? json(nullptr) : json(reply.content);
+                  message["tool_calls"] = tool_calls_json(reply.calls, cid, false);
+                  body["choices"][0]["finish_reason"] = "tool_calls";
+                }
+              }
               if (r.logprobs >= 0)
                 body["choices"][0]["logprobs"] = chat ? chat_logprobs(*model_.tokenizer, ch->result)
                                                       : completion_logprobs(*model_.tokenizer, ch->result, prompt, r.echo);
@@ -338,12 +371,19 @@ void Server::routes() {
             first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
             if (!send(first)) return gone();
           }
+          // With tools the reply is held to the end: only then is it known to be calls or text.
+          const bool hold = chat && !r.tools.is_null();
           std::unique_lock lock(ch->mu);
           while (true) {
             ch->cv.wait_for(lock, std::chrono::milliseconds(250),
-                            [&] { return ch->done || !ch->text.empty() || !ch->progress.empty(); });
+                            [&] { return ch->done || (!hold && !ch->text.empty()) || !ch->progress.empty(); });
             std::string text;
-            text.swap(ch->text);
+            if (!hold || ch->done) text.swap(ch->text);
+            std::optional<ParsedReply> reply;
+            if (hold && ch->done) {
+              reply = parse_tool_calls(text);
+              if (!reply->calls.empty()) text = reply->content;
+            }
             std::vector<json> progress;
             progress.swap(ch->progress);
             const bool done = ch->done;
@@ -358,12 +398,17 @@ void Server::routes() {
             }
             if (!text.empty()) ok = ok && send(chunk(text, nullptr));
             else if (progress.empty() && !done) ok = ok && sink.write(": ping\n\n", 8);  // an SSE comment
+            if (reply && !reply->calls.empty()) {
+              json j = chunk("", nullptr);
+              j["choices"][0]["delta"] = {{"tool_calls", tool_calls_json(reply->calls, cid, true)}};
+              ok = ok && send(j);
+            }
             if (!ok) return gone();
             if (done) {
               if (ch->result.finish_reason == "error") {
                 send(json::parse(ApiError{500, ch->result.error, "server_error", "", "engine_error"}.body()));
               } else {
-                json last = chunk("", finish_reason(*ch));
+                json last = chunk("", reply && !reply->calls.empty() ? json("tool_calls") : json(finish_reason(*ch)));
                 last["lineage"] = extension(ch->result);
                 send(last);
                 if (r.include_usage) {
