@@ -40,6 +40,10 @@ fi
 if [ "${1:-}" = "--test" ] && [ ! -d tests/chat_template/node_modules/@huggingface/jinja ]; then
   (cd tests/chat_template && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# The official OpenAI client (npm openai), which drives lineage serve in tests/serve/test_client.py.
+if [ "${1:-}" = "--test" ] && [ ! -d tests/serve/client/node_modules/openai ]; then
+  (cd tests/serve/client && npm ci --no-audit --no-fund --loglevel=error)
+fi
 # puppeteer-core, which drives Debian's chromium through the chat page test (no browser download).
 if [ "${1:-}" = "--test" ] && [ ! -d tests/web/node_modules/puppeteer-core ]; then
   (cd tests/web && PUPPETEER_SKIP_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
