@@ -337,6 +337,23 @@ def test_logprobs_and_echo(gpt2_server, gpt2_dir, tmp_path):
     assert abs(loglik - want) <= 1e-5 * abs(want)
     assert greedy == all(rows[i - 1].argmax() == prompt[i] for i in range(ctxlen, len(prompt)))
 
+    # Streamed: the chunks' logprobs, joined, are the unstreamed reply's.
+    body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 2}
+    status, plain = gpt2_server.post("/v1/completions", body)
+    events = gpt2_server.stream("/v1/completions", body)
+    joined = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in events:
+        for c in e["choices"]:
+            for k in joined:
+                joined[k] += (c.get("logprobs") or {}).get(k, [])
+    assert joined == plain["choices"][0]["logprobs"]
+    chat_body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0, "logprobs": True,
+                 "top_logprobs": 1}
+    status, plain = gpt2_server.post("/v1/chat/completions", chat_body)
+    streamed = [t for e in gpt2_server.stream("/v1/chat/completions", chat_body) for c in e["choices"]
+                for t in (c.get("logprobs") or {}).get("content", [])]
+    assert streamed == plain["choices"][0]["logprobs"]["content"]
+
     # Scoring the prompt alone (max_tokens 0 with echo), and chat's logprobs.
     status, out = gpt2_server.post("/v1/completions", {"prompt": prompt, "max_tokens": 0, "logprobs": 0, "echo": True})
     assert status == 200 and out["usage"]["completion_tokens"] == 0, out

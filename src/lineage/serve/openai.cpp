@@ -192,8 +192,7 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
   if (r.max_tokens && *r.max_tokens == 0 && !(r.echo && r.logprobs >= 0))
     throw bad(j.contains("max_tokens") ? "max_tokens" : "max_completion_tokens",
               "expected at least 1 (0 only with \"echo\": true and \"logprobs\", to score the prompt)");
-  if (r.stream && (r.logprobs >= 0 || r.echo))
-    throw bad(r.echo ? "echo" : "logprobs", "is not supported with \"stream\": true yet (send the request unstreamed)");
+  if (r.stream && r.echo) throw bad("echo", "is not supported with \"stream\": true yet (send the request unstreamed)");
   if (chat && r.messages.empty()) throw ApiError{400, "field \"messages\" is missing", "invalid_request_error", "messages", "missing"};
   if (!chat && !j.contains("prompt")) throw ApiError{400, "field \"prompt\" is missing", "invalid_request_error", "prompt", "missing"};
   return r;

@@ -64,7 +64,7 @@ ParsedReply parse_tool_calls(const std::string& text);
 
 // Parses a request body. Throws ApiError (400) for a body that is not a JSON object, a missing
 // prompt or messages, a known field of the wrong type or out of range (naming the field), n other
-// than 1, logprobs or echo with stream (not streamed yet). Fields it does not know (frequency_penalty, user, ...) are ignored, as OpenAI clients send
+// than 1, echo with stream (not streamed yet). Fields it does not know (frequency_penalty, user, ...) are ignored, as OpenAI clients send
 // many; the ones that would change the result and cannot be honored are refused.
 CompletionRequest parse_request(std::string_view body, bool chat);
 

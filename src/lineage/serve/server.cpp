@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <span>
 #include <string_view>
 
 #include "lineage/core/error.h"
@@ -30,6 +31,7 @@ struct Channel {
   std::condition_variable cv;
   std::string text;
   std::vector<json> progress;
+  std::vector<runtime::TokenLogprob> logprobs;  // of the tokens since the last streamed chunk
   bool done = false, stop_found = false;
   runtime::EngineResult result;
   std::atomic<bool> gone{false};
@@ -71,11 +73,12 @@ json token_bytes(const std::string& text) {
 }
 
 // /v1/completions: tokens, token_logprobs, top_logprobs (a map per token) and text_offset (characters
-// into the choice's text); with echo the prompt's tokens first, the first of them without a value.
-json completion_logprobs(const tokenizer::Tokenizer& tok, const runtime::EngineResult& r,
-                         const std::vector<int32_t>& prompt, bool echo) {
+// into the choice's text, counted from `offset`, which is advanced); with `echo_prompt` the prompt's
+// tokens first, the first of them without a value (`prompt_lps` scoring the others).
+json completion_logprobs(const tokenizer::Tokenizer& tok, std::span<const runtime::TokenLogprob> generated,
+                         int64_t& offset, std::span<const int32_t> echo_prompt = {},
+                         std::span<const runtime::TokenLogprob> prompt_lps = {}) {
   json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
-  int64_t offset = 0;
   const auto add = [&](int32_t id, const runtime::TokenLogprob* lp) {
     const std::string& text = tok.token_bytes(id);
     tokens.push_back(text);
@@ -90,21 +93,19 @@ json completion_logprobs(const tokenizer::Tokenizer& tok, const runtime::EngineR
     for (const auto& [alt, value] : lp->top) top[tok.token_bytes(alt)] = value;
     tops.push_back(top);
   };
-  if (echo)
-    for (size_t i = 0; i < prompt.size(); ++i) add(prompt[i], i == 0 ? nullptr : &r.prompt_logprobs[i - 1]);
-  for (size_t i = 0; i < r.tokens.size(); ++i) add(r.tokens[i], &r.logprobs[i]);
+  for (size_t i = 0; i < echo_prompt.size(); ++i) add(echo_prompt[i], i == 0 ? nullptr : &prompt_lps[i - 1]);
+  for (const runtime::TokenLogprob& lp : generated) add(lp.token, &lp);
   return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
 // /v1/chat/completions: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
-json chat_logprobs(const tokenizer::Tokenizer& tok, const runtime::EngineResult& r) {
+json chat_logprobs(const tokenizer::Tokenizer& tok, std::span<const runtime::TokenLogprob> generated) {
   json content = json::array();
-  for (size_t i = 0; i < r.tokens.size(); ++i) {
-    const runtime::TokenLogprob& lp = r.logprobs[i];
+  for (const runtime::TokenLogprob& lp : generated) {
     json top = json::array();
     for (const auto& [alt, value] : lp.top)
       top.push_back({{"token", tok.token_bytes(alt)}, {"logprob", value}, {"bytes", token_bytes(tok.token_bytes(alt))}});
-    const std::string& text = tok.token_bytes(r.tokens[i]);
+    const std::string& text = tok.token_bytes(lp.token);
     content.push_back({{"token", text}, {"logprob", lp.logprob}, {"bytes", token_bytes(text)}, {"top_logprobs", top}});
   }
   return {{"content", content}, {"refusal", nullptr}};
@@ -261,6 +262,11 @@ void Server::routes() {
         auto ch = std::make_shared<Channel>();
         auto decoder = std::make_shared<tokenizer::StreamDecoder>(*model_.tokenizer);
         auto filter = std::make_shared<StopFilter>(r.stop);
+        if (r.stream && r.logprobs >= 0)
+          er.on_logprob = [ch](const runtime::TokenLogprob& lp) {
+            std::lock_guard lock(ch->mu);
+            ch->logprobs.push_back(lp);
+          };
         er.on_token = [ch, decoder, filter](int32_t t) {
           std::string s = filter->push(decoder->push(t));
           {
@@ -339,9 +345,14 @@ void Server::routes() {
                   body["choices"][0]["finish_reason"] = "tool_calls";
                 }
               }
-              if (r.logprobs >= 0)
-                body["choices"][0]["logprobs"] = chat ? chat_logprobs(*model_.tokenizer, ch->result)
-                                                      : completion_logprobs(*model_.tokenizer, ch->result, prompt, r.echo);
+              if (r.logprobs >= 0) {
+                int64_t offset = 0;
+                body["choices"][0]["logprobs"] =
+                    chat ? chat_logprobs(*model_.tokenizer, ch->result.logprobs)
+                         : completion_logprobs(*model_.tokenizer, ch->result.logprobs, offset,
+                                               r.echo ? std::span<const int32_t>(prompt) : std::span<const int32_t>(),
+                                               ch->result.prompt_logprobs);
+              }
               body["usage"] = usage(ch->result);
               body["lineage"] = extension(ch->result);
             }
@@ -373,12 +384,15 @@ void Server::routes() {
           }
           // With tools the reply is held to the end: only then is it known to be calls or text.
           const bool hold = chat && !r.tools.is_null();
+          int64_t stream_offset = 0;  // text_offset across the streamed completion chunks
           std::unique_lock lock(ch->mu);
           while (true) {
             ch->cv.wait_for(lock, std::chrono::milliseconds(250),
                             [&] { return ch->done || (!hold && !ch->text.empty()) || !ch->progress.empty(); });
             std::string text;
             if (!hold || ch->done) text.swap(ch->text);
+            std::vector<runtime::TokenLogprob> logprobs;
+            if (!text.empty() || ch->done) logprobs.swap(ch->logprobs);  // with the text their tokens made
             std::optional<ParsedReply> reply;
             if (hold && ch->done) {
               reply = parse_tool_calls(text);
@@ -396,7 +410,13 @@ void Server::routes() {
               j["prompt_progress"] = p;
               ok = ok && send(j);
             }
-            if (!text.empty()) ok = ok && send(chunk(text, nullptr));
+            if (!text.empty() || !logprobs.empty()) {
+              json j = chunk(text, nullptr);
+              if (r.logprobs >= 0)
+                j["choices"][0]["logprobs"] = chat ? chat_logprobs(*model_.tokenizer, logprobs)
+                                                   : completion_logprobs(*model_.tokenizer, logprobs, stream_offset);
+              ok = ok && send(j);
+            }
             else if (progress.empty() && !done) ok = ok && sink.write(": ping\n\n", 8);  // an SSE comment
             if (reply && !reply->calls.empty()) {
               json j = chunk("", nullptr);
