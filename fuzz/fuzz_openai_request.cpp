@@ -27,7 +27,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (e.body().find("\"error\"") == std::string::npos) fuzz::violated("an error body without \"error\"");
     return 0;
   }
-  if (r.max_tokens && *r.max_tokens < 1) fuzz::violated(cat("accepted max_tokens ", *r.max_tokens));
+  // max_tokens 0 only to score a prompt (echo with logprobs).
+  if (r.max_tokens && *r.max_tokens < (r.echo && r.logprobs >= 0 ? 0 : 1))
+    fuzz::violated(cat("accepted max_tokens ", *r.max_tokens));
+  if (r.logprobs < -1 || r.logprobs > 20 || r.n < 1 || r.n > 16)
+    fuzz::violated(cat("accepted logprobs ", r.logprobs, ", n ", r.n));
+  if (r.stream && (r.echo || r.n > 1)) fuzz::violated("accepted echo or n > 1 with stream");
+  if (!chat && (!r.tools.is_null() || !r.raw_messages.is_null())) fuzz::violated("tools on a completion");
+  if (r.uses_tools() && !r.raw_messages.is_array()) fuzz::violated("tools without the messages as sent");
   if (!(r.temperature >= 0) || !(r.top_p >= 0 && r.top_p <= 1) || r.top_k < 0)
     fuzz::violated(cat("accepted temperature ", r.temperature, ", top_p ", r.top_p, ", top_k ", r.top_k));
   if (r.stop.size() > 4) fuzz::violated(cat("accepted ", r.stop.size(), " stop sequences"));

@@ -147,7 +147,8 @@ def test_errors_keep_serving(gpt2_server):
     error_of(s, "/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, param="temperature")
     error_of(s, "/v1/completions", {"prompt": "x", "top_p": 7}, 400, param="top_p")
     error_of(s, "/v1/completions", {"prompt": "x", "stream": "yes"}, 400, param="stream")
-    error_of(s, "/v1/completions", {"prompt": "x", "n": 2}, 400, param="n")
+    error_of(s, "/v1/completions", {"prompt": "x", "n": 17}, 400, param="n")
+    error_of(s, "/v1/completions", {"prompt": "x", "n": 2, "stream": True}, 400, param="n")
     error_of(s, "/v1/completions", {"prompt": "x", "stop": [1]}, 400, param="stop")
     error_of(s, "/v1/completions", {"prompt": "word " * 80}, 400, code="context_length_exceeded")
     error_of(s, "/v1/completions", {"prompt": [5, 99999999], "max_tokens": 2}, 400)  # outside the vocabulary
@@ -432,3 +433,24 @@ def test_tools_render_through_the_template(hybrid_dir, gpt2_server, tmp_path):
         s.stop()
     status, err = gpt2_server.post("/v1/chat/completions", {"messages": messages[:1], "tools": tools, "max_tokens": 2})
     assert status == 400 and err["error"]["param"] == "tools" and "chat template" in err["error"]["message"], err
+
+
+def test_n_samples(gpt2_server):
+    """n samples of one prompt: n choices (index 0 .. n-1), the first what the same request with n = 1
+    gives (the same seed), each its own sampler stream; usage counts the prompt once and every sample's
+    completion; chat likewise."""
+    body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 7, "ignore_eos": True}
+    status, one = gpt2_server.post("/v1/completions", body)
+    assert status == 200, one
+    status, many = gpt2_server.post("/v1/completions", {**body, "n": 3})
+    assert status == 200, many
+    choices = many["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    assert choices[0]["text"] == one["choices"][0]["text"]
+    assert len({c["text"] for c in choices}) > 1, "the samples draw from their own streams"
+    assert many["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+    assert many["usage"]["completion_tokens"] == 3 * 6
+    assert many["usage"]["total_tokens"] == many["usage"]["prompt_tokens"] + 18
+    status, chat = gpt2_server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "n": 2,
+                                                             "max_tokens": 4, "temperature": 1.0, "seed": 3})
+    assert status == 200 and len(chat["choices"]) == 2 and chat["choices"][1]["index"] == 1, chat

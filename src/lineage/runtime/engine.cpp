@@ -55,6 +55,8 @@ struct Engine::Live {
   std::vector<int32_t> history;
   PrefixCache::Checkpoints checkpoints;
   EngineResult result;
+  bool follows = false;               // waits for its prefill group's leader (EngineRequest::prefill_group)
+  std::vector<float> first_logits;    // a follower's: the leader's row to sample its first token from
 };
 
 Engine::Engine(const model::Model& m, EngineOptions options)
@@ -148,6 +150,33 @@ void Engine::finish(std::vector<Live>& live, size_t k, const char* reason, std::
   live.erase(live.begin() + int64_t(k));
 }
 
+void Engine::emit(std::vector<Live>& live, size_t b, const float* row) {
+  Live& l = live[b];
+  const int64_t V = model_.config.vocab_size, pos = pool_.position(l.slot);
+  const GenerateOptions& o = l.request.options;
+  const int64_t bad = first_non_finite(DType::F32, row, V);
+  if (bad >= 0) {
+    finish(live, b, "error", cat("the logits at position ", pos - 1, " hold ", row[bad], " for token ", bad,
+                                 ": a weight or an activation is not finite"));
+    return;
+  }
+  const int32_t next = l.sampler.sample({row, size_t(V)});
+  if (l.result.tokens.empty()) l.result.first_token_seconds = now() - l.submitted;
+  if (o.eos && next == *o.eos) {
+    finish(live, b, "stop");
+    return;
+  }
+  if (l.request.logprobs >= 0) {
+    l.result.logprobs.push_back(token_logprob(row, V, next, l.request.logprobs));
+    if (l.request.on_logprob) l.request.on_logprob(l.result.logprobs.back());
+  }
+  l.result.tokens.push_back(next);
+  l.next = next;
+  if (l.request.on_token && !l.request.on_token(next)) finish(live, b, "cancelled");
+  else if (int64_t(l.result.tokens.size()) >= o.max_tokens) finish(live, b, "length");
+  else if (limit_ > 0 && pos >= limit_) finish(live, b, "context");
+}
+
 void Engine::run() {
   std::vector<Live> live;
   live.reserve(size_t(options_.slots));
@@ -165,10 +194,15 @@ void Engine::run() {
     }
     for (Waiting& w : admitted) {
       Sampler sampler(w.request.options.sampling);
-      Live l{w.id, std::move(w.request), pool_.acquire(), w.submitted, std::move(sampler), 0, {}, {}, {}, {}};
+      Live l{w.id, std::move(w.request), pool_.acquire(), w.submitted, std::move(sampler), 0, {}, {}, {}, {}, false, {}};
       l.result.prompt_tokens = int64_t(l.request.prompt.size());
       l.result.queued_seconds = now() - w.submitted;
-      l.fed = l.request.prompt_logprobs ? 0 : cache_.restore(l.request.prompt, pool_.state(l.slot));
+      // A member of a prefill group whose leader is still prefilling follows it instead.
+      const uint64_t group = l.request.prefill_group;
+      for (const Live& o : live)
+        l.follows = l.follows || (group != 0 && o.request.prefill_group == group && !o.follows &&
+                                  o.fed < int64_t(o.request.prompt.size()) && o.request.prompt == l.request.prompt);
+      l.fed = l.request.prompt_logprobs || l.follows ? 0 : cache_.restore(l.request.prompt, pool_.state(l.slot));
       l.result.cached_tokens = l.fed;
       l.history.assign(l.request.prompt.begin(), l.request.prompt.begin() + l.fed);
       std::lock_guard lock(mu_);
@@ -204,7 +238,21 @@ void Engine::step(std::vector<Live>& live) {
   if (live.empty()) return;
   const int64_t V = model_.config.vocab_size, every = cache_.checkpoint_every();
   step_.clear();
-  for (Live& l : live) {
+  // A follower whose leader is gone (ended before its prefill did) prefills alone.
+  for (Live& l : live)
+    if (l.follows) {
+      bool leader = false;
+      for (const Live& o : live)
+        leader = leader || (&o != &l && !o.follows && o.request.prefill_group == l.request.prefill_group &&
+                            o.fed < int64_t(o.request.prompt.size()));
+      l.follows = leader;
+    }
+  // seq[b]: live[b]'s sequence in the step, or -1 for a follower waiting on its leader.
+  std::vector<int64_t> seq(live.size(), -1);
+  for (size_t b = 0; b < live.size(); ++b) {
+    Live& l = live[b];
+    if (l.follows) continue;
+    seq[b] = step_.n_seqs();
     const int64_t pos = pool_.position(l.slot), n = int64_t(l.request.prompt.size());
     if (l.fed < n) {
       // A prefill piece, cut at the next checkpoint position so the recurrent layers can be kept there.
@@ -221,7 +269,8 @@ void Engine::step(std::vector<Live>& live) {
   // Every row's logits when a prefill piece wants its prompt's log-probabilities; else each last.
   bool all_rows = false;
   for (size_t b = 0; b < live.size(); ++b)
-    all_rows = all_rows || (live[b].request.prompt_logprobs && step_.length(int64_t(b)) > 1);
+    all_rows = all_rows || (seq[b] >= 0 && live[b].request.prompt_logprobs && step_.length(seq[b]) > 1);
+  if (step_.n_seqs() == 0) return;  // every request waits on a leader that has ended: next step
   logits_.resize(size_t((all_rows ? step_.n_tokens() : step_.n_seqs()) * V));
   const double t0 = now();
   try {
@@ -234,18 +283,28 @@ void Engine::step(std::vector<Live>& live) {
   const double dt = now() - t0;
   int64_t decoded = 0;
   for (size_t b = live.size(); b-- > 0;) {
+    if (seq[b] < 0) continue;  // a follower: served after the loop, once its leader's prefill is done
     Live& l = live[b];
-    const int64_t n = int64_t(l.request.prompt.size()), pos = pool_.position(l.slot);
+    const int64_t n = int64_t(l.request.prompt.size()), pos = pool_.position(l.slot), sb = seq[b];
     const GenerateOptions& o = l.request.options;
-    const int64_t last_row = all_rows ? step_.begin(int64_t(b)) + step_.length(int64_t(b)) - 1 : int64_t(b);
+    const int64_t last_row = all_rows ? step_.begin(sb) + step_.length(sb) - 1 : sb;
     if (l.fed < n || !l.next) {  // a prefill piece
       if (l.request.prompt_logprobs) {  // row j predicts the piece's token j + 1, the last row the next piece's first
-        const int64_t first = l.fed - step_.length(int64_t(b));
-        for (int64_t j = 0; j < step_.length(int64_t(b)) && first + j + 1 < n; ++j)
-          l.result.prompt_logprobs.push_back(token_logprob(
-              logits_.data() + (last_row - step_.length(int64_t(b)) + 1 + j) * V, V,
-              l.request.prompt[size_t(first + j + 1)], std::max(l.request.logprobs, 0)));
+        const int64_t first = l.fed - step_.length(sb);
+        for (int64_t j = 0; j < step_.length(sb) && first + j + 1 < n; ++j)
+          l.result.prompt_logprobs.push_back(token_logprob(logits_.data() + (last_row - step_.length(sb) + 1 + j) * V, V,
+                                                           l.request.prompt[size_t(first + j + 1)],
+                                                           std::max(l.request.logprobs, 0)));
       }
+      if (l.fed == n && l.request.prefill_group != 0)  // its followers continue from a copy of its state
+        for (size_t f = 0; f < live.size(); ++f)
+          if (live[f].follows && live[f].request.prefill_group == l.request.prefill_group) {
+            Live& w = live[f];
+            pool_.state(w.slot).assign(pool_.state(l.slot));
+            w.fed = n, w.history = l.history, w.follows = false, w.result.cached_tokens = n;
+            const float* r = logits_.data() + last_row * V;
+            w.first_logits.assign(r, r + V);
+          }
       if (l.request.on_progress) l.request.on_progress(l.fed, n);
       if (cache_.wants_checkpoint(pos) && l.fed < n) cache_.checkpoint(pool_.state(l.slot), l.checkpoints);
       if (l.fed < n) continue;
@@ -256,29 +315,15 @@ void Engine::step(std::vector<Live>& live) {
     } else {
       ++decoded;
     }
-    const float* row = logits_.data() + last_row * V;
-    const int64_t bad = first_non_finite(DType::F32, row, V);
-    if (bad >= 0) {
-      finish(live, b, "error", cat("the logits at position ", pos - 1, " hold ", row[bad], " for token ", bad,
-                                   ": a weight or an activation is not finite"));
-      continue;
-    }
-    const int32_t next = l.sampler.sample({row, size_t(V)});
-    if (l.result.tokens.empty()) l.result.first_token_seconds = now() - l.submitted;
-    if (o.eos && next == *o.eos) {
-      finish(live, b, "stop");
-      continue;
-    }
-    if (l.request.logprobs >= 0) {
-      l.result.logprobs.push_back(token_logprob(row, V, next, l.request.logprobs));
-      if (l.request.on_logprob) l.request.on_logprob(l.result.logprobs.back());
-    }
-    l.result.tokens.push_back(next);
-    l.next = next;
-    if (l.request.on_token && !l.request.on_token(next)) finish(live, b, "cancelled");
-    else if (int64_t(l.result.tokens.size()) >= o.max_tokens) finish(live, b, "length");
-    else if (limit_ > 0 && pos >= limit_) finish(live, b, "context");
+    emit(live, b, logits_.data() + last_row * V);
   }
+  // Followers whose leader's prefill ended in this step: their first token, from the leader's row.
+  for (size_t b = live.size(); b-- > 0;)
+    if (!live[b].first_logits.empty()) {
+      const std::vector<float> row = std::move(live[b].first_logits);
+      live[b].first_logits.clear();
+      emit(live, b, row.data());
+    }
   std::lock_guard lock(mu_);
   ++stats_.steps;
   stats_.busy_seconds += dt;

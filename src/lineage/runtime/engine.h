@@ -62,6 +62,11 @@ struct EngineRequest {
   // (no prefix-cache restore: a cached prefix has no logits). With it, max_tokens may be 0: the
   // prompt only.
   bool prompt_logprobs = false;
+  // Nonzero: requests with this group and the same prompt (n samples of one prompt) share one
+  // prefill. The first admitted runs it; one admitted while it does waits for it, then continues
+  // from a copy of its state and samples its first token from the same logits with its own sampler.
+  // One admitted later (or after the first ended) prefills alone, as any request.
+  uint64_t prefill_group = 0;
   // Each generated token (not EOS); returning false ends the request (finish_reason "cancelled"):
   // the caller found a stop sequence, or its client went away.
   std::function<bool(int32_t token)> on_token;
@@ -121,6 +126,8 @@ class Engine {
   struct Live;
   void run();
   void step(std::vector<Live>& live);
+  // Samples live[b]'s next token from `row` and hands it on; may finish (and erase) live[b].
+  void emit(std::vector<Live>& live, size_t b, const float* row);
   void finish(std::vector<Live>& live, size_t k, const char* reason, std::string error = {});
 
   const model::Model& model_;

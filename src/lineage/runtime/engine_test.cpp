@@ -268,6 +268,60 @@ TEST(Engine, ResumesOnlyWhatMatchesAroundACheckpoint) {
   }
 }
 
+// n samples of one prompt (a prefill group): the first request prefills, the others wait and continue
+// from a copy of its state; each samples with its own seed exactly what it samples alone (a request of
+// its own, no group), on a hybrid with recurrent and MLA layers. A member admitted after the leader's
+// prefill prefills on its own, with the same result.
+TEST(Engine, SamplesOfOnePromptShareItsPrefill) {
+  const io::LoadedModel lm = io::load_model(test::testdata() / "kimi_linear/f32", false);
+  const model::Model& m = lm.model;
+  EngineOptions eo;
+  eo.slots = 4;
+  eo.prefill_chunk = 7;
+  eo.cache.budget_bytes = 0;  // no prefix cache: what is shared comes from the group alone
+  const std::vector<int32_t> prompt = ids(19, m.config.vocab_size, 6);
+  const auto request = [&](uint64_t seed, uint64_t group, EngineResult* out, std::promise<void>* done) {
+    EngineRequest r;
+    r.prompt = prompt;
+    r.options.max_tokens = 6;
+    r.options.sampling = {1.0f, 0, 1.0f, seed};
+    r.prefill_group = group;
+    r.on_done = [out, done](EngineResult&& res) {
+      *out = std::move(res);
+      done->set_value();
+    };
+    return r;
+  };
+  std::vector<EngineResult> alone_results(3), shared(3);
+  {
+    Engine solo(m, eo);
+    for (uint64_t i = 0; i < 3; ++i) {
+      std::promise<void> done;
+      ASSERT_TRUE(solo.submit(request(100 + i, 0, &alone_results[i], &done)));
+      done.get_future().wait();
+    }
+  }
+  Engine engine(m, eo);
+  std::vector<std::promise<void>> done(3);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(engine.submit(request(100 + i, 77, &shared[i], &done[i])));
+  for (auto& d : done) d.get_future().wait();
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(shared[i].tokens, alone_results[i].tokens) << "sample " << i;
+    EXPECT_EQ(shared[i].finish_reason, "length");
+  }
+  EXPECT_EQ(shared[0].cached_tokens, 0);
+  EXPECT_EQ(shared[1].cached_tokens, 19) << "the prompt came from the leader's state";
+  EXPECT_EQ(shared[2].cached_tokens, 19);
+  EXPECT_NE(alone_results[0].tokens, alone_results[1].tokens) << "the seeds sample differently (the test can fail)";
+  // Late: the group's leader is done, so this one prefills alone.
+  EngineResult late;
+  std::promise<void> late_done;
+  ASSERT_TRUE(engine.submit(request(101, 77, &late, &late_done)));
+  late_done.get_future().wait();
+  EXPECT_EQ(late.tokens, alone_results[1].tokens);
+  EXPECT_EQ(late.cached_tokens, 0);
+}
+
 TEST(Engine, CancelFreesTheSlotAndTheQueueIsBounded) {
   const io::LoadedModel lm = io::load_model(test::testdata() / "gpt2/f32_defaults", false);
   const model::Model& m = lm.model;

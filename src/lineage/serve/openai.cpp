@@ -134,7 +134,7 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
       if (!v.is_object()) throw bad(key, cat("expected an object, found ", found(v)));
       if (v.contains("include_usage")) r.include_usage = boolean(v["include_usage"], "stream_options.include_usage");
     } else if (key == "n") {
-      if (!v.is_null() && integer(v, "n", 1, 1) != 1) throw bad(key, "only n = 1 is supported");
+      if (!v.is_null()) r.n = int(integer(v, "n", 1, 16));
     } else if (key == "ignore_eos") {
       r.ignore_eos = boolean(v, "ignore_eos");
     } else if (key == "return_progress") {
@@ -193,6 +193,7 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
     throw bad(j.contains("max_tokens") ? "max_tokens" : "max_completion_tokens",
               "expected at least 1 (0 only with \"echo\": true and \"logprobs\", to score the prompt)");
   if (r.stream && r.echo) throw bad("echo", "is not supported with \"stream\": true yet (send the request unstreamed)");
+  if (r.stream && r.n > 1) throw bad("n", "above 1 is not supported with \"stream\": true yet (send the request unstreamed)");
   if (chat && r.messages.empty()) throw ApiError{400, "field \"messages\" is missing", "invalid_request_error", "messages", "missing"};
   if (!chat && !j.contains("prompt")) throw ApiError{400, "field \"prompt\" is missing", "invalid_request_error", "prompt", "missing"};
   return r;

@@ -40,6 +40,7 @@ struct CompletionRequest {
   // completion's, and with logprobs the prompt tokens' too (max_tokens 0 then allowed).
   int logprobs = -1;
   bool echo = false;
+  int n = 1;  // samples of the prompt (1 .. 16), each with its own sampler stream; not streamed yet
   // Chat: `tools` (a list of {"type": "function", "function": {...}}, kept as sent; null: none) and
   // the messages as sent (assistant `tool_calls`, `tool` results), for a template that renders them;
   // tool_choice "none" drops the tools from the prompt, "auto" keeps them.
@@ -64,7 +65,7 @@ ParsedReply parse_tool_calls(const std::string& text);
 
 // Parses a request body. Throws ApiError (400) for a body that is not a JSON object, a missing
 // prompt or messages, a known field of the wrong type or out of range (naming the field), n other
-// than 1, echo with stream (not streamed yet). Fields it does not know (frequency_penalty, user, ...) are ignored, as OpenAI clients send
+// outside 1 .. 16, echo or n > 1 with stream (not streamed yet). Fields it does not know (frequency_penalty, user, ...) are ignored, as OpenAI clients send
 // many; the ones that would change the result and cannot be honored are refused.
 CompletionRequest parse_request(std::string_view body, bool chat);
 

@@ -259,106 +259,138 @@ void Server::routes() {
         er.options.sampling = {r.temperature, r.top_k, r.top_p, r.seed ? *r.seed : seeds.fetch_add(0x9e3779b97f4a7c15ull)};
         if (!r.ignore_eos)
           er.options.eos = model_.model.config.eos_token_id ? model_.model.config.eos_token_id : model_.tokenizer->eos_id();
-        auto ch = std::make_shared<Channel>();
-        auto decoder = std::make_shared<tokenizer::StreamDecoder>(*model_.tokenizer);
-        auto filter = std::make_shared<StopFilter>(r.stop);
-        if (r.stream && r.logprobs >= 0)
-          er.on_logprob = [ch](const runtime::TokenLogprob& lp) {
-            std::lock_guard lock(ch->mu);
-            ch->logprobs.push_back(lp);
-          };
-        er.on_token = [ch, decoder, filter](int32_t t) {
-          std::string s = filter->push(decoder->push(t));
-          {
-            std::lock_guard lock(ch->mu);
-            ch->text += s;
-            ch->stop_found = filter->stopped();
-          }
-          ch->cv.notify_all();
-          return !filter->stopped() && !ch->gone;
-        };
+        // One channel (and engine request) per sample: n of them share the prompt's prefill (a
+        // prefill group; not with echo, whose prompt log-probabilities each sample computes).
         const double t0 = now();
-        if (r.stream && r.return_progress)
-          er.on_progress = [ch, t0](int64_t done, int64_t total) {
+        const auto start = [&, this](runtime::EngineRequest base) {
+          auto c = std::make_shared<Channel>();
+          auto decoder = std::make_shared<tokenizer::StreamDecoder>(*model_.tokenizer);
+          auto filter = std::make_shared<StopFilter>(r.stop);
+          if (r.stream && r.logprobs >= 0)
+            base.on_logprob = [c](const runtime::TokenLogprob& lp) {
+              std::lock_guard lock(c->mu);
+              c->logprobs.push_back(lp);
+            };
+          base.on_token = [c, decoder, filter](int32_t t) {
+            std::string text = filter->push(decoder->push(t));
             {
-              std::lock_guard lock(ch->mu);
-              ch->progress.push_back({{"total", total}, {"processed", done}, {"time_ms", (now() - t0) * 1e3}});
+              std::lock_guard lock(c->mu);
+              c->text += text;
+              c->stop_found = filter->stopped();
             }
-            ch->cv.notify_all();
+            c->cv.notify_all();
+            return !filter->stopped() && !c->gone;
           };
-        er.on_done = [ch, decoder, filter](runtime::EngineResult&& result) {
-          const std::string tail = filter->stopped() ? "" : filter->push(decoder->flush()) + filter->flush();
-          {
-            std::lock_guard lock(ch->mu);
-            ch->text += tail;
-            ch->result = std::move(result);
-            ch->done = true;
-          }
-          ch->cv.notify_all();
+          if (r.stream && r.return_progress)
+            base.on_progress = [c, t0](int64_t done, int64_t total) {
+              {
+                std::lock_guard lock(c->mu);
+                c->progress.push_back({{"total", total}, {"processed", done}, {"time_ms", (now() - t0) * 1e3}});
+              }
+              c->cv.notify_all();
+            };
+          base.on_done = [c, decoder, filter](runtime::EngineResult&& result) {
+            const std::string tail = filter->stopped() ? "" : filter->push(decoder->flush()) + filter->flush();
+            {
+              std::lock_guard lock(c->mu);
+              c->text += tail;
+              c->result = std::move(result);
+              c->done = true;
+            }
+            c->cv.notify_all();
+          };
+          const std::optional<uint64_t> id = engine_->submit(std::move(base));
+          if (id) c->id = *id;
+          return id ? c : nullptr;
         };
-        const std::optional<uint64_t> id = engine_->submit(std::move(er));
-        if (!id)
+        static std::atomic<uint64_t> groups{1};
+        if (r.n > 1 && !r.echo) er.prefill_group = groups.fetch_add(1);
+        std::vector<std::shared_ptr<Channel>> chans;
+        for (int i = 0; i < r.n; ++i) {
+          runtime::EngineRequest e = er;
+          e.options.sampling.seed += uint64_t(i) * 0x9e3779b97f4a7c15ull;  // each sample its own stream
+          if (auto c = start(std::move(e))) {
+            chans.push_back(c);
+            continue;
+          }
+          for (const auto& c : chans) engine_->cancel(c->id);
           throw ApiError{503, "the server is busy: every slot and the whole queue are taken; retry later", "server_error",
                          "", "overloaded"};
-        ch->id = *id;
-        const std::string cid = cat(chat ? "chatcmpl-" : "cmpl-", *id);
+        }
+        const std::shared_ptr<Channel> ch = chans[0];
+        const std::string cid = cat(chat ? "chatcmpl-" : "cmpl-", ch->id);
         const int64_t created = std::time(nullptr);
         const std::string object = chat ? "chat.completion" : "text_completion";
         const json head = {{"id", cid}, {"created", created}, {"model", options_.model_name}};
-        // A client that went away: its request ends at the next step, its slot free for the next.
-        const auto gone = [this, ch] {
-          ch->gone = true;
-          engine_->cancel(ch->id);
+        // A client that went away: its requests end at the next step, their slots free for the next.
+        const auto gone = [this, chans] {
+          for (const auto& c : chans) {
+            c->gone = true;
+            engine_->cancel(c->id);
+          }
           ++disconnects_;
           return false;
         };
         if (!r.stream) {
           res.set_chunked_content_provider("application/json", [=, this](size_t, httplib::DataSink& sink) {
-            std::unique_lock lock(ch->mu);
             double beat = now();
-            while (!ch->done) {
-              ch->cv.wait_for(lock, std::chrono::milliseconds(100));
-              // JSON allows leading whitespace: a space now and then finds a client that left.
-              if (!ch->done && (now() - beat > 0.25 || stopping_)) {
-                lock.unlock();
-                const bool ok = !stopping_ && sink.write(" ", 1);
-                lock.lock();
-                if (!ok) return gone();
-                beat = now();
+            for (const auto& c : chans) {
+              std::unique_lock lock(c->mu);
+              while (!c->done) {
+                c->cv.wait_for(lock, std::chrono::milliseconds(100));
+                // JSON allows leading whitespace: a space now and then finds a client that left.
+                if (!c->done && (now() - beat > 0.25 || stopping_)) {
+                  lock.unlock();
+                  const bool ok = !stopping_ && sink.write(" ", 1);
+                  lock.lock();
+                  if (!ok) return gone();
+                  beat = now();
+                }
               }
             }
             json body = head;
             body["object"] = object;
-            if (ch->result.finish_reason == "error") {
-              body = json::parse(ApiError{500, ch->result.error, "server_error", "", "engine_error"}.body());
-            } else {
+            body["choices"] = json::array();
+            int64_t completion_tokens = 0;
+            for (size_t i = 0; i < chans.size(); ++i) {
+              const Channel& c = *chans[i];
+              if (c.result.finish_reason == "error") {
+                body = json::parse(ApiError{500, c.result.error, "server_error", "", "engine_error"}.body());
+                break;
+              }
               // echo: the prompt's text before the completion's (its ids decoded when it came as ids).
               const std::string echoed = !r.echo ? std::string()
                                          : r.prompt_ids ? model_.tokenizer->decode(*r.prompt_ids) : r.prompt;
-              body["choices"] = json::array({choice(chat, false, echoed + ch->text, finish_reason(*ch))});
+              json one = choice(chat, false, echoed + c.text, finish_reason(c));
+              one["index"] = i;
               if (chat && !r.tools.is_null()) {  // the calls the model wrote, as tool_calls
-                const ParsedReply reply = parse_tool_calls(ch->text);
+                const ParsedReply reply = parse_tool_calls(c.text);
                 if (!reply.calls.empty()) {
-                  json& message = body["choices"][0]["message"];
-                  message["content"] = reply.content.empty() ? json(nullptr) : json(reply.content);
-                  message["tool_calls"] = tool_calls_json(reply.calls, cid, false);
-                  body["choices"][0]["finish_reason"] = "tool_calls";
+                  one["message"]["content"] = reply.content.empty() ? json(nullptr) : json(reply.content);
+                  one["message"]["tool_calls"] = tool_calls_json(reply.calls, cat(cid, "_", i), false);
+                  one["finish_reason"] = "tool_calls";
                 }
               }
               if (r.logprobs >= 0) {
                 int64_t offset = 0;
-                body["choices"][0]["logprobs"] =
-                    chat ? chat_logprobs(*model_.tokenizer, ch->result.logprobs)
-                         : completion_logprobs(*model_.tokenizer, ch->result.logprobs, offset,
-                                               r.echo ? std::span<const int32_t>(prompt) : std::span<const int32_t>(),
-                                               ch->result.prompt_logprobs);
+                one["logprobs"] = chat ? chat_logprobs(*model_.tokenizer, c.result.logprobs)
+                                       : completion_logprobs(*model_.tokenizer, c.result.logprobs, offset,
+                                                             r.echo ? std::span<const int32_t>(prompt)
+                                                                    : std::span<const int32_t>(),
+                                                             c.result.prompt_logprobs);
               }
+              body["choices"].push_back(one);
+              completion_tokens += int64_t(c.result.tokens.size());
+            }
+            if (!body.contains("error")) {
+              // OpenAI counts the prompt once and every sample's completion.
               body["usage"] = usage(ch->result);
+              body["usage"]["completion_tokens"] = completion_tokens;
+              body["usage"]["total_tokens"] = ch->result.prompt_tokens + completion_tokens;
               body["lineage"] = extension(ch->result);
             }
-            lock.unlock();
-            const std::string s = dump(body);
-            sink.write(s.data(), s.size());
+            const std::string out = dump(body);
+            sink.write(out.data(), out.size());
             sink.done();
             return true;
           });
