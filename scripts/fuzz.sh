@@ -12,7 +12,7 @@ scripts/install-deps.sh --fuzz
 cmake --build build-asan -j "$(nproc)" --target fuzzers
 parallel=$(( $(nproc) >= 2 ? 2 : 1 ))
 harnesses=(fuzz_safetensors fuzz_checkpoint_index fuzz_config fuzz_tokenizer fuzz_tiktoken fuzz_npy fuzz_chat_template
-           fuzz_state_file fuzz_openai_request fuzz_train_files)
+           fuzz_state_file fuzz_openai_request fuzz_train_files fuzz_gguf)
 echo "lineage: fuzzing ${#harnesses[@]} harnesses for ${seconds} s each, ${parallel} at a time"
 # The campaign corpus (build-asan/fuzz/campaign/<harness>/corpus) grows from one campaign to the next.
 if printf '%s\n' "${harnesses[@]}" |

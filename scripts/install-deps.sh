@@ -40,6 +40,10 @@ fi
 if [ "${1:-}" = "--test" ] && [ ! -d tests/chat_template/node_modules/@huggingface/jinja ]; then
   (cd tests/chat_template && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# @huggingface/gguf, Hugging Face's GGUF parser: the reference of the GGUF reader's tests.
+if [ "${1:-}" = "--test" ] && [ ! -d tests/gguf/node_modules/@huggingface/gguf ]; then
+  (cd tests/gguf && npm ci --no-audit --no-fund --loglevel=error)
+fi
 # The official OpenAI client (npm openai), which drives lineage serve in tests/serve/test_client.py.
 if [ "${1:-}" = "--test" ] && [ ! -d tests/serve/client/node_modules/openai ]; then
   (cd tests/serve/client && npm ci --no-audit --no-fund --loglevel=error)

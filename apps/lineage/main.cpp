@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   lineage::app::add_generate(app);
   lineage::app::add_logits(app);
   lineage::app::add_perplexity(app);
+  lineage::app::add_gguf(app);
   lineage::app::add_tokenize(app);
   lineage::app::add_info(app);
   lineage::app::add_tour(app);

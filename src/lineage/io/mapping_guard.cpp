@@ -1,11 +1,16 @@
 #include "lineage/io/mapping_guard.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+
+#include "lineage/core/error.h"
 
 namespace lineage::io {
 
@@ -70,6 +75,40 @@ void install_mapping_fault_handler() {
   sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGBUS, &sa, nullptr);
+}
+
+std::shared_ptr<const void> map_readonly(const std::filesystem::path& path, size_t& size, const std::string& expected) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw Error(cat(path.string(), ": cannot open: ", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    throw Error(cat(path.string(), ": cannot stat"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(cat(path.string(), ": is not a regular file (", S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe",
+                    "); expected ", expected));
+  }
+  size = size_t(st.st_size);
+  if (size == 0) {
+    ::close(fd);
+    throw Error(cat(path.string(), ": file is empty; expected ", expected));
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) throw Error(cat(path.string(), ": mmap failed: ", std::strerror(errno)));
+  // Asks for 2 MiB pages: where the file system keeps large folios (ext4 and xfs on recent kernels),
+  // pages read in through this mapping come as 2 MiB folios mapped by one entry each, so a decode
+  // step's sweep over the weights neither misses the TLB every 4 KiB nor restarts the hardware
+  // prefetcher at each page. Pages already cached in small folios stay as they are; where the
+  // kernel cannot, the advice is ignored.
+  (void)::madvise(p, size, MADV_HUGEPAGE);
+  remember_mapping(p, size, path.string());
+  return std::shared_ptr<const void>(p, [size](const void* q) {
+    forget_mapping(q);
+    ::munmap(const_cast<void*>(q), size);
+  });
 }
 
 }  // namespace lineage::io

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <filesystem>
+#include <memory>
 #include <string>
 
 namespace lineage::io {
@@ -16,5 +18,10 @@ void forget_mapping(const void* begin);
 // "lineage: error: FILE: ... changed while mapped ..." and exits with code 2; any other SIGBUS keeps
 // the default action.
 void install_mapping_fault_handler();
+
+// `path` mapped read-only and remembered (unmapped and forgotten with the last reference), advised for
+// 2 MiB pages; `size` set to its length. An Error names the file when it cannot be opened, is not a
+// regular file or is empty (`expected`: what it should hold, for the message).
+std::shared_ptr<const void> map_readonly(const std::filesystem::path& path, size_t& size, const std::string& expected);
 
 }  // namespace lineage::io

@@ -1,10 +1,5 @@
 #include "lineage/io/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -21,40 +16,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-std::shared_ptr<const void> map_file(const fs::path& path, size_t& size) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw Error(cat(path.string(), ": cannot open: ", std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    throw Error(cat(path.string(), ": cannot stat"));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error(cat(path.string(), ": is not a regular file (", S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe",
-                    "); expected a safetensors file"));
-  }
-  size = size_t(st.st_size);
-  if (size == 0) {
-    ::close(fd);
-    throw Error(cat(path.string(), ": file is empty; expected an 8-byte header length"));
-  }
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) throw Error(cat(path.string(), ": mmap failed: ", std::strerror(errno)));
-  // Asks for 2 MiB pages: where the file system keeps large folios (ext4 and xfs on recent kernels),
-  // pages read in through this mapping come as 2 MiB folios mapped by one entry each, so a decode
-  // step's sweep over the weights neither misses the TLB every 4 KiB nor restarts the hardware
-  // prefetcher at each page. Pages already cached in small folios stay as they are; where the
-  // kernel cannot, the advice is ignored.
-  (void)::madvise(p, size, MADV_HUGEPAGE);
-  remember_mapping(p, size, path.string());
-  return std::shared_ptr<const void>(p, [size](const void* q) {
-    forget_mapping(q);
-    ::munmap(const_cast<void*>(q), size);
-  });
-}
 
 // More dims than any tensor has; a longer list is a crafted header.
 constexpr size_t kMaxRank = 16;
@@ -76,7 +37,7 @@ Shape parse_shape(const json& j, const std::string& where) {
 SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
   const std::string f = path.string();
   size_t size = 0;
-  map_ = map_file(path, size);
+  map_ = map_readonly(path, size, "a safetensors file (an 8-byte header length, the header, the data)");
   const char* base = static_cast<const char*>(map_.get());
   if (size < 8) throw Error(cat(f, ": file has ", size, " bytes; expected at least the 8-byte header length"));
   uint64_t header_len;

@@ -1,0 +1,54 @@
+// One .gguf file through io::GgufFile: the header, the metadata (every value type, nested arrays),
+// the tensor infos and the aligned data section. A file the parser accepts must have version 2 or 3,
+// each key and tensor name once, a power-of-two alignment, every tensor's bytes (whole blocks of its
+// ggml type) inside the data section at an aligned offset, no two overlapping, and readable end to end.
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "fuzz_support.h"
+#include "lineage/core/error.h"
+#include "lineage/io/gguf.h"
+
+using namespace lineage;
+
+namespace {
+
+void check_accepted(const io::GgufFile& f, size_t size) {
+  if (f.version() != 2 && f.version() != 3) fuzz::violated(cat("accepted version ", f.version()));
+  if (f.alignment() == 0 || (f.alignment() & (f.alignment() - 1)) != 0) fuzz::violated("a non-power-of-two alignment");
+  std::set<std::string> keys, names;
+  for (const io::GgufKv& kv : f.metadata())
+    if (!keys.insert(kv.key).second) fuzz::violated(cat("key \"", kv.key, "\" twice"));
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  for (const io::GgufTensor& t : f.tensors()) {
+    if (!names.insert(t.name).second) fuzz::violated(cat("tensor \"", t.name, "\" twice"));
+    const io::GgmlType* g = io::ggml_type(t.type);
+    if (!g || t.ne.empty() || t.ne[0] % g->block != 0) fuzz::violated(cat("tensor \"", t.name, "\": type or dims"));
+    if (t.offset % f.alignment() != 0) fuzz::violated(cat("tensor \"", t.name, "\": an unaligned offset"));
+    if (f.data_offset() + t.offset + t.bytes > size) fuzz::violated(cat("tensor \"", t.name, "\" past the end"));
+    uint64_t sum = 0;  // every byte readable
+    const uint8_t* p = f.data(t);
+    for (uint64_t i = 0; i < t.bytes; i += 4096) sum += p[i];
+    if (t.bytes) sum += p[t.bytes - 1];
+    (void)sum;
+    spans.emplace_back(t.offset, t.offset + t.bytes);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].first < spans[i - 1].second) fuzz::violated("accepted overlapping tensors");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const auto path = fuzz::scratch_dir() / "model.gguf";
+  fuzz::write_file(path, data, size);
+  try {
+    const io::GgufFile f(path);
+    check_accepted(f, size);
+  } catch (const Error& e) {
+    fuzz::rejected(e);
+  }
+  return 0;
+}
