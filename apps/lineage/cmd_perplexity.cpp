@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <span>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -51,7 +54,7 @@ Tensor read_base(const std::string& file, const nlohmann::json& mine) {
       throw Error(cat(meta.string(), ": field \"", field, "\" is ", theirs.contains(field) ? theirs[field].dump() : "missing",
                       ", this run's is ", mine[field].dump(), " (the base must be run on the same data with the same ",
                       "--ctx and --chunks, by a model of the same vocabulary)"));
-  Tensor rows = io::load_npy(file);
+  Tensor rows = io::map_npy_f32(file);  // mapped: read a window at a time as the run reaches it
   const Shape want{mine["positions"].get<int64_t>(), mine["vocab"].get<int64_t>()};
   if (rows.dtype() != DType::F32 || rows.shape() != want)
     throw Error(cat(file, ": shape ", shape_str(rows.shape()), ", expected float32 ", shape_str(want)));
@@ -94,12 +97,19 @@ void add_perplexity(CLI::App& app) {
     const Tensor base = o.base.empty() ? Tensor() : read_base(o.base, identity);
     std::optional<io::NpyWriter> save;
     if (!o.save.empty()) save.emplace(o.save, Shape{windows * per, V});
-    std::vector<float> rows_q;  // this run's rows, kept only to compare with a base
+    // Each window's rows compared with the base's as they come: no run is held whole.
+    runtime::KlDivergence kl(V);
+    const std::vector<int32_t> targets = runtime::scored_targets(ids, o.p);
+    int64_t done_rows = 0;
     const runtime::PerplexityResult r = runtime::perplexity(
         m.model, ids, o.p,
         [&](std::span<const float> block) {
           if (save) save->write(block.data(), int64_t(block.size()));
-          if (!o.base.empty()) rows_q.insert(rows_q.end(), block.begin(), block.end());
+          const int64_t n = int64_t(block.size()) / V;
+          if (!o.base.empty())
+            kl.add({base.data<float>() + done_rows * V, block.size()}, block,
+                   {targets.data() + done_rows, size_t(n)});
+          done_rows += n;
         },
         [&](int64_t w, int64_t n, double ppl) {  // llama-perplexity's running estimate
           if (o.json) return;
@@ -115,8 +125,6 @@ void add_perplexity(CLI::App& app) {
     nlohmann::json out = {{"windows", r.windows}, {"ctx", o.p.ctx}, {"positions", int64_t(r.nll.size())},
                           {"ppl", r.ppl()}, {"ppl_error", r.ppl_error()}};
     if (!o.base.empty()) {
-      runtime::KlDivergence kl(V);
-      kl.add({base.data<float>(), size_t(base.numel())}, rows_q, r.targets);
       const runtime::KlDivergence::Stats s = kl.stats();
       out["kld"] = {{"base", o.base},        {"ppl_base", s.ppl_base},     {"ppl_q", s.ppl_q},
                     {"ln_ratio", s.ln_ratio}, {"ln_ratio_error", s.ln_ratio_error},

@@ -22,6 +22,7 @@ struct ServeOpts {
   serve::ServerOptions server;
   std::string cache_bytes = "256M";
   std::string api_key_file;
+  bool api_key_given = false;
 };
 
 // The key in --api-key-file: its first line, surrounding whitespace dropped; an empty one is an error.
@@ -46,6 +47,8 @@ void run_serve(ServeOpts& o) {
   std::signal(SIGPIPE, SIG_IGN);  // a client that goes away mid-write is an error return, not a kill
 
   if (!o.api_key_file.empty()) o.server.api_key = read_api_key(o.api_key_file);
+  else if (o.api_key_given && o.server.api_key.empty())
+    throw Error("--api-key: the key is empty; expected a key (an empty one would leave the server open)");
   io::LoadedModel m = load(o.src, true);
   require_tokenizer(m, "serve");
   o.server.engine.cache.budget_bytes = parse_bytes(o.cache_bytes, "--cache-bytes");
@@ -120,6 +123,7 @@ void add_serve(CLI::App& app) {
                               "require Authorization: Bearer KEY on every endpoint but /health and / (401 otherwise)");
   auto* key_file = cmd->add_option("--api-key-file", o.api_key_file, "the same, the key read from this file's first line (kept out of the process list)");
   key->excludes(key_file);
+  key->each([](const std::string&) { o.api_key_given = true; });
   cmd->callback([] { run_serve(o); });
 }
 

@@ -147,6 +147,9 @@ def test_errors_keep_serving(gpt2_server):
     error_of(s, "/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, param="temperature")
     error_of(s, "/v1/completions", {"prompt": "x", "top_p": 7}, 400, param="top_p")
     error_of(s, "/v1/completions", {"prompt": "x", "stream": "yes"}, 400, param="stream")
+    error_of(s, "/v1/completions", {"prompt": [[]]}, 400, param="prompt")
+    error_of(s, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": 5}]}, 400,
+             param="tools[0]")
     error_of(s, "/v1/completions", {"prompt": "x", "n": 17}, 400, param="n")
     error_of(s, "/v1/completions", {"prompt": "x", "n": 2, "stream": True}, 400, param="n")
     error_of(s, "/v1/completions", {"prompt": "x", "stop": [1]}, 400, param="stop")

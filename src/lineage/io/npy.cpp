@@ -2,12 +2,14 @@
 
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string_view>
 #include <utility>
 
 #include "lineage/core/checked.h"
 #include "lineage/core/error.h"
 #include "lineage/core/json_read.h"
+#include "lineage/io/mapping_guard.h"
 
 namespace lineage::io {
 
@@ -154,17 +156,20 @@ class HeaderReader {
   size_t i_ = 0;
 };
 
-uint32_t little_endian(const std::string& bytes, size_t at, int n) {
+uint32_t little_endian(std::string_view bytes, size_t at, int n) {
   uint32_t v = 0;
   for (int k = n - 1; k >= 0; --k) v = (v << 8) | uint8_t(bytes[at + size_t(k)]);
   return v;
 }
 
-}  // namespace
+struct NpyLayout {
+  DType dtype;
+  Shape shape;
+  size_t data_at;
+};
 
-Tensor load_npy(const std::filesystem::path& path) {
-  const std::string f = path.string();
-  const std::string bytes = read_file_text(path);
+// The header of the .npy bytes `bytes` (file `f`), checked against its data's length.
+NpyLayout parse_npy(std::string_view bytes, const std::string& f) {
   if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0)
     throw Error(cat(f, ": not a .npy file (expected the magic \\x93NUMPY and a version)"));
   const int major = uint8_t(bytes[6]);
@@ -174,7 +179,7 @@ Tensor load_npy(const std::filesystem::path& path) {
   const size_t header_len = little_endian(bytes, 8, len_bytes), header_at = size_t(8 + len_bytes);
   if (header_len > bytes.size() - header_at)
     throw Error(cat(f, ": .npy header of ", header_len, " bytes runs past the end of the file (", bytes.size(), " bytes)"));
-  const NpyHeader h = HeaderReader(std::string_view(bytes).substr(header_at, header_len), f).read();
+  const NpyHeader h = HeaderReader(bytes.substr(header_at, header_len), f).read();
   if (h.fortran_order) throw Error(cat(f, ": Fortran order is not supported; expected a C-order array"));
   DType stored;
   if (h.descr == "<f4") stored = DType::F32;
@@ -188,10 +193,26 @@ Tensor load_npy(const std::filesystem::path& path) {
     throw Error(cat(f, ": shape ", shape_str(h.shape), " of ", h.descr, " needs ",
                     need ? cat(*need, " bytes") : std::string("more bytes than int64 holds"), " but the file holds ",
                     data_bytes, " after its header"));
-  Tensor t = Tensor::empty(stored, h.shape);
-  if (data_bytes > 0) std::memcpy(t.raw_mut(), bytes.data() + data_at, data_bytes);
-  if (stored == DType::F64) return to_f32(t);
+  return {stored, h.shape, data_at};
+}
+
+}  // namespace
+
+Tensor load_npy(const std::filesystem::path& path) {
+  const std::string bytes = read_file_text(path);
+  const NpyLayout l = parse_npy(bytes, path.string());
+  Tensor t = Tensor::empty(l.dtype, l.shape);
+  if (t.nbytes() > 0) std::memcpy(t.raw_mut(), bytes.data() + l.data_at, t.nbytes());
+  if (l.dtype == DType::F64) return to_f32(t);
   return t;
+}
+
+Tensor map_npy_f32(const std::filesystem::path& path) {
+  size_t size = 0;
+  std::shared_ptr<const void> map = map_readonly(path, size, "a .npy file");
+  const NpyLayout l = parse_npy(std::string_view(static_cast<const char*>(map.get()), size), path.string());
+  if (l.dtype != DType::F32) throw Error(cat(path.string(), ": a float32 (<f4) array is expected"));
+  return Tensor::borrow(DType::F32, l.shape, static_cast<const char*>(map.get()) + l.data_at, map);
 }
 
 }  // namespace lineage::io

@@ -28,5 +28,8 @@ class NpyWriter {
 // Reads <f4, <f8 (narrowed), <i4 or <i8 arrays into an owned tensor (F32 or I32/I64). Anything else
 // (a damaged header, a shape whose byte length differs from the data's) is an Error naming the file.
 Tensor load_npy(const std::filesystem::path& path);
+// A float32 .npy mapped, not read: a borrowed view of its data (pages read as they are touched), for
+// files larger than memory. Errors as load_npy's; another dtype is an Error.
+Tensor map_npy_f32(const std::filesystem::path& path);
 
 }  // namespace lineage::io

@@ -81,6 +81,14 @@ Engine::~Engine() {
 }
 
 std::optional<uint64_t> Engine::submit(EngineRequest request) {
+  std::vector<EngineRequest> one;
+  one.push_back(std::move(request));
+  const std::optional<std::vector<uint64_t>> ids = submit_many(std::move(one));
+  if (!ids) return std::nullopt;
+  return (*ids)[0];
+}
+
+void Engine::check(const EngineRequest& request) const {
   const int64_t n = int64_t(request.prompt.size());
   if (n == 0) throw Error("the prompt is empty; generation needs at least one token");
   if (limit_ > 0 && (n > limit_ || (n == limit_ && !options_.allow_full_prompt)))
@@ -92,17 +100,25 @@ std::optional<uint64_t> Engine::submit(EngineRequest request) {
   for (int32_t t : request.prompt)
     if (t < 0 || t >= model_.config.vocab_size)
       throw Error(cat("token id ", t, " is outside the vocabulary of ", model_.config.vocab_size));
+}
+
+std::optional<std::vector<uint64_t>> Engine::submit_many(std::vector<EngineRequest> requests) {
+  for (const EngineRequest& r : requests) check(r);
   std::lock_guard lock(mu_);
-  if (int64_t(queue_.size()) >= options_.queue) {
-    ++stats_.rejected;
+  if (int64_t(queue_.size() + requests.size()) > options_.queue) {
+    stats_.rejected += int64_t(requests.size());
     return std::nullopt;
   }
-  const uint64_t id = next_id_++;
-  queue_.push_back({id, std::move(request), now()});
-  ++stats_.requests;
+  std::vector<uint64_t> ids;
+  const double t = now();
+  for (EngineRequest& r : requests) {
+    ids.push_back(next_id_++);
+    queue_.push_back({ids.back(), std::move(r), t});
+    ++stats_.requests;
+  }
   stats_.queued = int64_t(queue_.size());
   wake_.notify_all();
-  return id;
+  return ids;
 }
 
 void Engine::cancel(uint64_t id) {
@@ -199,8 +215,9 @@ void Engine::run() {
       l.result.queued_seconds = now() - w.submitted;
       // A member of a prefill group whose leader is still prefilling follows it instead.
       const uint64_t group = l.request.prefill_group;
+      const bool can_follow = group != 0 && !l.request.prompt_logprobs && l.request.options.max_tokens > 0;
       for (const Live& o : live)
-        l.follows = l.follows || (group != 0 && o.request.prefill_group == group && !o.follows &&
+        l.follows = l.follows || (can_follow && o.request.prefill_group == group && !o.follows &&
                                   o.fed < int64_t(o.request.prompt.size()) && o.request.prompt == l.request.prompt);
       l.fed = l.request.prompt_logprobs || l.follows ? 0 : cache_.restore(l.request.prompt, pool_.state(l.slot));
       l.result.cached_tokens = l.fed;
@@ -211,7 +228,11 @@ void Engine::run() {
       live.push_back(std::move(l));
       stats_.active = int64_t(live.size());
     }
-    step(live);
+    try {
+      step(live);
+    } catch (const std::exception& e) {  // (a callback's, or memory): every request ends with it, the engine lives on
+      while (!live.empty()) finish(live, live.size() - 1, "error", cat("the engine's step failed: ", e.what()));
+    }
   }
   // Stopping: every request still here ends cancelled.
   while (!live.empty()) finish(live, live.size() - 1, "cancelled");
@@ -302,6 +323,8 @@ void Engine::step(std::vector<Live>& live) {
             Live& w = live[f];
             pool_.state(w.slot).assign(pool_.state(l.slot));
             w.fed = n, w.history = l.history, w.follows = false, w.result.cached_tokens = n;
+            std::lock_guard lock(mu_);
+            stats_.cached_tokens += n;
             const float* r = logits_.data() + last_row * V;
             w.first_logits.assign(r, r + V);
           }

@@ -5,7 +5,8 @@
 // The serving engine: continuous batching over a state pool on a thread of its own, with the prefix
 // cache. Requests are queued from any thread; between steps the engine admits waiting requests into
 // free slots (each first restored from the longest cached prefix of its prompt), and every step
-// holds one prefill piece or one decode token of every active request. A request that ends (EOS,
+// holds one prefill piece or one decode token of every active request (but a prefill group's
+// members waiting for its leader's prefill). A request that ends (EOS,
 // max_tokens, the context, a caller's stop or cancel) frees its slot at once and leaves its state in
 // the prefix cache for the next request that shares its prefix.
 #pragma once
@@ -65,7 +66,8 @@ struct EngineRequest {
   // Nonzero: requests with this group and the same prompt (n samples of one prompt) share one
   // prefill. The first admitted runs it; one admitted while it does waits for it, then continues
   // from a copy of its state and samples its first token from the same logits with its own sampler.
-  // One admitted later (or after the first ended) prefills alone, as any request.
+  // One admitted later (or after the first ended), or one with prompt_logprobs or max_tokens 0,
+  // prefills alone, as any request.
   uint64_t prefill_group = 0;
   // Each generated token (not EOS); returning false ends the request (finish_reason "cancelled"):
   // the caller found a stop sequence, or its client went away.
@@ -109,6 +111,9 @@ class Engine {
   // request that can never run: no prompt, a prompt longer than the context, max_tokens < 1 (0 with
   // prompt_logprobs), logprobs above 20.
   std::optional<uint64_t> submit(EngineRequest request);
+  // Queues several requests at once (all or none: nothing when the queue cannot take them all), so
+  // that they are admitted together where slots allow (a prefill group's samples). Throws as submit().
+  std::optional<std::vector<uint64_t>> submit_many(std::vector<EngineRequest> requests);
   // Ends a request at the next step boundary (or takes it out of the queue); its slot is free for
   // the next step. Unknown or finished ids are ignored.
   void cancel(uint64_t id);
@@ -126,6 +131,7 @@ class Engine {
   struct Live;
   void run();
   void step(std::vector<Live>& live);
+  void check(const EngineRequest& request) const;  // what submit() throws for
   // Samples live[b]'s next token from `row` and hands it on; may finish (and erase) live[b].
   void emit(std::vector<Live>& live, size_t b, const float* row);
   void finish(std::vector<Live>& live, size_t k, const char* reason, std::string error = {});

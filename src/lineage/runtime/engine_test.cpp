@@ -303,7 +303,9 @@ TEST(Engine, SamplesOfOnePromptShareItsPrefill) {
   }
   Engine engine(m, eo);
   std::vector<std::promise<void>> done(3);
-  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(engine.submit(request(100 + i, 77, &shared[i], &done[i])));
+  std::vector<EngineRequest> group;  // queued together: admitted in one go, the first leading
+  for (uint64_t i = 0; i < 3; ++i) group.push_back(request(100 + i, 77, &shared[i], &done[i]));
+  ASSERT_TRUE(engine.submit_many(std::move(group)));
   for (auto& d : done) d.get_future().wait();
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(shared[i].tokens, alone_results[i].tokens) << "sample " << i;

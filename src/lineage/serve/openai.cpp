@@ -1,5 +1,6 @@
 #include "lineage/serve/openai.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -91,6 +92,7 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
       } else if (v.is_array() && !v.empty() && (v[0].is_number_integer() || (v.size() == 1 && v[0].is_array()))) {
         // token ids, or one list of them in a list (what lm-evaluation-harness sends)
         const json& list = v[0].is_array() ? v[0] : v;
+        if (list.empty()) throw bad(key, "expected at least one token id, found an empty list");
         std::vector<int32_t> ids;
         for (const auto& t : list) ids.push_back(int32_t(integer(t, "prompt", 0, INT32_MAX)));
         r.prompt_ids = std::move(ids);
@@ -150,7 +152,8 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
       if (!v.is_array()) throw bad(key, cat("expected a list of {\"type\": \"function\", \"function\": {...}}, found ", found(v)));
       for (size_t i = 0; i < v.size(); ++i) {
         const json& t = v[i];
-        if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object() ||
+        if (!t.is_object() || !t.contains("type") || t["type"] != "function" || !t.contains("function") ||
+            !t["function"].is_object() ||
             !t["function"].contains("name") || !t["function"]["name"].is_string())
           throw bad(cat("tools[", i, "]"), cat("expected {\"type\": \"function\", \"function\": {\"name\": ..., ",
                                               "\"parameters\": ...}}, found ", found(t)));

@@ -3,9 +3,12 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
+#include <ctime>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <span>
@@ -93,7 +96,8 @@ json completion_logprobs(const tokenizer::Tokenizer& tok, std::span<const runtim
     for (const auto& [alt, value] : lp->top) top[tok.token_bytes(alt)] = value;
     tops.push_back(top);
   };
-  for (size_t i = 0; i < echo_prompt.size(); ++i) add(echo_prompt[i], i == 0 ? nullptr : &prompt_lps[i - 1]);
+  for (size_t i = 0; i < echo_prompt.size(); ++i)
+    add(echo_prompt[i], i == 0 || i > prompt_lps.size() ? nullptr : &prompt_lps[i - 1]);
   for (const runtime::TokenLogprob& lp : generated) add(lp.token, &lp);
   return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
@@ -256,27 +260,29 @@ void Server::routes() {
         er.options.max_tokens = int(std::min<int64_t>(r.max_tokens.value_or(ctx > 0 ? ctx - n : options_.default_max_tokens),
                                                       int64_t(1) << 30));
         static std::atomic<uint64_t> seeds{std::random_device{}()};
-        er.options.sampling = {r.temperature, r.top_k, r.top_p, r.seed ? *r.seed : seeds.fetch_add(0x9e3779b97f4a7c15ull)};
+        // n samples take n steps of the stream of seeds, so no two requests' samples share one.
+        er.options.sampling = {r.temperature, r.top_k, r.top_p,
+                               r.seed ? *r.seed : seeds.fetch_add(uint64_t(r.n) * 0x9e3779b97f4a7c15ull)};
         if (!r.ignore_eos)
           er.options.eos = model_.model.config.eos_token_id ? model_.model.config.eos_token_id : model_.tokenizer->eos_id();
         // One channel (and engine request) per sample: n of them share the prompt's prefill (a
         // prefill group; not with echo, whose prompt log-probabilities each sample computes).
         const double t0 = now();
-        const auto start = [&, this](runtime::EngineRequest base) {
-          auto c = std::make_shared<Channel>();
+        const auto prepare = [&, this](runtime::EngineRequest base, const std::shared_ptr<Channel>& c) {
           auto decoder = std::make_shared<tokenizer::StreamDecoder>(*model_.tokenizer);
           auto filter = std::make_shared<StopFilter>(r.stop);
+          // A token's log-probability comes just before the token (on the engine's thread); it joins
+          // the channel with the token's text, under one lock, so a chunk carries both or neither.
+          auto pending = std::make_shared<std::optional<runtime::TokenLogprob>>();
           if (r.stream && r.logprobs >= 0)
-            base.on_logprob = [c](const runtime::TokenLogprob& lp) {
-              std::lock_guard lock(c->mu);
-              c->logprobs.push_back(lp);
-            };
-          base.on_token = [c, decoder, filter](int32_t t) {
+            base.on_logprob = [pending](const runtime::TokenLogprob& lp) { *pending = lp; };
+          base.on_token = [c, decoder, filter, pending](int32_t t) {
             std::string text = filter->push(decoder->push(t));
             {
               std::lock_guard lock(c->mu);
               c->text += text;
               c->stop_found = filter->stopped();
+              if (*pending) c->logprobs.push_back(std::move(**pending)), pending->reset();
             }
             c->cv.notify_all();
             return !filter->stopped() && !c->gone;
@@ -299,24 +305,24 @@ void Server::routes() {
             }
             c->cv.notify_all();
           };
-          const std::optional<uint64_t> id = engine_->submit(std::move(base));
-          if (id) c->id = *id;
-          return id ? c : nullptr;
+          return base;
         };
         static std::atomic<uint64_t> groups{1};
         if (r.n > 1 && !r.echo) er.prefill_group = groups.fetch_add(1);
         std::vector<std::shared_ptr<Channel>> chans;
+        std::vector<runtime::EngineRequest> requests;
         for (int i = 0; i < r.n; ++i) {
           runtime::EngineRequest e = er;
           e.options.sampling.seed += uint64_t(i) * 0x9e3779b97f4a7c15ull;  // each sample its own stream
-          if (auto c = start(std::move(e))) {
-            chans.push_back(c);
-            continue;
-          }
-          for (const auto& c : chans) engine_->cancel(c->id);
+          chans.push_back(std::make_shared<Channel>());
+          requests.push_back(prepare(std::move(e), chans.back()));
+        }
+        // Queued together (admitted in one go where slots allow, so the samples share the prefill).
+        const std::optional<std::vector<uint64_t>> ids = engine_->submit_many(std::move(requests));
+        if (!ids)
           throw ApiError{503, "the server is busy: every slot and the whole queue are taken; retry later", "server_error",
                          "", "overloaded"};
-        }
+        for (size_t i = 0; i < chans.size(); ++i) chans[i]->id = (*ids)[i];
         const std::shared_ptr<Channel> ch = chans[0];
         const std::string cid = cat(chat ? "chatcmpl-" : "cmpl-", ch->id);
         const int64_t created = std::time(nullptr);

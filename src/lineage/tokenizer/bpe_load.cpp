@@ -314,10 +314,11 @@ void parse_pre_tokenizer(BpeModel& m, const json& node, const std::string& file)
     const json& pattern = split.value("pattern", json());
     const json regex = pattern.is_object() ? pattern.value("Regex", json()) : json();
     const bool qwen2 = regex == kQwen2Pattern, qwen35 = regex == kQwen35Pattern;
-    if (split.value("type", "") != "Split" || !(qwen2 || qwen35) || split.value("behavior", "") != "Isolated" ||
-        split.value("invert", false) != false)
+    // Compared as JSON values: a field of another type is simply not the expected one.
+    if (split.value("type", json()) != "Split" || !(qwen2 || qwen35) || split.value("behavior", json()) != "Isolated" ||
+        (split.contains("invert") && split["invert"] != false))
       fail(file, field + ".pretokenizers[0]", found(split), want);
-    if (steps[1].value("type", "") != "ByteLevel" ||
+    if (steps[1].value("type", json()) != "ByteLevel" ||
         get_bool(steps[1], "use_regex", true, file, field + ".pretokenizers[1].use_regex"))
       fail(file, field + ".pretokenizers[1]", found(steps[1]), want);
     m.mode = SymbolMode::kByteLevel;

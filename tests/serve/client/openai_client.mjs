@@ -21,7 +21,7 @@ assert.ok(model);
 step("completions");
 const c = await client.completions.create({ model, prompt: "The weather today", max_tokens: 5, temperature: 0 });
 assert.equal(typeof c.choices[0].text, "string");
-assert.equal(c.usage.completion_tokens, 5);
+assert.ok(c.usage.completion_tokens >= 1 && c.usage.completion_tokens <= 5, "at most max_tokens");
 assert.ok(["length", "stop"].includes(c.choices[0].finish_reason));
 
 step("completions with logprobs and echo");
