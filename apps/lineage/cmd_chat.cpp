@@ -32,6 +32,7 @@ struct ChatOpts {
   std::string cache_bytes = "256M";
   int64_t checkpoint_every = 256;
   std::string load;
+  std::string template_kwargs;
 };
 
 struct TurnStats {
@@ -63,6 +64,7 @@ class Chat {
     // paragraph's end, before the model writes the next turn itself.
     if (!template_ && stops_.empty()) stops_ = {"\n\n"};
     if (!o.system.empty()) messages_.push_back({"system", o.system});
+    if (template_ && !o.template_kwargs.empty()) template_->set_variables(parse_template_kwargs(o.template_kwargs));
   }
 
   std::string describe() const {
@@ -322,6 +324,8 @@ void add_chat(CLI::App& app) {
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "recurrent layers' checkpoint interval in tokens (default 256)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   cmd->add_option("--load", o.load, "continue a conversation saved with /save");
+  cmd->add_option("--chat-template-kwargs", o.template_kwargs,
+                  "variables for the chat template, a JSON object: '{\"enable_thinking\": false}' (Qwen3, Qwen3.5)");
   cmd->callback([] { run_chat(o); });
 }
 

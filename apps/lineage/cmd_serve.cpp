@@ -23,6 +23,7 @@ struct ServeOpts {
   std::string cache_bytes = "256M";
   std::string api_key_file;
   bool api_key_given = false;
+  std::string template_kwargs;
 };
 
 // The key in --api-key-file: its first line, surrounding whitespace dropped; an empty one is an error.
@@ -49,6 +50,7 @@ void run_serve(ServeOpts& o) {
   if (!o.api_key_file.empty()) o.server.api_key = read_api_key(o.api_key_file);
   else if (o.api_key_given && o.server.api_key.empty())
     throw Error("--api-key: the key is empty; expected a key (an empty one would leave the server open)");
+  o.server.template_kwargs = parse_template_kwargs(o.template_kwargs);
   io::LoadedModel m = load(o.src, true);
   require_tokenizer(m, "serve");
   o.server.engine.cache.budget_bytes = parse_bytes(o.cache_bytes, "--cache-bytes");
@@ -124,6 +126,9 @@ void add_serve(CLI::App& app) {
   auto* key_file = cmd->add_option("--api-key-file", o.api_key_file, "the same, the key read from this file's first line (kept out of the process list)");
   key->excludes(key_file);
   key->each([](const std::string&) { o.api_key_given = true; });
+  cmd->add_option("--chat-template-kwargs", o.template_kwargs,
+                  "variables every chat request's template gets, a JSON object: '{\"enable_thinking\": false}' "
+                  "(a request's chat_template_kwargs add to them)");
   cmd->callback([] { run_serve(o); });
 }
 

@@ -146,6 +146,14 @@ std::string mapped_label(const io::MappedPages& p) {
              " % of them on 2 MiB pages; --no-mmap copies them to huge pages)");
 }
 
+nlohmann::ordered_json parse_template_kwargs(const std::string& text) {
+  if (text.empty()) return nullptr;
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    throw Error(cat("--chat-template-kwargs: '", text, "' is not a JSON object; expected e.g. '{\"enable_thinking\": false}'"));
+  return j;
+}
+
 std::optional<long long> parse_integer(const std::string& s) {
   size_t used = 0;
   try {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,6 +54,10 @@ bool weights_mapped(model::Model& m);
 io::MappedPages mapped_pages(model::Model& m);
 // " mapped from files (N % of them on 2 MiB pages; --no-mmap copies them to huge pages)".
 std::string mapped_label(const io::MappedPages& p);
+
+// --chat-template-kwargs: a JSON object of chat-template variables ({"enable_thinking": false}), as
+// llama-server takes them; anything else is an Error naming the flag. Empty text: none (null).
+nlohmann::ordered_json parse_template_kwargs(const std::string& text);
 
 // The whole string as a base-10 integer, or nothing (no partial parses, no exceptions).
 std::optional<long long> parse_integer(const std::string& s);

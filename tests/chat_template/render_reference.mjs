@@ -123,6 +123,12 @@ for (const template of templates) {
               { messages, add_generation_prompt, bos_token, eos_token });
     }
   }
+  // transformers' apply_chat_template keyword arguments: Qwen3's thinking switch (ignored elsewhere).
+  for (const enable_thinking of [false, true]) {
+    addCase(template, source, `thinking/${enable_thinking ? "on" : "off"}`, {
+      enable_thinking, messages: kConversations.think_tags, add_generation_prompt: true, bos_token, eos_token,
+    });
+  }
   addCase(template, source, "tools/declared", {
     messages: kConversations.system_user, tools: kTools, add_generation_prompt: true, bos_token, eos_token,
   });

@@ -434,6 +434,29 @@ def test_tools_render_through_the_template(hybrid_dir, gpt2_server, tmp_path):
         assert status == 400 and err["error"]["param"] == "tools[0]", err
     finally:
         s.stop()
+    # Template variables: a request's chat_template_kwargs, and the server's --chat-template-kwargs for
+    # every chat (Qwen3's enable_thinking: false closes an empty think block in the prompt).
+    plain = {"messages": messages[:1], "max_tokens": 2, "temperature": 0}
+    ctx = {"enable_thinking": False, "messages": messages[:1], "add_generation_prompt": True, "bos_token": "", "eos_token": ""}
+    s = Server(model, "--ctx", "1024", "--slots", "1")
+    try:
+        status, off = s.post("/v1/chat/completions", {**plain, "chat_template_kwargs": {"enable_thinking": False}})
+        assert status == 200, off
+        assert off["usage"]["prompt_tokens"] == reference_tokens(ctx)
+        status, on = s.post("/v1/chat/completions", plain)
+        assert on["usage"]["prompt_tokens"] < off["usage"]["prompt_tokens"]
+        status, err = s.post("/v1/chat/completions", {**plain, "chat_template_kwargs": "no"})
+        assert status == 400 and err["error"]["param"] == "chat_template_kwargs", err
+    finally:
+        s.stop()
+    s = Server(model, "--ctx", "1024", "--slots", "1", "--chat-template-kwargs", '{"enable_thinking": false}')
+    try:
+        status, off = s.post("/v1/chat/completions", plain)
+        assert status == 200 and off["usage"]["prompt_tokens"] == reference_tokens(ctx), off
+    finally:
+        s.stop()
+    p = run_lineage("serve", "--model", str(model), "--port", "0", "--chat-template-kwargs", "[1]", check=False)
+    assert p.returncode == 2 and "--chat-template-kwargs" in p.stderr, p.stderr
     status, err = gpt2_server.post("/v1/chat/completions", {"messages": messages[:1], "tools": tools, "max_tokens": 2})
     assert status == 400 and err["error"]["param"] == "tools" and "chat template" in err["error"]["message"], err
 

@@ -81,7 +81,7 @@ ChatTemplate::ChatTemplate(std::string source, std::string where)
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                  const std::string& bos, const std::string& eos) const {
-  nlohmann::ordered_json variables;
+  nlohmann::ordered_json variables = variables_;  // the extra ones first: the conversation's own win
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
   variables["messages"] = std::move(list);

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lineage::tokenizer {
@@ -60,6 +61,11 @@ class ChatTemplate {
   // documents, enable_thinking... Object key order is kept (it shows in tojson).
   std::string render_context(const nlohmann::ordered_json& variables) const;
 
+  // Variables every render() passes besides messages, add_generation_prompt and the bos / eos
+  // tokens, as transformers' apply_chat_template passes its keyword arguments: {"enable_thinking":
+  // false} for Qwen3's and Qwen3.5's templates (`lineage chat --template-kwargs`). An object.
+  void set_variables(nlohmann::ordered_json variables) { variables_ = std::move(variables); }
+  const nlohmann::ordered_json& variables() const { return variables_; }
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
   const std::string& source() const { return source_; }
@@ -68,6 +74,7 @@ class ChatTemplate {
 
  private:
   std::string source_, where_, bos_token_, eos_token_;
+  nlohmann::ordered_json variables_ = nlohmann::ordered_json::object();
   std::shared_ptr<const jinja::Program> program_;  // immutable once parsed; copies share it
   Limits limits_;
 };

@@ -29,13 +29,22 @@ TokenLogprob token_logprob(const float* row, int64_t V, int32_t token, int top) 
   TokenLogprob t;
   t.token = token;
   t.logprob = float(double(row[token]) - lse);
-  if (top > 0) {
-    std::vector<int32_t> ids(static_cast<size_t>(V));
-    for (int64_t v = 0; v < V; ++v) ids[size_t(v)] = int32_t(v);
-    const size_t k = std::min(size_t(top), ids.size());
-    std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(k), ids.end(),
-                      [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-    for (size_t i = 0; i < k; ++i) t.top.emplace_back(ids[i], float(double(row[ids[i]]) - lse));
+  if (top > 0) {  // the k best in one pass: a heap whose front is the worst of them
+    const auto better = [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
+    const size_t k = std::min(size_t(top), size_t(V));
+    std::vector<int32_t> best;
+    best.reserve(k + 1);
+    for (int64_t v = 0; v < V; ++v) {
+      if (best.size() == k && !better(int32_t(v), best.front())) continue;
+      best.push_back(int32_t(v));
+      std::push_heap(best.begin(), best.end(), better);
+      if (best.size() > k) {
+        std::pop_heap(best.begin(), best.end(), better);
+        best.pop_back();
+      }
+    }
+    std::sort(best.begin(), best.end(), better);
+    for (const int32_t id : best) t.top.emplace_back(id, float(double(row[id]) - lse));
   }
   return t;
 }

@@ -163,6 +163,9 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
       else if (v == "none") tool_choice = "none";
       else throw bad(key, cat("\"auto\" or \"none\" (lineage does not constrain the output to a call, so \"required\" ",
                               "or a named function cannot be honoured), found ", found(v)));
+    } else if (key == "chat_template_kwargs" && chat) {
+      if (v.is_null()) continue;
+      if (!v.is_object()) throw bad(key, cat("expected an object of template variables, found ", found(v)));
     } else if (key == "echo" && !chat) {
       if (!v.is_null()) r.echo = boolean(v, "echo");
     } else if (key == "echo" || key == "best_of" || key == "suffix") {
@@ -171,13 +174,17 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
       if (!neutral) throw bad(key, "is not supported");
     }
   }
-  if (chat && (tool_choice != "none" || j.contains("tools"))) {
+  if (chat && j.contains("chat_template_kwargs") && j["chat_template_kwargs"].is_object()) {
+    const nlohmann::ordered_json o = nlohmann::ordered_json::parse(body);
+    r.template_kwargs = o["chat_template_kwargs"];
+  }
+  if (chat && (tool_choice != "none" || j.contains("tools") || !r.template_kwargs.is_null())) {
     // Tools and tool messages go to the template as sent (key order kept: it shows in tojson).
     bool tool_messages = false;
     for (const auto& m : j["messages"])
       tool_messages = tool_messages || m.contains("tool_calls") || m["role"] == "tool";
     const bool tools = j.contains("tools") && !j["tools"].is_null() && !j["tools"].empty();
-    if (tools || tool_messages) {
+    if (tools || tool_messages || !r.template_kwargs.is_null()) {
       const nlohmann::ordered_json o = nlohmann::ordered_json::parse(body);
       r.raw_messages = o["messages"];
       // Text parts joined and a null content (an assistant's tool calls) an empty text, as for the

@@ -45,7 +45,10 @@ struct CompletionRequest {
   // the messages as sent (assistant `tool_calls`, `tool` results), for a template that renders them;
   // tool_choice "none" drops the tools from the prompt, "auto" keeps them.
   nlohmann::ordered_json tools, raw_messages;
-  bool uses_tools() const;  // tools given, or a message with tool_calls or the tool role
+  // Chat: vLLM's `chat_template_kwargs` (an object of template variables: {"enable_thinking": false}).
+  nlohmann::ordered_json template_kwargs;
+  // tools given, a message with tool_calls or the tool role, or template kwargs: the messages as sent
+  bool uses_tools() const;
 };
 
 // A tool call the model wrote, as OpenAI returns it: its function's name and arguments (a JSON text).

@@ -143,6 +143,7 @@ Server::Server(const io::LoadedModel& model, ServerOptions options) : model_(mod
     throw Error(cat(model_.dir.empty() ? std::string("the model") : model_.dir.string(),
                     ": serve needs the model's tokenizer files (tokenizer.json, or vocab.json and merges.txt)"));
   if (!model_.dir.empty()) template_ = chat::ChatTemplate::from_model_dir(model_.dir);
+  if (template_ && !options_.template_kwargs.is_null()) template_->set_variables(options_.template_kwargs);
   if (options_.model_name.empty()) {
     std::filesystem::path p = model_.dir;
     if (p.filename().empty()) p = p.parent_path();
@@ -191,13 +192,16 @@ std::vector<int32_t> Server::prompt_tokens(const CompletionRequest& r) const {
   std::vector<int32_t> ids;
   if (r.chat && r.uses_tools()) {  // through the template with the tools and the messages as sent
     if (!template_)
-      throw ApiError{400, "tools and tool messages need the model's chat template; this model has none",
-                     "invalid_request_error", "tools", "no_tool_template"};
-    if (template_->source().find("tool") == std::string::npos)
+      throw ApiError{400, "tools, tool messages and chat_template_kwargs need the model's chat template; this model has none",
+                     "invalid_request_error", r.tools.is_null() ? "chat_template_kwargs" : "tools", "no_tool_template"};
+    if ((!r.tools.is_null() || r.template_kwargs.is_null()) && template_->source().find("tool") == std::string::npos)
       throw ApiError{400, cat("the chat template (", template_->where(), ") does not render tools or tool calls"),
                      "invalid_request_error", "tools", "no_tool_template"};
-    nlohmann::ordered_json vars = {{"messages", r.raw_messages}, {"add_generation_prompt", true},
-                                   {"bos_token", template_->bos_token()}, {"eos_token", template_->eos_token()}};
+    // The server's --chat-template-kwargs, then the request's, then the conversation.
+    nlohmann::ordered_json vars = template_->variables();
+    if (!r.template_kwargs.is_null()) vars.update(r.template_kwargs);
+    vars.update(nlohmann::ordered_json{{"messages", r.raw_messages}, {"add_generation_prompt", true},
+                                       {"bos_token", template_->bos_token()}, {"eos_token", template_->eos_token()}});
     if (!r.tools.is_null()) vars["tools"] = r.tools;
     ids = tok.encode(template_->render_context(vars));
   } else if (r.chat) {

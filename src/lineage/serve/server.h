@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
@@ -43,6 +44,9 @@ struct ServerOptions {
   // Non-empty: every endpoint but /health and the page at / answers 401 unless the request carries
   // `Authorization: Bearer <api_key>` (compared in time that does not depend on where they differ).
   std::string api_key;
+  // Template variables every chat request gets (llama-server's --chat-template-kwargs), under the
+  // request's own chat_template_kwargs: {"enable_thinking": false}.
+  nlohmann::ordered_json template_kwargs;
 };
 
 // Whether `header` (an Authorization header's value) is "Bearer <key>", the scheme's case ignored;
