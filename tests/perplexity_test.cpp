@@ -66,13 +66,13 @@ TEST(Perplexity, MatchesThePyTorchReference) {
   }
 }
 
-// A bf16 model multiplied with bf16 dot products (Q) against its exact products (the base): the
-// statistics the command prints against numpy's from the same two saved files; the base against
-// itself: no divergence at all.
+// A bf16 checkpoint (the Qwen3-Next golden) multiplied with bf16 dot products (Q) against its exact
+// products (the base): the statistics the command prints against numpy's from the same two saved
+// files; the base against itself: no divergence at all.
 TEST(Perplexity, KlDivergenceAgainstABaseRun) {
   const fs::path base = test::temp_dir() / "base.npy", q = test::temp_dir() / "q.npy";
-  const std::string common = "--preset qwen3-next-bench --weights-dtype bf16 --data " + shell_quote(corpus().string()) +
-                             " --ctx 40 --chunks 4";
+  const std::string common = "--model " + shell_quote((test::testdata() / "qwen3_next" / "bf16_sharded").string()) +
+                             " --data " + shell_quote(corpus().string()) + " --ctx 40 --chunks 4";
   const json b = run_json(common + " --bf16-exact --save-logits " + shell_quote(base.string()));
   ASSERT_TRUE(fs::exists(base.string() + ".json"));
   const json got = run_json(common + " --save-logits " + shell_quote(q.string()) + " --kld-base " + shell_quote(base.string()));
@@ -94,9 +94,10 @@ TEST(Perplexity, KlDivergenceAgainstABaseRun) {
 }
 
 TEST(Perplexity, BadInputIsNamed) {
-  const std::string data = " --data " + shell_quote(corpus().string());
+  const std::string model = " --model " + shell_quote((test::testdata() / "qwen3_next" / "f32_sharded").string());
+  const std::string data = model + " --data " + shell_quote(corpus().string());
   const fs::path base = test::temp_dir() / "b.npy";
-  ASSERT_EQ(test::run_lineage("perplexity --preset qwen3-next-bench" + data + " --ctx 20 --chunks 2 --save-logits " +
+  ASSERT_EQ(test::run_lineage("perplexity" + data + " --ctx 20 --chunks 2 --save-logits " +
                               shell_quote(base.string())).exit_code, 0);
   struct Case {
     std::string args, says;
@@ -105,7 +106,7 @@ TEST(Perplexity, BadInputIsNamed) {
                         Case{"--ctx 24 --chunks 2 --kld-base " + shell_quote(base.string()), "\"ctx\""},
                         Case{"--ctx 20 --chunks 1 --kld-base " + shell_quote(base.string()), "\"windows\""},
                         Case{"--ctx 20 --chunks 2 --kld-base " + shell_quote(corpus().string()), ".json"}}) {
-    const auto r = test::run_lineage("perplexity --preset qwen3-next-bench" + data + " " + c.args);
+    const auto r = test::run_lineage("perplexity" + data + " " + c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args;
     EXPECT_NE(r.err.find(c.says), std::string::npos) << c.args << ": " << r.err;
   }
