@@ -4,7 +4,8 @@ Run with the system interpreter (it has torch): /usr/bin/python3 reference/make_
 A family is a module (or object) exposing CASES (objects with .name) and build_case(case, case_dir) -> summary;
 delta_family_goldens contributes one family per model type (linear_attn, delta_net, gated_deltanet, kda);
 kimi_linear_goldens the family kimi_linear, kimi_k3_goldens the family kimi_k3, qwen_goldens the families
-qwen3_next, qwen3_5 and qwen3_5_moe, adamw_goldens the family adamw (torch.optim.AdamW's own steps).
+qwen3_next, qwen3_5 and qwen3_5_moe, adamw_goldens the family adamw (torch.optim.AdamW's own steps), quant_goldens
+the family quant (compressed-tensors / HF fp8 quantized Qwen3-Next checkpoints, goldens on the dequantized weights).
 After a case named in grad_goldens.GRAD_CASES (a list per family) is written, grad_goldens.build_grad adds
 DIR/<family>/<case>/grad/: parameter gradients of a next-token loss from torch autograd."""
 
@@ -24,6 +25,7 @@ import kimi_k3_goldens
 import kimi_linear_goldens
 import qwen_goldens
 import adamw_goldens
+import quant_goldens
 
 FAMILIES = [
     ("gpt2", gpt2_goldens),
@@ -32,6 +34,7 @@ FAMILIES = [
     ("kimi_k3", kimi_k3_goldens),
     *qwen_goldens.FAMILIES,
     *adamw_goldens.FAMILIES,
+    ("quant", quant_goldens),
 ]
 
 

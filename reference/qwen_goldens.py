@@ -343,6 +343,24 @@ def min_margin(routing: list) -> float:
     return min((float(sel.margin.min()) for _, sel in routing), default=math.inf)
 
 
+def routing_problems(cfg: QwenConfig, tensors: dict, tokens: torch.Tensor, weights_dtype: str) -> list:
+    """Why these weights do not route with margins: in float64, and with the bf16 dot products emulated
+    where the weights are BF16 (which must also choose the same experts); empty when they do."""
+    w64 = canonical_weights(cfg, tensors, torch.float64)
+    runs = [("", frozenset())]
+    if weights_dtype == "BF16":
+        runs.append((" (bf16 dot products)", bf16_weight_names(cfg, tensors)))
+    problems, selections = [], []
+    for what, bf16 in runs:
+        routing = []
+        qwen_forward(cfg, w64, tokens, bf16_inputs=bf16, routing=routing)
+        problems += [p + what for p in [routing_problem(cfg, routing)] if p]
+        selections.append([sel.ids for _, sel in routing])
+    if len(selections) == 2 and not all(map(torch.equal, *selections)):
+        problems.append("the bf16 dot products select other experts")
+    return problems
+
+
 def choose_seed(case: QwenCase, cfg: QwenConfig, tokens: torch.Tensor) -> tuple:
     """(seed, checkpoint tensors): the first of case.seed, case.seed + 1, ... whose weights route with
     margins, in float64 and with the bf16 dot products emulated."""
@@ -351,18 +369,7 @@ def choose_seed(case: QwenCase, cfg: QwenConfig, tokens: torch.Tensor) -> tuple:
         tensors = checkpoint_tensors(case, cfg, torch.Generator().manual_seed(seed))
         if not cfg.num_experts:
             return seed, tensors
-        w64 = canonical_weights(cfg, tensors, torch.float64)
-        runs = [("", frozenset())]
-        if case.weights_dtype == "BF16":
-            runs.append((" (bf16 dot products)", bf16_weight_names(cfg, tensors)))
-        problems, selections = [], []
-        for what, bf16 in runs:
-            routing = []
-            qwen_forward(cfg, w64, tokens, bf16_inputs=bf16, routing=routing)
-            problems += [p + what for p in [routing_problem(cfg, routing)] if p]
-            selections.append([sel.ids for _, sel in routing])
-        if len(selections) == 2 and not all(map(torch.equal, *selections)):
-            problems.append("the bf16 dot products select other experts")
+        problems = routing_problems(cfg, tensors, tokens, case.weights_dtype)
         if not problems:
             return seed, tensors
         problem = problems[0]

@@ -1,7 +1,9 @@
 """Minimal safetensors writer and reader (https://github.com/huggingface/safetensors, format section).
 File = u64 little-endian header length N, N bytes of JSON header padded with spaces to a multiple of 8,
 then the tensor bytes, contiguous, in header order. Also writes HF sharded checkpoints
-(model-0000k-of-0000N.safetensors + model.safetensors.index.json). Used by make_goldens.py."""
+(model-0000k-of-0000N.safetensors + model.safetensors.index.json). Used by make_goldens.py.
+Dtypes torch 1.13 lacks (F8_E4M3, F8_E5M2: one byte per element) travel as RawTensor: the tag and the raw
+bytes as a torch.uint8 tensor of the tensor's shape; read_safetensors returns them that way too."""
 
 import json
 import os
@@ -29,9 +31,50 @@ _NUMPY_OF_TAG = {
     "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?",
 }
 
+# One-byte dtypes without a torch 1.13 dtype, stored as RawTensor.
+RAW_TAGS = ("F8_E4M3", "F8_E5M2")
 
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    """Raw little-endian C-order bytes of t, as safetensors stores them."""
+
+class RawTensor:
+    """A tensor of a dtype torch lacks: tag (one of RAW_TAGS) and data, its bytes as a torch.uint8 tensor of
+    the tensor's shape (element i = byte i). shape and element_size() as a torch.Tensor's."""
+
+    def __init__(self, tag: str, data: torch.Tensor):
+        if tag not in RAW_TAGS:
+            raise ValueError(f"RawTensor: unsupported tag {tag!r}")
+        if data.dtype != torch.uint8:
+            raise ValueError(f"RawTensor: data must be torch.uint8, got {data.dtype}")
+        self.tag = tag
+        self.data = data
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    def element_size(self) -> int:
+        return 1
+
+    def __repr__(self) -> str:
+        return f"RawTensor({self.tag}, shape={list(self.shape)})"
+
+
+def dtype_tag(t) -> str:
+    """The safetensors dtype tag of a torch.Tensor or RawTensor."""
+    if isinstance(t, RawTensor):
+        return t.tag
+    if t.dtype not in _TAG_OF_TORCH:
+        raise ValueError(f"safetensors: unsupported torch dtype {t.dtype}")
+    return _TAG_OF_TORCH[t.dtype]
+
+
+def tensor_bytes(t) -> bytes:
+    """Raw little-endian C-order bytes of t (torch.Tensor or RawTensor), as safetensors stores them."""
+    if isinstance(t, RawTensor):
+        return t.data.detach().contiguous().cpu().numpy().tobytes()
     t = t.detach().contiguous().cpu()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().astype("<i2", copy=False).tobytes()
@@ -55,7 +98,7 @@ def write_safetensors(path: str, tensors: dict, metadata: dict = None) -> int:
             raise ValueError("safetensors: '__metadata__' is reserved")
         blob = tensor_bytes(t)
         header[name] = {
-            "dtype": _TAG_OF_TORCH[t.dtype],
+            "dtype": dtype_tag(t),
             "shape": list(t.shape),
             "data_offsets": [offset, offset + len(blob)],
         }
@@ -130,11 +173,13 @@ def read_safetensors(path: str) -> dict:
             raise ValueError(f"{path}: tensor '{name}' begins at {begin}, expected {expected_begin}")
         tag, shape = info["dtype"], info["shape"]
         count = int(np.prod(shape, dtype=np.int64))
-        array = np.frombuffer(data[begin:end], dtype=_NUMPY_OF_TAG[tag])
+        if tag not in _NUMPY_OF_TAG and tag not in RAW_TAGS:
+            raise ValueError(f"{path}: tensor '{name}' has unsupported dtype {tag}")
+        array = np.frombuffer(data[begin:end], dtype=_NUMPY_OF_TAG.get(tag, "u1"))
         if array.size != count:
             raise ValueError(f"{path}: tensor '{name}' has {array.size} elements, shape {shape}")
         t = torch.from_numpy(array.copy()).reshape(shape)
-        out[name] = t.view(torch.bfloat16) if tag == "BF16" else t
+        out[name] = RawTensor(tag, t) if tag in RAW_TAGS else t.view(torch.bfloat16) if tag == "BF16" else t
         expected_begin = end
     if expected_begin != len(data):
         raise ValueError(f"{path}: data section is {len(data)} bytes, tensors cover {expected_begin}")

@@ -148,9 +148,12 @@ TEST(KimiK3, DamagedCheckpointsNameTheTensorOrField) {
                       c["text_config"]["linear_attn_config"]["full_attn_layers"][0] = 3;
                     }),
                     {"full_attn_layers", "layer 3 (one-based) has KDA tensors"});
-  // A quantization format lineage does not run.
-  expect_load_error(rewritten([](auto&, json& c) { c["text_config"]["quantization_config"]["format"] = "nvfp4-pack-quantized"; }),
-                    {"quantization_config", "mxfp4-pack-quantized"});
+  // A quantization format lineage does not run (compressed-tensors' W8A8 int-quantized).
+  expect_load_error(rewritten([](auto&, json& c) {
+                      c["text_config"]["quantization_config"]["format"] = "int-quantized";
+                      c["text_config"]["quantization_config"]["config_groups"]["group_0"]["format"] = "int-quantized";
+                    }),
+                    {"quantization_config", "\"int-quantized\" is not supported", "mxfp4-pack-quantized"});
 }
 
 }  // namespace

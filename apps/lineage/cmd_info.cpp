@@ -2,11 +2,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <unordered_map>
 #include <nlohmann/json.hpp>
 
 #include "common.h"
 #include "lineage/io/load_model.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/matrix.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/model/model.h"
 #include "lineage/model/residual.h"
@@ -42,15 +44,16 @@ MemoryPlan memory_plan(model::Model& m, const model::ParamCount& pc, size_t stat
   MemoryPlan p;
   p.ram = meminfo_bytes("MemAvailable");
   for (const auto& [dt, bytes] : pc.bytes_by_dtype) p.weights += double(bytes);
+  std::unordered_map<const Tensor*, double> stored;  // every tensor's bytes as stored
+  model::for_each_stored(m, unallocated, [&](const model::StoredTensor& s) { stored[&s.t] = double(s.bytes()); });
   for (auto& b : m.blocks) {
     const auto* moe = std::get_if<layers::Moe>(&b.ffn);
     if (!moe) continue;
     double bytes = 0;
-    const std::string experts = b.names.ffn + ".experts.";
-    b.for_each_tensor("", [&](const std::string& name, Tensor& t, const Shape& shape, layers::Init) {
-      if (name.compare(0, experts.size(), experts) == 0)
-        bytes += double(shape_numel(shape)) * double(dtype_size(model::stored_dtype(name, t, shape, unallocated)));
-    });
+    for (const auto& e : moe->weights.experts)
+      for (const kernels::Matrix* w : {&e.weights.gate_proj, &e.weights.up_proj, &e.weights.down_proj})
+        for (const Tensor* t : {&w->data, &w->scales, &w->zero_point, &w->global_scale, &w->weight_shape})
+          if (stored.count(t)) bytes += stored.at(t);
     p.routed += bytes;
     p.routed_per_token += bytes * double(moe->config.top_k) / double(moe->config.n_experts);
   }
@@ -144,6 +147,8 @@ void add_info(CLI::App& app) {
                                 {"weight_bytes_by_dtype", by_dtype},
                                 {"weights_mapped", o.src.preset.empty() && !config_only && weights_mapped(m)},
                                 {"bf16_dot", bf16 && bf16_dot(m)},
+                                {"quantization", m.config.quantization},
+                                {"quantization_unused", m.config.quantization_unused},
                                 {"kernels", {{"isa", kt.isa}, {"gemm", gemm}, {"bf16_dot_available", kt.bf16_dot}}},
                                 {"state_bytes_per_token", sc.per_token},
                                 {"state_bytes_fixed", sc.fixed},
@@ -178,6 +183,11 @@ void add_info(CLI::App& app) {
                   m.config.extra_params_label.c_str());
     for (const auto& [dt, bytes] : pc.bytes_by_dtype)
       std::printf("weights %-6s %s\n", std::string(dtype_name(dt)).c_str(), format_bytes(double(bytes)).c_str());
+    if (!m.config.quantization.empty()) {
+      std::printf("quantization   %s\n", m.config.quantization.c_str());
+      for (const std::string& u : m.config.quantization_unused) std::printf("  not used     %s\n", u.c_str());
+      std::printf("               every quantized weight decoded exactly ((code - zero) x scale) for f32 products\n");
+    }
     std::printf("weights in     %s\n", storage);
     if (bf16) std::printf("bf16 weights   multiplied with %s\n", bf16_products_label(m).c_str());
     std::printf("kernels        %s GEMV, %s GEMM, bf16 dot products %s (LINEAGE_ISA=avx2|scalar narrows)\n", kt.isa,

@@ -14,7 +14,7 @@ struct DTypeInfo {
 constexpr DTypeInfo kDTypes[] = {
     {DType::F64, "F64", 8}, {DType::F32, "F32", 4}, {DType::F16, "F16", 2}, {DType::BF16, "BF16", 2},
     {DType::I64, "I64", 8}, {DType::I32, "I32", 4}, {DType::I16, "I16", 2}, {DType::I8, "I8", 1},
-    {DType::U8, "U8", 1},   {DType::Bool, "BOOL", 1},
+    {DType::U8, "U8", 1},   {DType::Bool, "BOOL", 1}, {DType::F8_E4M3, "F8_E4M3", 1},
 };
 }  // namespace
 
@@ -60,6 +60,13 @@ std::optional<DType> dtype_from_user(std::string_view name) {
   if (name == "f16") return DType::F16;
   if (name == "bf16") return DType::BF16;
   return std::nullopt;
+}
+
+float e4m3_to_f32(uint8_t b) {
+  if ((b & 0x7f) == 0x7f) return std::nanf("");
+  const int e = (b >> 3) & 15, m = b & 7;
+  const float mag = e ? std::ldexp(float(8 + m), e - 10) : std::ldexp(float(m), -9);
+  return b & 0x80 ? -mag : mag;
 }
 
 float f16_to_f32(uint16_t h) {

@@ -9,7 +9,9 @@
 
 namespace lineage {
 
-enum class DType : uint8_t { F64, F32, F16, BF16, I64, I32, I16, I8, U8, Bool };
+// F8_E4M3: OCP FP8 (1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinities, S.1111.111
+// NaN, largest 448), the element type of FP8 checkpoints' weights and NVFP4's block scales.
+enum class DType : uint8_t { F64, F32, F16, BF16, I64, I32, I16, I8, U8, Bool, F8_E4M3 };
 
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);                              // "F32", "BF16", ... (safetensors spelling)
@@ -38,6 +40,8 @@ inline uint16_t f32_to_bf16(float f) {
 int64_t first_non_finite(DType t, const void* data, int64_t n);
 
 float f16_to_f32(uint16_t h);
+// The value of an F8_E4M3 byte (exact in f32; NaN for 0x7f and 0xff).
+float e4m3_to_f32(uint8_t b);
 uint16_t f32_to_f16(float f);
 
 }  // namespace lineage

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "lineage/model/archs/arch.h"
 #include "lineage/model/binding.h"
 #include "lineage/model/forward.h"
+#include "lineage/model/quantization.h"
 
 namespace lineage::io {
 
@@ -73,8 +75,77 @@ Shape squeezed(const Shape& s) {
 
 // Floats, or U8 for the two halves of a packed matrix (layers/common.h, visit_matrix).
 bool is_weight_dtype(DType t, const std::string& param) {
-  if (ends_with(param, ".weight_packed") || ends_with(param, ".weight_scale")) return t == DType::U8;
-  return t == DType::F32 || t == DType::F16 || t == DType::BF16;
+  const bool fp = t == DType::F32 || t == DType::F16 || t == DType::BF16;
+  // Quantized matrices' tensors (kernels/matrix.h, StoredQuant): prepare_quant checks each exactly.
+  if (ends_with(param, ".weight_packed")) return t == DType::U8 || t == DType::I32;
+  if (ends_with(param, ".weight_scale")) return t == DType::U8 || t == DType::F8_E4M3 || fp;
+  if (ends_with(param, ".weight_zero_point") || ends_with(param, ".weight_shape")) return t == DType::I32 || t == DType::I64;
+  if (ends_with(param, ".weight_global_scale") || ends_with(param, ".weight_scale_inv")) return fp;
+  return fp;
+}
+
+// What a weight matrix "X.weight" may store beside (or as) X.weight: the quantized layouts' tensors
+// (kernels/matrix.h, StoredQuant), suffixes of its name.
+constexpr const char* kCompanions[] = {"", "_packed", "_scale", "_scale_inv", "_zero_point", "_shape", "_global_scale"};
+
+// A block scale [ceil(rows / br), cols] of a matrix lineage splits by rows, as one row per matrix row
+// (prepare_quant reads a block scale with a row per matrix row so): each part then takes its rows.
+Tensor scale_rows(const Tensor& blocks, const kernels::StoredQuant& q, int64_t rows) {
+  const int64_t br = q.block_rows > 0 ? q.block_rows : rows;
+  if ((rows + br - 1) / br != blocks.dim(0)) return Tensor();  // the caller reports the shape
+  Tensor out = Tensor::empty(blocks.dtype(), {rows, blocks.dim(1)});
+  const size_t bytes = size_t(blocks.dim(1)) * dtype_size(blocks.dtype());
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(out.raw_mut()) + size_t(r) * bytes, static_cast<const char*>(blocks.raw()) + size_t(r / br) * bytes, bytes);
+  return out;
+}
+
+// A quantized companion of a split matrix's part that is not cut by rows: the zero points (packed along
+// rows; rows_of_part(r) is the whole tensor's row that holds the part's row r), weight_shape (the whole tensor's, checked; the part gets its own), one scale for
+// the whole tensor or NVFP4's global scale (shared). False after adding to `wrong`; `done` set when
+// bound here, left empty when the companion is cut by rows as the codes are.
+bool split_companion(const Checkpoint& ckpt, const std::string& stored, const std::string& companion,
+                     const kernels::StoredQuant& q, int64_t total, int64_t part_rows,
+                     const std::function<int64_t(int64_t)>& rows_of_part, std::vector<std::string>& wrong,
+                     std::optional<Tensor>& done) {
+  const TensorEntry& e = ckpt.entry(stored);
+  if (companion == "_zero_point") {  // packed along rows: the part's rows unpacked and packed again
+    const Tensor all = ckpt.tensor(stored);
+    const int64_t bits = q.bits, words = (total * bits + 31) / 32;
+    if (all.dtype() != DType::I32 || all.ndim() != 2 || all.dim(0) != words || (bits != 4 && bits != 8)) {
+      wrong.push_back(cat(stored, ": shape ", shape_str(all.shape()), " ", dtype_name(all.dtype()), ", expected I32 [", words,
+                          ", groups] (", q.origin, ")"));
+      return false;
+    }
+    const int64_t groups = all.dim(1), mask = (int64_t(1) << bits) - 1;
+    const auto* in = static_cast<const uint32_t*>(all.raw());
+    Tensor part = Tensor::zeros(DType::I32, {(part_rows * bits + 31) / 32, groups});
+    auto* out = static_cast<uint32_t*>(part.raw_mut());
+    for (int64_t r = 0; r < part_rows; ++r) {
+      const int64_t from = rows_of_part(r) * bits, to = r * bits;
+      for (int64_t g = 0; g < groups; ++g)
+        out[(to / 32) * groups + g] |= ((in[(from / 32) * groups + g] >> (from % 32)) & mask) << (to % 32);
+    }
+    done = std::move(part);
+    return true;
+  }
+  if (companion == "_shape") {
+    const Tensor st = ckpt.tensor(stored);
+    const auto at = [&](int64_t i) {
+      return st.dtype() == DType::I64 ? st.data<int64_t>()[i] : st.dtype() == DType::I32 ? int64_t(st.data<int32_t>()[i]) : -1;
+    };
+    if (st.numel() != 2 || at(0) != total) {
+      wrong.push_back(cat(stored, ": expected (", total, ", columns) as I64 or I32, found ", shape_str(st.shape()), " ",
+                          dtype_name(st.dtype())));
+      return false;
+    }
+    Tensor own = Tensor::empty(DType::I64, {2});
+    own.data<int64_t>()[0] = part_rows, own.data<int64_t>()[1] = at(1);
+    done = std::move(own);
+    return true;
+  }
+  if (companion == "_global_scale" || shape_numel(e.shape) == 1) done = ckpt.tensor(stored);
+  return true;
 }
 
 }  // namespace
@@ -82,15 +153,27 @@ bool is_weight_dtype(DType t, const std::string& param) {
 void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& where) {
   const model::BindingTable& table = m.binding;
   std::vector<std::string> missing, wrong;
-  std::set<std::string> bound;
+  // The FP8 matrices' `weight`s (F8_E4M3 codes), and the MXFP4 pairs' tensors (U8 only).
+  std::set<std::string> bound, fp8, mxfp4;
+  std::map<std::string, kernels::StoredQuant> quant_of;  // by the matrix's "….weight"
+  m.for_each_tensor(layers::TensorVisitor::with_matrices([&](const std::string& name, kernels::Matrix& w) {
+    using Kind = kernels::StoredQuant::Kind;
+    if (w.quant.defined()) quant_of[name] = w.quant;
+    if (w.quant.kind == Kind::Fp8 || w.quant.kind == Kind::HfFp8) fp8.insert(name);
+    if (w.packed && !w.quant.defined()) mxfp4.insert({name + "_packed", name + "_scale"});
+  }));
+  const auto dtype_ok = [&](DType t, const std::string& param) {
+    if (mxfp4.count(param)) return t == DType::U8;
+    return is_weight_dtype(t, param) || (t == DType::F8_E4M3 && fp8.count(param));
+  };
   // A stored tensor checked against what the parameter expects; squeezed where the table allows.
   const auto check = [&](const std::string& param, const std::string& stored, const Shape& shape, bool squeeze,
                          Tensor& out) {
     const TensorEntry& e = ckpt.entry(stored);
     const std::string label = stored == param ? stored : cat(stored, " (for ", param, ")");
-    if (!is_weight_dtype(e.dtype, param)) {
+    if (!dtype_ok(e.dtype, param)) {
       wrong.push_back(cat(label, ": dtype ", dtype_name(e.dtype), ", expected ",
-                          ends_with(param, "_packed") || ends_with(param, "_scale") ? "U8" : "F32, F16 or BF16"));
+                          mxfp4.count(param) ? "U8" : ends_with(param, "_packed") || ends_with(param, "_scale") ? "U8, I32 or a float" : "F32, F16 or BF16"));
     } else if (e.shape == shape) {
       out = ckpt.tensor(stored);
     } else if (squeeze && squeezed(e.shape) == squeezed(shape)) {
@@ -132,7 +215,15 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
       int64_t r0 = 0, per_group = 0;
       for (const auto& p : sp.parts) per_group += p.second;
       for (const auto& [part, rows] : sp.parts) {
-        const std::string stored = with_suffix(name, part, sp.stored);
+        // The part's matrix, or one of its quantized companions (kernels/matrix.h, StoredQuant).
+        std::string stored, companion;
+        for (const char* c : kCompanions) {
+          stored = with_suffix(name, part + c, sp.stored + c);
+          if (!stored.empty()) {
+            companion = c;
+            break;
+          }
+        }
         if (stored.empty() || !ckpt.has(stored)) {
           r0 += rows;
           continue;
@@ -140,23 +231,36 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
         bound.insert(stored);
         const TensorEntry& e = ckpt.entry(stored);
         const int64_t total = per_group * sp.groups;
-        if (e.shape.empty() || e.shape[0] != total || !is_weight_dtype(e.dtype, name)) {
+        if (!companion.empty() && companion != "_packed") {
+          std::optional<Tensor> done;
+          const auto row_of = [&, r0 = r0, rows = rows](int64_t r) { return (r / rows) * per_group + r0 + r % rows; };
+          if (!split_companion(ckpt, stored, companion, quant_of[name.substr(0, name.size() - companion.size())], total,
+                               rows * sp.groups, row_of, wrong, done))
+            return;
+          if (done) {
+            t = std::move(*done);
+            return;
+          }
+        }
+        const bool expanded = companion.starts_with("_scale") && e.shape.size() == 2 && e.shape[0] != total;
+        const Tensor all = expanded ? scale_rows(ckpt.tensor(stored), quant_of[name.substr(0, name.size() - companion.size())], total)
+                                    : ckpt.tensor(stored);
+        if (all.ndim() == 0 || all.dim(0) != total || !dtype_ok(e.dtype, name)) {
           wrong.push_back(cat(stored, ": shape ", shape_str(e.shape), " ", dtype_name(e.dtype), ", expected ", total,
                               " rows (", sp.groups, " x ", per_group, ", split into its parts) of a float dtype"));
           return;
         }
-        Shape part_shape = e.shape;
+        Shape part_shape = all.shape();
         part_shape[0] = rows * sp.groups;
-        if (part_shape != shape) {
+        if (part_shape != shape && !expanded) {
           wrong.push_back(cat(stored, ": ", name, "'s rows, shape ", shape_str(part_shape), ", expected ", shape_str(shape)));
           return;
         }
-        const Tensor all = ckpt.tensor(stored);
         if (sp.groups == 1) {
           t = all.rows(r0, r0 + rows);
           return;
         }
-        Tensor gathered = Tensor::empty(all.dtype(), shape);
+        Tensor gathered = Tensor::empty(all.dtype(), part_shape);
         const size_t bytes = all.rows(0, rows).nbytes();
         for (int64_t g = 0; g < sp.groups; ++g)
           std::memcpy(static_cast<char*>(gathered.raw_mut()) + size_t(g) * bytes,
@@ -199,10 +303,11 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
       return;
     }
     std::string stored = name;
-    for (const auto& r : table.renames) {
-      const std::string s = with_suffix(name, r.param, r.stored);
-      if (!s.empty() && ckpt.has(s)) stored = s;
-    }
+    for (const auto& r : table.renames)
+      for (const char* c : kCompanions) {  // a renamed matrix's quantized companions are renamed with it
+        const std::string s = with_suffix(name, r.param + c, r.stored + c);
+        if (!s.empty() && ckpt.has(s)) stored = s;
+      }
     if (!ckpt.has(stored)) {
       if (!optional) missing.push_back(cat(name, " ", shape_str(shape)));
       return;
@@ -260,6 +365,13 @@ model::Model build_from_config(const nlohmann::json& cfg, const std::string& cfg
   model::ArchInput in{model::ConfigFields(cfg, cfg_path), has_tensor};
   if (tensor_shape) in.tensor_shape = tensor_shape;
   model::Model m = (*build)(in);
+  const model::QuantPlan plan = model::parse_quantization(in.config);
+  if (!plan.method.empty()) {
+    m.config.quantization = plan.describe();
+    m.config.quantization_unused = plan.ignored;
+  }
+  if (!m.config.family_packs_mxfp4)
+    model::apply_quantization(m, plan, has_tensor, cfg_path);
   // The parsed document, dumped with sorted keys: whitespace and key order do not change it.
   m.config.config_hash = hash64(cfg.dump());
   return m;
@@ -318,8 +430,10 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
       const uintptr_t first = begin / page * page, last = (begin + mapped.nbytes() + page - 1) / page * page;
       madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
     });
+    model::prepare_quantized(out.model, dir.string());
     model::prepare(out.model, true);
   } else {
+    model::prepare_quantized(out.model, dir.string());
     model::prepare(out.model, false);
     out.checkpoint = ckpt;
   }

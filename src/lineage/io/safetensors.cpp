@@ -61,7 +61,7 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
     const auto dtype = dtype_from_name(dt);
     if (!dtype)
       throw Error(cat(where, ": dtype \"", dt, "\" is not supported; expected one of F64, F32, F16, BF16, I64, ",
-                      "I32, I16, I8, U8, BOOL"));
+                      "I32, I16, I8, U8, BOOL, F8_E4M3"));
     const auto& off = e["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
       throw Error(cat(where, ": \"data_offsets\" must be [begin, end] with non-negative integers"));
@@ -181,21 +181,46 @@ size_t Checkpoint::file_bytes() const {
   return n;
 }
 
-void save_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors) {
+SafetensorsWriter::SafetensorsWriter(const fs::path& path, const std::vector<Layout>& layout,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), layout_(layout), out_(path, std::ios::binary | std::ios::trunc) {
   json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t at = 0;
-  for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", std::string(dtype_name(t.dtype()))}, {"shape", t.shape()}, {"data_offsets", {at, at + t.nbytes()}}};
-    at += t.nbytes();
+  for (const Layout& l : layout) {
+    const size_t bytes = size_t(shape_numel(l.shape)) * dtype_size(l.dtype);
+    header[l.name] = {{"dtype", std::string(dtype_name(l.dtype))}, {"shape", l.shape}, {"data_offsets", {at, at + bytes}}};
+    at += bytes;
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');
   const uint64_t len = h.size();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(&len), 8);
-  out << h;
-  for (const auto& [name, t] : tensors) out.write(static_cast<const char*>(t.raw()), std::streamsize(t.nbytes()));
-  if (!out) throw Error(cat(path.string(), ": cannot write"));
+  out_.write(reinterpret_cast<const char*>(&len), 8);
+  out_ << h;
+  if (!out_) throw Error(cat(path.string(), ": cannot write"));
+}
+
+void SafetensorsWriter::write(const std::string& name, const void* data, size_t bytes) {
+  LINEAGE_CHECK(next_ < layout_.size() && layout_[next_].name == name, "SafetensorsWriter: ", name, " out of order");
+  const Layout& l = layout_[next_++];
+  LINEAGE_CHECK(bytes == size_t(shape_numel(l.shape)) * dtype_size(l.dtype), "SafetensorsWriter: ", name, " holds ",
+                bytes, " bytes");
+  out_.write(static_cast<const char*>(data), std::streamsize(bytes));
+  if (!out_) throw Error(cat(path_.string(), ": cannot write (", name, ")"));
+}
+
+void SafetensorsWriter::close() {
+  LINEAGE_CHECK(next_ == layout_.size(), "SafetensorsWriter: ", layout_.size() - next_, " tensors not written");
+  out_.close();
+  if (!out_) throw Error(cat(path_.string(), ": cannot write"));
+}
+
+void save_safetensors(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::vector<SafetensorsWriter::Layout> layout;
+  for (const auto& [name, t] : tensors) layout.push_back({name, t.dtype(), t.shape()});
+  SafetensorsWriter w(path, layout);
+  for (const auto& [name, t] : tensors) w.write(name, t.raw(), t.nbytes());
+  w.close();
 }
 
 }  // namespace lineage::io

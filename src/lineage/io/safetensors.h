@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -51,6 +52,29 @@ class Checkpoint {
  private:
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t> where_;  // tensor name → index into files_
+};
+
+// One .safetensors file written a tensor at a time (a checkpoint larger than memory, lineage quantize):
+// the header from the declared layout first, then each tensor's bytes in that order.
+class SafetensorsWriter {
+ public:
+  struct Layout {
+    std::string name;
+    DType dtype;
+    Shape shape;
+  };
+  SafetensorsWriter(const std::filesystem::path& path, const std::vector<Layout>& layout,
+                    const std::map<std::string, std::string>& metadata = {});
+  // The next declared tensor's bytes (shape × dtype size of them).
+  void write(const std::string& name, const void* data, size_t bytes);
+  // Every declared tensor written; flushed and closed. Throws Error naming the file on failure.
+  void close();
+
+ private:
+  std::filesystem::path path_;
+  std::vector<Layout> layout_;
+  size_t next_ = 0;
+  std::ofstream out_;
 };
 
 // Writes `tensors` in order as one .safetensors file: the header padded with spaces to 8 bytes, the

@@ -71,6 +71,24 @@ const float* mxfp4_prepared(const GemvTable& k, const float* x, int64_t rows, in
   return xm;
 }
 
+// A quantized weight's contract (QuantWeight, linear.h); the loader checks what a file holds.
+void check_quant(const Weight& W) {
+  const QuantWeight& q = *W.quant;
+  LINEAGE_CHECK(W.layout == Layout::OutIn && q.in % (q.nibbles() ? 32 : 16) == 0 && q.group > 0 &&
+                    (q.group % 16 == 0 || q.group == q.in) && q.groups == (q.in + q.group - 1) / q.group &&
+                    q.row_bytes == (q.nibbles() ? q.in / 2 : q.in) && q.out == W.out(),
+                "quantized weights: in = ", q.in, ", group ", q.group, " (", q.groups, " a row), ", q.row_bytes,
+                " bytes a row, out = ", q.out);
+}
+
+// `rows` rows of x in the quantized kernels' order (GemvQuant::prepare), W.in floats apart, in
+// per-thread scratch.
+const float* quant_prepared(const GemvTable& k, const QuantWeight& W, const float* x, int64_t rows, std::vector<char>& buf) {
+  auto* xq = static_cast<float*>(aligned_scratch(buf, size_t(rows * W.in) * sizeof(float)));
+  for (int64_t t = 0; t < rows; ++t) k.quant.prepare(W, x + t * W.in, xq + t * W.in);
+  return xq;
+}
+
 // Up to this many rows of x, [out, in] weights take gemv_rows instead of the GEMM: as fast or faster
 // at 2 to 8 rows (each weight streamed once, no panels packed; bench `linear/batch8/*`), and each row
 // gets a lone GEMV's bits, so a decoding sequence gives the same logits alone and in a batch of up to
@@ -125,9 +143,14 @@ struct GemvUnit {
 
 // Rows [u.a, u.b) of output o on the exact path (k), or for BF16 weights in the bf16 dot mode (dot
 // not null) with x as the bf16 pairs xp ([out, in]) or as x rounded to bf16 (xr, [in, out]); MXFP4
-// weights read x prepared for them (xm).
+// weights read x prepared for them (xm), quantized ones theirs (xq: 4-bit and 8-bit codes each
+// prepare their own order, so a group holds at most one of each).
 void gemv_unit(const GemvTable& k, const GemvBf16Dot* dot, const float* x, const uint32_t* xp, const float* xr,
-               const float* xm, const LinearOut& o, const GemvUnit& u, float* partials) {
+               const float* xm, const float* xq, const LinearOut& o, const GemvUnit& u, float* partials) {
+  if (o.W.quant) {
+    k.quant.out_in(xq, *o.W.quant, u.a, u.b, o.y);
+    return;
+  }
   if (o.W.mxfp4()) {
     k.mxfp4.out_in(xm, codes(o.W), exponents(o.W), o.W.in(), u.a, u.b, o.y);
     return;
@@ -167,13 +190,15 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   const GemvTable& k = gemv_table();
   const GemmPath* dot_path = gemm_table().bf16_dot;
   const GemvBf16Dot* dot = gemv_bf16_dot();
-  thread_local std::vector<char> prepared, rounded_x, partial_buf, mxfp4_x;
+  thread_local std::vector<char> prepared, rounded_x, partial_buf, mxfp4_x, nibble_x, byte_x;
   const uint32_t* xp = nullptr;
-  const float* xr = nullptr, *xm = nullptr;
+  const float* xr = nullptr, *xm = nullptr, *xq_nibbles = nullptr, *xq_bytes = nullptr;
   auto rounded = [&](const LinearOut& o) { return dot && dot_path && own_gemm(o.W) == dot_path; };
   for (const LinearOut& o : outs) {
     LINEAGE_CHECK(o.W.in() == outs[0].W.in(), "linear_group: weights of different input sizes");
     if (o.W.mxfp4() && !xm) xm = mxfp4_prepared(k, x, 1, o.W.in(), mxfp4_x);
+    if (o.W.quant && o.W.quant->nibbles() && !xq_nibbles) xq_nibbles = quant_prepared(k, *o.W.quant, x, 1, nibble_x);
+    if (o.W.quant && !o.W.quant->nibbles() && !xq_bytes) xq_bytes = quant_prepared(k, *o.W.quant, x, 1, byte_x);
     if (xp || !rounded(o)) continue;
     const int64_t in = o.W.in();
     auto* buf = static_cast<uint32_t*>(aligned_scratch(prepared, dot_path->prepared_bytes(1, in)));
@@ -239,7 +264,8 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   parallel_shares(starts, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const LinearOut& o = outs[size_t(u[i].j)];
-      gemv_unit(k, rounded(o) ? dot : nullptr, x, xp, xr, xm, o, u[i], partials);
+      const float* xq = o.W.quant && o.W.quant->nibbles() ? xq_nibbles : xq_bytes;
+      gemv_unit(k, rounded(o) ? dot : nullptr, x, xp, xr, xm, xq, o, u[i], partials);
       if (u[i].part < 0) {
         finish_rows(o, u[i].a, u[i].b);
       } else if (remaining[u[i].j].fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -261,6 +287,14 @@ void gemv_rows(const float* x, int64_t T, const Weight& W, const Tensor* bias, f
   const GemvBf16Dot* dot = own_gemm(W) == dot_path && dot_path ? gemv_bf16_dot() : nullptr;
   const int64_t in = W.in(), out = W.out();
   thread_local std::vector<char> prepared;
+  if (W.quant) {
+    const float* xq = quant_prepared(k, *W.quant, x, T, prepared);
+    parallel_chunks(out, gemv_chunk(in * T), [&](int64_t o0, int64_t o1) {
+      k.quant.out_in_rows(xq, in, T, *W.quant, o0, o1, y, out);
+      for (int64_t t = 0; t < T; ++t) finish_rows(LinearOut{W, bias, y + t * out, act}, o0, o1);
+    });
+    return;
+  }
   if (W.mxfp4()) {
     const float* xm = mxfp4_prepared(k, x, T, in, prepared);
     parallel_chunks(out, gemv_chunk(in * T), [&](int64_t o0, int64_t o1) {
@@ -351,6 +385,37 @@ void gemm_mxfp4_widened(const float* x, int64_t T, const Weight& W, float* y) {
   }, grain_for(kPanel * in * T));
 }
 
+// Quantized weights: x prepared in the kernels' order once, then a panel of kPanel weight rows at a
+// time decoded (in that order) into per-thread scratch and multiplied by the exact GEMM's register
+// tiles where this ISA has them (the panel an F32 [out, in] matrix), by OpenBLAS otherwise; the
+// reduction is over the same columns, only permuted alike in x and W.
+void gemm_quant(const float* x, int64_t T, const Weight& W, float* y) {
+  const GemvTable& k = gemv_table();
+  const GemmPath* own = gemm_table().exact;
+  const QuantWeight& q = *W.quant;
+  const int64_t in = q.in, out = q.out;
+  const int64_t panel = own ? std::min<int64_t>(own->nc_max / own->nr * own->nr, 96) : 64;
+  thread_local std::vector<char> prepared;
+  const float* xq = quant_prepared(k, q, x, T, prepared);
+  parallel_for(ceil_div(out, panel), [&](int64_t p0, int64_t p1) {
+    single_threaded_blas();
+    thread_local std::vector<char> decoded, scratch;
+    auto* buf = static_cast<float*>(aligned_scratch(decoded, size_t(panel * in) * sizeof(float)));
+    void* tiles = own ? aligned_scratch(scratch, own->scratch_bytes) : nullptr;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t o0 = p * panel, n = std::min(panel, out - o0);
+      k.quant.decode(q, o0, o0 + n, buf);
+      if (own) {
+        GemmProblem sub{xq, buf, 0, true, T, in, n, y + o0};
+        sub.ldy = out;
+        own->block(sub, nullptr, 0, T, 0, n, tiles);
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, in, 1.0f, xq, in, buf, in, 0.0f, y + o0, out);
+      }
+    }
+  }, grain_for(panel * in * T));
+}
+
 // Our own blocked GEMM (x86/gemm*.cpp). Columns are cut into whole nr-wide panels, in a number of
 // blocks that is a multiple of the thread count (each block packs only its own weights; each thread
 // starts on its own share of the blocks and helps with the others' when done, parallel_chunks);
@@ -414,12 +479,13 @@ void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y, std::optional<Activation> act) {
   LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
   if (W.mxfp4()) check_mxfp4(W);
+  if (W.quant) check_quant(W);
   if (T <= 0) return;
   if (T > 1 && T <= kGemvRowsMax && W.layout == Layout::OutIn) {
     gemv_rows(x, T, W, bias, y, act);
     return;
   }
-  const GemmPath* own = own_gemm(W);
+  const GemmPath* own = W.quant ? nullptr : own_gemm(W);
   if (T > 1 && own) {  // adds the bias (and GELU) as it stores y
     const float* b = nullptr;
     thread_local std::vector<float> widened;
@@ -441,7 +507,9 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
     gemv_group(x, {&one, 1});
     return;
   }
-  if (W.mxfp4()) {
+  if (W.quant) {
+    gemm_quant(x, T, W, y);
+  } else if (W.mxfp4()) {
     gemm_mxfp4_widened(x, T, W, y);
   } else if (W.w->dtype() == DType::F32) {
     gemm_f32(x, T, W, y);
@@ -456,7 +524,7 @@ bool linear_strided(const float* x, int64_t ldx, bool x_trans, int64_t T, const 
                     bool accumulate) {
   LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
   const GemmPath* own = x_trans ? gemm_table().exact_strips : gemm_table().exact;
-  if (!own || W.mxfp4() || W.w->dtype() != DType::F32) return false;
+  if (!own || W.mxfp4() || W.quant || W.w->dtype() != DType::F32) return false;
   if (T <= 0) return true;
   GemmProblem p{x, W.w->raw(), 0, W.layout == Layout::OutIn, T, W.in(), W.out(), y};
   p.ldx = ldx, p.ldy = ldy, p.accumulate = accumulate;
@@ -469,6 +537,7 @@ void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs) {
     LINEAGE_CHECK(o.W.w && o.W.w->ndim() == 2, "linear needs a 2-D weight");
     LINEAGE_CHECK(T == 1 || !o.then, "linear_group: `then` is for one token, got ", T);
     if (o.W.mxfp4()) check_mxfp4(o.W);
+    if (o.W.quant) check_quant(o.W);
   }
   if (T != 1) {  // GEMMs are one region each anyway
     for (const LinearOut& o : outs) linear(x, T, o.W, o.bias, o.y, o.act);
@@ -478,6 +547,10 @@ void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs) {
 }
 
 MatrixFormat Matrix::format() const {
+  if (quant.defined()) {
+    LINEAGE_CHECK(qw.q, "a quantized weight matrix used before prepare_quant");
+    return MatrixFormat::Quantized;
+  }
   switch (data.dtype()) {
     case DType::F32: return MatrixFormat::F32;
     case DType::F16: return MatrixFormat::F16;
@@ -495,6 +568,7 @@ Weight Matrix::view(bool bf16_dot) const {
     case MatrixFormat::F16:
     case MatrixFormat::BF16: break;
     case MatrixFormat::MXFP4: return {&data, layout, bf16_dot, &scales};
+    case MatrixFormat::Quantized: return {&codes, Layout::OutIn, bf16_dot, nullptr, &qw};
   }
   return {&data, layout, bf16_dot};
 }
@@ -517,7 +591,7 @@ void linear(const float* x, int64_t T, const Matrix& W, const Tensor* bias, floa
 }
 
 void store_out_in(Matrix& W) {
-  if (W.layout == Layout::OutIn || !W.data.defined()) return;
+  if (W.layout == Layout::OutIn || !W.data.defined() || W.quant.defined()) return;
   W.data = transposed(W.data);
   W.layout = Layout::OutIn;
 }

@@ -26,6 +26,28 @@ inline Shape stored_shape(Layout layout, int64_t in, int64_t out) {
   return layout == Layout::OutIn ? Shape{out, in} : Shape{in, out};
 }
 
+// A matrix of 4- or 8-bit codes with an f32 scale (and, asymmetric, a zero point) per row and run of
+// `group` columns: element (o, c) = (value(code) - zero[o, c / group]) · scale[o, c / group], computed
+// in f32 (one rounding: none where the scale has at most 16 significant bits, as bf16, f16, FP8 and
+// E8M0 scales do). The codes, [out, in] OutIn, `row_bytes` apart:
+//   Int4 (compressed-tensors pack-quantized int4): column c in the nibble c % 2 of byte c / 2 (low
+//     nibble the even column), value u - 8 for a nibble u;
+//   Fp4 (E2M1, NVFP4 and MXFP4 written by lineage quantize): the same nibbles, value e2m1(u) (bit 3 the
+//     sign; magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6);
+//   Int8: one byte a column, value u - 128;
+//   Fp8 (E4M3): one byte a column, its FP8 value (S.1111.111 NaN).
+// The scales and zero points are tables the loader prepares from the stored ones (model/quantization.h);
+// `in` is a multiple of 32 (4-bit codes) or 16 (8-bit), and `group` a multiple of 16 (or `in`, one scale a row).
+enum class QuantCodes : uint8_t { Int4, Fp4, Int8, Fp8 };
+struct QuantWeight {
+  QuantCodes codes = QuantCodes::Int4;
+  const uint8_t* q = nullptr;    // [out, row_bytes]
+  const float* scale = nullptr;  // [out, groups] f32
+  const float* zero = nullptr;   // [out, groups] f32 code values, or null (symmetric)
+  int64_t in = 0, out = 0, group = 0, groups = 0, row_bytes = 0;
+  bool nibbles() const { return codes == QuantCodes::Int4 || codes == QuantCodes::Fp4; }
+};
+
 // A weight matrix as it sits in memory (mapped or owned), with its layout, and how this call may
 // multiply it: bf16_dot lets BF16 weights use bf16 dot products (see bf16_dot_available()); false
 // selects the exact path. The option travels with the call, not the process (layers::Options).
@@ -36,8 +58,12 @@ struct Weight {
   Layout layout = Layout::OutIn;
   bool bf16_dot = false;
   const Tensor* scales = nullptr;
+  // A quantized matrix (then w holds its codes as U8 [out, row_bytes]); null otherwise.
+  const QuantWeight* quant = nullptr;
   bool mxfp4() const { return scales != nullptr; }
-  int64_t in() const { return mxfp4() ? 2 * w->dim(1) : layout == Layout::OutIn ? w->dim(1) : w->dim(0); }
+  int64_t in() const {
+    return quant ? quant->in : mxfp4() ? 2 * w->dim(1) : layout == Layout::OutIn ? w->dim(1) : w->dim(0);
+  }
   int64_t out() const { return layout == Layout::OutIn ? w->dim(0) : w->dim(1); }
 };
 

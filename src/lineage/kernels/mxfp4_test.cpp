@@ -19,11 +19,14 @@
 #include "lineage/kernels/ref/ref.h"
 #include "lineage/kernels/threads.h"
 #include "lineage/kernels/x86/gemm.h"
+#include "lineage/kernels/packed_test_support.h"
 #include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels {
 namespace mxfp4_test {
 namespace {
+
+using namespace packed_test;
 
 // Random codes (every nibble equally likely) and exponents in [lo, hi], [out, in] as MXFP4.
 Matrix random_mxfp4(int64_t out, int64_t in, uint64_t seed, int lo = 120, int hi = 130) {
@@ -37,13 +40,6 @@ Matrix random_mxfp4(int64_t out, int64_t in, uint64_t seed, int lo = 120, int hi
   return m;
 }
 
-std::vector<float> random_floats(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<float> v(size_t(n), 0.0f);
-  for (float& f : v) f = rng.normal();
-  return v;
-}
-
 Tensor random_bias(int64_t n, uint64_t seed) {
   Tensor b = Tensor::empty(DType::F32, {n});
   const std::vector<float> v = random_floats(n, seed);
@@ -51,36 +47,6 @@ Tensor random_bias(int64_t n, uint64_t seed) {
   return b;
 }
 
-double rel_rms(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = double(got[i]) - double(want[i]);
-    num += d * d, den += double(want[i]) * double(want[i]);
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-std::string worst(const std::vector<float>& got, const std::vector<float>& want) {
-  size_t w = 0;
-  for (size_t i = 0; i < got.size(); ++i)
-    if (!(std::fabs(double(got[i]) - want[i]) <= std::fabs(double(got[w]) - want[w]))) w = i;
-  std::ostringstream s;
-  s << "worst element " << w << ": got " << got[w] << ", want " << want[w];
-  return s.str();
-}
-
-// The kernels sum in f32 what ref:: sums in double. The GEMVs split a row's sum over 4 × width
-// accumulators (2e-7 relative RMS at 4096 inputs); the GEMM sums each output in one FMA chain over
-// `in`, whose rounding error grows as √in (1.0-1.1e-6 measured at 4096): 1e-6, scaled by √(in/1024)
-// from 1024 inputs on.
-double tolerance(int64_t in) { return 1e-6 * std::max(1.0, std::sqrt(double(in) / 1024.0)); }
-
-std::vector<const GemvTable*> tables() {
-  std::vector<const GemvTable*> t = {&gemv_table_scalar()};
-  if (std::string(gemv_table().isa) == "avx512") t.push_back(&gemv_table_avx2());
-  if (std::string(gemv_table().isa) != "scalar") t.push_back(&gemv_table());
-  return t;
-}
 
 // The format as the brief and the OCP spec define it, value by value.
 TEST(Mxfp4, RefDecodesTheFormat) {

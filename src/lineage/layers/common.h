@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "lineage/core/error.h"
@@ -30,11 +31,36 @@ namespace lineage::layers {
 // How a preset fills a tensor with seeded random values (loading from a checkpoint ignores it).
 enum class Init : uint8_t { Normal, Ones, Zeros, Custom };
 
-// Visitor signature of every Weights::for_each_tensor: f(name, tensor, expected shape, init).
-// Names are the checkpoint's own, relative to the block's prefix.
-using TensorVisitor = std::function<void(const std::string& name, Tensor& t, const Shape& shape, Init init)>;
+// Visitor of every Weights::for_each_tensor: f(name, tensor, expected shape, init), names the
+// checkpoint's own. Made from any such callable; `with_matrices` adds a second callable that
+// visit_matrix calls with each weight matrix and its name ("….weight") before its tensors (to set how
+// the checkpoint stores it, or to prepare it once bound).
+class TensorVisitor {
+ public:
+  using Fn = std::function<void(const std::string& name, Tensor& t, const Shape& shape, Init init)>;
+  using MatrixFn = std::function<void(const std::string& name, kernels::Matrix& m)>;
+  template <class F>
+    requires std::is_invocable_v<F&, const std::string&, Tensor&, const Shape&, Init>
+  TensorVisitor(F f) : fn_(std::move(f)) {}  // NOLINT: implicit, as std::function is
+  static TensorVisitor with_matrices(MatrixFn m, Fn f = [](const std::string&, Tensor&, const Shape&, Init) {}) {
+    TensorVisitor v(std::move(f));
+    v.matrix_ = std::move(m);
+    return v;
+  }
+  void operator()(const std::string& name, Tensor& t, const Shape& shape, Init init) const { fn_(name, t, shape, init); }
+  void matrix(const std::string& name, kernels::Matrix& m) const {
+    if (matrix_) matrix_(name, m);
+  }
+
+ private:
+  Fn fn_;
+  MatrixFn matrix_;
+};
 // Visitor of every weight matrix of a layer (model::prepare transposes the [in, out] ones it owns).
 using MatrixVisitor = std::function<void(kernels::Matrix& m)>;
+
+// The stored tensors of a quantized matrix (StoredQuant, kernels/matrix.h) with their shapes.
+void visit_quantized(const TensorVisitor& f, const std::string& name, kernels::Matrix& m);
 
 // A weight matrix of logical shape [out, in] under its checkpoint name ("….weight"): sets the shape
 // and visits its data with the shape its layout stores; a packed one as its pair, "….weight_packed"
@@ -43,6 +69,11 @@ using MatrixVisitor = std::function<void(kernels::Matrix& m)>;
 inline void visit_matrix(const TensorVisitor& f, const std::string& name, kernels::Matrix& m, int64_t out, int64_t in,
                          Init init = Init::Normal) {
   m.out = out, m.in = in;
+  f.matrix(name, m);
+  if (m.quant.defined()) {
+    visit_quantized(f, name, m);
+    return;
+  }
   if (!m.packed) {
     f(name, m.data, kernels::stored_shape(m.layout, in, out), init);
     return;

@@ -20,23 +20,45 @@ Identity identity(const Model& m) {
   return {m.config.config_hash, h.value()};
 }
 
-int64_t stored_params(const std::string& name, const Shape& shape) {
-  if (name.ends_with(".weight_packed")) return 2 * shape_numel(shape);
-  return name.ends_with(".weight_scale") ? 0 : shape_numel(shape);
+namespace {
+
+// The dtype of a quantized matrix's stored tensor `t` (one of its members) as its layout stores it;
+// a scale not bound yet: `unallocated` (the model's dtype, as llm-compressor writes scales).
+DType quantized_dtype(const kernels::Matrix& w, const Tensor& t, DType unallocated) {
+  using Kind = kernels::StoredQuant::Kind;
+  if (t.defined()) return t.dtype();
+  const Kind k = w.quant.kind;
+  if (&t == &w.data) return k == Kind::PackedInt ? DType::I32 : k == Kind::Fp8 || k == Kind::HfFp8 ? DType::F8_E4M3 : DType::U8;
+  if (&t == &w.scales) return w.packed && !w.quant.defined() ? DType::U8 : k == Kind::Nvfp4 ? DType::F8_E4M3 : unallocated;
+  if (&t == &w.zero_point) return DType::I32;
+  if (&t == &w.weight_shape) return DType::I64;
+  return DType::F32;  // NVFP4's global scale
 }
 
-DType stored_dtype(const std::string& name, const Tensor& t, const Shape& shape, DType unallocated_dtype) {
-  if (name.ends_with(".weight_packed") || name.ends_with(".weight_scale")) return DType::U8;
-  return t.defined() && t.shape() == shape ? t.dtype() : unallocated_dtype;
+}  // namespace
+
+void for_each_stored(Model& m, DType unallocated_dtype, const std::function<void(const StoredTensor&)>& f) {
+  const kernels::Matrix* at = nullptr;  // the matrix whose tensors come next (visit_matrix)
+  m.for_each_tensor(layers::TensorVisitor::with_matrices(
+      [&](const std::string&, kernels::Matrix& w) { at = &w; },
+      [&](const std::string& name, Tensor& t, const Shape& shape, layers::Init) {
+        const bool member = at && (at->quant.defined() || at->packed) &&
+                            (&t == &at->data || &t == &at->scales || &t == &at->zero_point || &t == &at->weight_shape ||
+                             &t == &at->global_scale);
+        if (!member) {
+          f({name, t, shape, shape_numel(shape), t.defined() && t.shape() == shape ? t.dtype() : unallocated_dtype});
+          return;
+        }
+        f({name, t, shape, &t == &at->data ? at->out * at->in : 0, quantized_dtype(*at, t, unallocated_dtype)});
+      }));
 }
 
 ParamCount count_params(Model& m, DType unallocated_dtype) {
   ParamCount c;
   std::map<DType, size_t> by;
-  m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape& shape, layers::Init) {
-    c.total += stored_params(name, shape);
-    const DType dt = stored_dtype(name, t, shape, unallocated_dtype);
-    by[dt] += size_t(shape_numel(shape)) * dtype_size(dt);
+  for_each_stored(m, unallocated_dtype, [&](const StoredTensor& s) {
+    c.total += s.params;
+    by[s.dtype] += s.bytes();
   });
   c.bytes_by_dtype.assign(by.begin(), by.end());
   c.activated = c.total;

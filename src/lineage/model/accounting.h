@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,11 +36,19 @@ struct ParamCount {
 };
 ParamCount count_params(Model& m, DType unallocated_dtype = DType::F32);
 
-// One tensor of Model::for_each_tensor as stored: its parameters (an MXFP4 pair's weight_packed
-// holds two per byte, its weight_scale none) and dtype (the pair: U8; a tensor not allocated yet:
-// `unallocated_dtype`).
-int64_t stored_params(const std::string& name, const Shape& shape);
-DType stored_dtype(const std::string& name, const Tensor& t, const Shape& shape, DType unallocated_dtype);
+// Every tensor of Model::for_each_tensor as stored: its parameters (a quantized matrix's codes hold
+// all out · in of them, its scales, zero points and shape none) and its dtype (a quantized matrix's
+// tensors their layout's, e.g. I32 packed int4 codes, F8_E4M3 NVFP4 scales, U8 MXFP4 pairs, before
+// they are bound too; any other tensor not allocated yet: `unallocated_dtype`).
+struct StoredTensor {
+  const std::string& name;
+  Tensor& t;
+  const Shape& shape;
+  int64_t params;
+  DType dtype;
+  size_t bytes() const { return size_t(shape_numel(shape)) * dtype_size(dtype); }
+};
+void for_each_stored(Model& m, DType unallocated_dtype, const std::function<void(const StoredTensor&)>& f);
 
 // State bytes: per token of context, and fixed per sequence (recurrent state, conv tails).
 struct StateCost {

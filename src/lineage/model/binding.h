@@ -92,6 +92,18 @@ inline std::string stored_name(const BindingTable& b, const std::string& param) 
   return param;
 }
 
+// The stored tensor that holds the weight matrix `param` ("….weight"): its rename, or the tensor it is
+// a split part of. What a quantization config's module names and patterns refer to.
+inline std::string stored_matrix(const BindingTable& b, const std::string& param) {
+  for (const BindingTable::Split& sp : b.splits)
+    for (const auto& part : sp.parts) {
+      const std::string& suffix = part.first;
+      if (param.size() >= suffix.size() && param.compare(param.size() - suffix.size(), suffix.size(), suffix) == 0)
+        return param.substr(0, param.size() - suffix.size()) + sp.stored;
+    }
+  return stored_name(b, param);
+}
+
 // Where the parameter `name` sits in the stacked tensor `us` describes: the stored tensor's full name,
 // the expert (slice), the part (index into us.parts) and its first row within the slice; nothing when
 // `name` is no slice of it.

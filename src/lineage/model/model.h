@@ -72,6 +72,12 @@ struct ModelConfig {
   // nowhere, reported by `info`.
   int64_t extra_params = 0;
   std::string extra_params_label;
+  // config.json's quantization_config in one line (model/quantization.h), and what of it the exact
+  // path does not use; empty without one. `family_packs_mxfp4`: the family marked its MXFP4 matrices
+  // itself (K3's checkpoints; kimi_linear.cpp), so the config's groups are not applied on top.
+  std::string quantization;
+  std::vector<std::string> quantization_unused;
+  bool family_packs_mxfp4 = false;
   // Where the configuration came from, for a state file's model identity (identity() in accounting.h): the
   // hash of config.json's bytes as loaded, or of a preset's name, seed and dtype; 0 for a model
   // built in code.

@@ -10,10 +10,6 @@ namespace lineage::runtime {
 
 namespace {
 
-size_t stored_bytes(const std::string& name, const Tensor& t, const Shape& shape, DType unallocated_dtype) {
-  return size_t(shape_numel(shape)) * dtype_size(model::stored_dtype(name, t, shape, unallocated_dtype));
-}
-
 // The routed experts' weight tensors, and for each MoE layer the fraction of its experts a step of
 // `tokens` tokens is expected to read: E·(1 − (1 − k/E)^tokens) of E (uniform routing).
 struct Routed {
@@ -29,7 +25,8 @@ Routed routed_experts(const model::Model& m, double tokens) {
     const double share = 1.0 - std::pow(1.0 - k / E, tokens);
     for (const auto& e : moe->weights.experts)
       for (const kernels::Matrix* w : {&e.weights.gate_proj, &e.weights.up_proj, &e.weights.down_proj})
-        for (const Tensor* t : {&w->data, &w->scales}) r.tensors.insert(t), r.share[t] = share;
+        for (const Tensor* t : {&w->data, &w->scales, &w->zero_point, &w->global_scale, &w->weight_shape})
+          r.tensors.insert(t), r.share[t] = share;
   }
   return r;
 }
@@ -39,9 +36,10 @@ Routed routed_experts(const model::Model& m, double tokens) {
 DecodeBytes decode_bytes_per_token(model::Model& m, double context, DType unallocated_dtype, double tokens_per_step) {
   DecodeBytes b;
   const Routed routed = routed_experts(m, tokens_per_step);
-  m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape& shape, layers::Init) {
-    const double whole = double(stored_bytes(name, t, shape, unallocated_dtype));
-    const double row = whole / double(shape[0]);
+  model::for_each_stored(m, unallocated_dtype, [&](const model::StoredTensor& s) {
+    const Tensor& t = s.t;
+    const double whole = double(s.bytes());
+    const double row = whole / double(s.shape[0]);
     if (&t == &m.embed) b.weights += m.config.tied_lm_head ? whole + row : row;
     else if (&t == &m.pos_embed) b.weights += row;
     else if (routed.tensors.count(&t)) b.weights += whole * routed.share.at(&t);
@@ -66,8 +64,9 @@ PrefillFlops prefill_flops_per_token(model::Model& m, int64_t tokens, int64_t de
   PrefillFlops p;
   const double n = double(tokens);
   const Routed routed = routed_experts(m, 1);  // a token runs k of E experts
-  m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape& shape, layers::Init) {
-    const double params = double(model::stored_params(name, shape)) * (routed.tensors.count(&t) ? routed.share.at(&t) : 1.0);
+  model::for_each_stored(m, DType::F32, [&](const model::StoredTensor& s) {
+    const Tensor& t = s.t;
+    const double params = double(s.params) * (routed.tensors.count(&t) ? routed.share.at(&t) : 1.0);
     const bool is_head = &t == &m.lm_head || (&t == &m.embed && m.config.tied_lm_head);
     if (is_head) p.weights += 2.0 * params / n;
     else if (&t != &m.embed && &t != &m.pos_embed) p.weights += 2.0 * params;

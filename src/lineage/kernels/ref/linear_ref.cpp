@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "lineage/core/dtype.h"
 #include "lineage/core/error.h"
 
 namespace lineage::kernels::ref {
@@ -16,7 +17,39 @@ double mxfp4_element(const Tensor& codes, const Tensor& scales, int64_t o, int64
   return (code & 8 ? -1.0 : 1.0) * kMagnitude[code & 7] * std::ldexp(1.0, s - 127);
 }
 
+float quant_element(const QuantWeight& W, int64_t o, int64_t c) {
+  static constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const uint8_t* row = W.q + o * W.row_bytes;
+  float v = 0.0f;
+  switch (W.codes) {
+    case QuantCodes::Int4: v = float((c % 2 ? row[c / 2] >> 4 : row[c / 2] & 15) - 8); break;
+    case QuantCodes::Fp4: {
+      const int u = c % 2 ? row[c / 2] >> 4 : row[c / 2] & 15;
+      v = u & 8 ? -kE2m1[u & 7] : kE2m1[u & 7];
+      break;
+    }
+    case QuantCodes::Int8: v = float(int(row[c]) - 128); break;
+    case QuantCodes::Fp8: v = e4m3_to_f32(row[c]); break;
+  }
+  const int64_t g = c / W.group;
+  const float z = W.zero ? W.zero[o * W.groups + g] : 0.0f;
+  return (v - z) * W.scale[o * W.groups + g];
+}
+
 namespace {
+
+void linear_quant(const float* x, int64_t T, const Weight& W, const std::vector<float>& b, float* y) {
+  const int64_t in = W.in(), out = W.out();
+  std::vector<double> row(in);
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t c = 0; c < in; ++c) row[c] = quant_element(*W.quant, o, c);
+    for (int64_t t = 0; t < T; ++t) {
+      double acc = b[o];
+      for (int64_t c = 0; c < in; ++c) acc += double(x[t * in + c]) * row[c];
+      y[t * out + o] = float(acc);
+    }
+  }
+}
 
 void linear_mxfp4(const float* x, int64_t T, const Weight& W, const std::vector<float>& b, float* y) {
   const int64_t in = W.in(), out = W.out();
@@ -35,10 +68,11 @@ void linear_mxfp4(const float* x, int64_t T, const Weight& W, const std::vector<
 
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y) {
   const int64_t in = W.in(), out = W.out();
-  if (W.mxfp4()) {
+  if (W.mxfp4() || W.quant) {
     std::vector<float> b(out, 0.0f);
     if (bias) widen_row(*bias, 0, out, b.data());
-    linear_mxfp4(x, T, W, b, y);
+    if (W.quant) linear_quant(x, T, W, b, y);
+    else linear_mxfp4(x, T, W, b, y);
     return;
   }
   std::vector<float> w_row(W.w->numel());

@@ -18,6 +18,10 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
 // code value · 2^(s - 127), NaN for s = 255.
 double mxfp4_element(const Tensor& codes, const Tensor& scales, int64_t o, int64_t c);
 
+// Element (o, c) of a quantized matrix (QuantWeight, linear.h): its code's value minus the zero point,
+// times the scale, in f32 (the defined value), decoded from the bytes one at a time.
+float quant_element(const QuantWeight& W, int64_t o, int64_t c);
+
 // Causal softmax attention of T new queries at positions p0 .. p0+T-1 over keys 0 .. p0+T-1.
 // q[t, h] at q + t*ldq + h*hd; k, v: key/value rows for positions 0 .. p0+T-1, head h of position j
 // at k[h*k_head_stride + j*hd]; out: [T, H, hd]. Same contract as kernels::attention_causal.

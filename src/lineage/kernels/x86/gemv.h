@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "lineage/kernels/linear.h"
+
 namespace lineage::kernels {
 
 // How far ahead of its loads a 16-bit weight stream requests lines non-temporally (prefetchnta):
@@ -33,6 +35,22 @@ struct GemvMxfp4 {
   void (*decode)(const uint8_t* w, const uint8_t* s, int64_t in, int64_t o0, int64_t o1, float* dst);
 };
 
+// Quantized matrices (QuantWeight, linear.h). 4-bit codes read x in the order `prepare` writes (per run
+// of 2·width columns the even ones, then the odd ones; W.in floats), 8-bit codes x as it is (prepare
+// copies it). Each weight decoded to its defined value in f32, f32 products and sums.
+struct GemvQuant {
+  void (*prepare)(const QuantWeight& W, const float* x, float* xd);
+  // y[o] = Σ_c x[c]·W[o, c] for o in [o0, o1), x prepared.
+  void (*out_in)(const float* xd, const QuantWeight& W, int64_t o0, int64_t o1, float* y);
+  // The same for `rows` prepared rows of x (stride ldx) into rows of y (stride ldy), each weight row
+  // read from memory once for all of them; row r's results equal out_in's on that row alone, bit for bit.
+  void (*out_in_rows)(const float* xd, int64_t ldx, int64_t rows, const QuantWeight& W, int64_t o0, int64_t o1,
+                      float* y, int64_t ldy);
+  // dst[(o - o0)·W.in + j] = W[o, c(j)] for rows [o0, o1), j in prepared order: the values the GEMVs
+  // multiply, for a GEMM that runs on prepared x.
+  void (*decode)(const QuantWeight& W, int64_t o0, int64_t o1, float* dst);
+};
+
 struct GemvTable {
   const char* isa;
   // OutIn weights [out, in]: y[o] = Σ_i x[i]·W[o, i] for o in [o0, o1).
@@ -49,6 +67,7 @@ struct GemvTable {
   // y[o] = Σ_k parts[k·stride + o] over k in [0, n), in order of k, for o < out.
   void (*sum_parts)(const float* parts, int64_t n, int64_t stride, int64_t out, float* y);
   GemvMxfp4 mxfp4;
+  GemvQuant quant;
 };
 
 // BF16 weights in the bf16 dot mode (Weight::bf16_dot, linear.h): xp holds x

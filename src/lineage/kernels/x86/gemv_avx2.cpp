@@ -6,6 +6,7 @@
 
 #include "lineage/kernels/x86/gemv.h"
 #include "lineage/kernels/x86/gemv_mxfp4.h"
+#include "lineage/kernels/x86/gemv_quant.h"
 #include "lineage/kernels/x86/gemv_simd.h"
 
 namespace lineage::kernels {
@@ -60,6 +61,42 @@ struct Avx2 {
     even = _mm256_xor_ps(_mm256_permutevar8x32_ps(lut, v), _mm256_castsi256_ps(even_sign));
     odd = _mm256_xor_ps(_mm256_permutevar8x32_ps(lut, _mm256_srli_epi32(v, 4)), _mm256_castsi256_ps(odd_sign));
   }
+  // Quantized codes (gemv_quant.h): a 16-entry table as two halves, vpermps on the low 3 bits of each
+  // index and bit 3 choosing the half.
+  struct Lut16 {
+    __m256 lo, hi;
+  };
+  static constexpr int kQuantRows = 2;
+  static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+  static Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+  static Vec halves(float a, float b) { return _mm256_setr_ps(a, a, a, a, b, b, b, b); }
+  static Lut16 lut16(const float* values, float scale, float zero) {
+    const __m256 s = _mm256_set1_ps(scale), z = _mm256_set1_ps(zero);
+    return {_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(values), z), s),
+            _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(values + 8), z), s)};
+  }
+  static Vec lookup(const Lut16& lut, __m256i idx) {
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut.lo, idx), _mm256_permutevar8x32_ps(lut.hi, idx),
+                            _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+  }
+  static void nibbles(const uint8_t* q, const Lut16& lut, Vec& even, Vec& odd) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+    even = lookup(lut, v);
+    odd = lookup(lut, _mm256_srli_epi32(v, 4));
+  }
+  static __m256i bytes(const uint8_t* q) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))); }
+  static Vec bytes_int8(const uint8_t* q) {
+    return _mm256_sub_ps(_mm256_cvtepi32_ps(bytes(q)), _mm256_set1_ps(128.0f));
+  }
+  // E4M3's exponent and mantissa placed at f32's (bits 20-26) and its sign at f32's, times 2^120 (the
+  // bias difference; exact, subnormals included); S.1111.111 is NaN.
+  static Vec bytes_fp8(const uint8_t* q) {
+    const __m256i u = bytes(q), mag = _mm256_and_si256(u, _mm256_set1_epi32(0x7f));
+    const __m256i bits = _mm256_or_si256(_mm256_slli_epi32(mag, 20), _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x80)), 24));
+    const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0x1p120f));
+    return _mm256_blendv_ps(v, _mm256_set1_ps(__builtin_nanf("")),
+                            _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f))));
+  }
 };
 }  // namespace
 
@@ -67,6 +104,7 @@ const GemvTable& gemv_table_avx2() {
   static const GemvTable table = [] {
     GemvTable t = simd::make_table<Avx2>("avx2");
     t.mxfp4 = simd::make_mxfp4_table<Avx2>();
+    t.quant = simd::make_quant_table<Avx2>();
     return t;
   }();
   return table;

@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include "lineage/kernels/x86/gemv.h"
+#include "lineage/kernels/x86/gemv_quant.h"
 #include "lineage/kernels/x86/gemv_simd.h"
 
 namespace lineage::kernels {
@@ -38,6 +39,31 @@ struct Avx512 {
   static float sum(Vec v) { return _mm512_reduce_add_ps(v); }
   static void prefetch_stream(const char* p) { _mm_prefetch(p, _MM_HINT_NTA); }
   static void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
+  // Quantized codes (gemv_quant.h): vpermps reads the low 4 bits of each index, so a nibble indexes
+  // the 16-entry table directly.
+  using Lut16 = __m512;
+  static constexpr int kQuantRows = 4;
+  static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+  static Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+  static Vec halves(float a, float b) { return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b)); }
+  static Lut16 lut16(const float* values, float scale, float zero) {
+    return _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(values), _mm512_set1_ps(zero)), _mm512_set1_ps(scale));
+  }
+  static void nibbles(const uint8_t* q, Lut16 lut, Vec& even, Vec& odd) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    even = _mm512_permutexvar_ps(v, lut);
+    odd = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
+  }
+  static __m512i bytes(const uint8_t* q) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))); }
+  static Vec bytes_int8(const uint8_t* q) { return _mm512_sub_ps(_mm512_cvtepi32_ps(bytes(q)), _mm512_set1_ps(128.0f)); }
+  // E4M3's exponent and mantissa placed at f32's (bits 20-26) and its sign at f32's, times 2^120 (the
+  // bias difference; exact, subnormals included); S.1111.111 is NaN.
+  static Vec bytes_fp8(const uint8_t* q) {
+    const __m512i u = bytes(q), mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7f));
+    const __m512i bits = _mm512_or_si512(_mm512_slli_epi32(mag, 20), _mm512_slli_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x80)), 24));
+    const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0x1p120f));
+    return _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f)), _mm512_set1_ps(__builtin_nanf("")));
+  }
 };
 }  // namespace
 
@@ -45,6 +71,7 @@ const GemvTable& gemv_table_avx512() {
   static const GemvTable table = [] {
     GemvTable t = simd::make_table<Avx512>("avx512");
     t.mxfp4 = gemv_mxfp4_avx512();
+    t.quant = simd::make_quant_table<Avx512>();
     return t;
   }();
   return table;

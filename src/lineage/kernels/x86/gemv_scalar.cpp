@@ -1,6 +1,8 @@
 // Portable GEMV (one lane): the fallback on CPUs without AVX2. MXFP4 codes index a 16-entry table.
+#include "lineage/core/dtype.h"
 #include "lineage/kernels/x86/gemv.h"
 #include "lineage/kernels/x86/gemv_mxfp4.h"
+#include "lineage/kernels/x86/gemv_quant.h"
 #include "lineage/kernels/x86/gemv_simd.h"
 
 namespace lineage::kernels {
@@ -35,6 +37,20 @@ struct Scalar {
     even = lut.v[*q & 15];
     odd = lut.v[*q >> 4];
   }
+  // Quantized codes (gemv_quant.h).
+  using Lut16 = Lut;
+  static constexpr int kQuantRows = 4;
+  static Vec mul(Vec a, Vec b) { return a * b; }
+  static Vec sub(Vec a, Vec b) { return a - b; }
+  static Vec halves(float a, float) { return a; }
+  static Lut16 lut16(const float* values, float scale, float zero) {
+    Lut16 l;
+    for (int c = 0; c < 16; ++c) l.v[c] = (values[c] - zero) * scale;
+    return l;
+  }
+  static void nibbles(const uint8_t* q, const Lut16& lut, Vec& even, Vec& odd) { mxfp4_decode(q, lut, even, odd); }
+  static Vec bytes_int8(const uint8_t* q) { return float(int(*q) - 128); }
+  static Vec bytes_fp8(const uint8_t* q) { return e4m3_to_f32(*q); }
 };
 }  // namespace
 
@@ -42,6 +58,7 @@ const GemvTable& gemv_table_scalar() {
   static const GemvTable table = [] {
     GemvTable t = simd::make_table<Scalar>("scalar");
     t.mxfp4 = simd::make_mxfp4_table<Scalar>();
+    t.quant = simd::make_quant_table<Scalar>();
     return t;
   }();
   return table;

@@ -325,6 +325,7 @@ GemvTable make_table(const char* isa) {
                    {in_out<S, 0>, in_out<S, 1>, in_out<S, 2>},
                    {widen<S, 0>, widen<S, 1>, widen<S, 2>},
                    sum_parts<S>,
+                   {},
                    {}};
 }
 

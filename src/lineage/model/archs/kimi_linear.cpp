@@ -161,10 +161,8 @@ Model build_kimi(const ConfigFields& c, const Source& src) {
   bool config_mxfp4 = false;
   if (c.has("quantization_config")) {
     const ConfigFields q(c.json()["quantization_config"], c.file() + ", quantization_config");
-    const std::string fmt = q.string("format", "");
-    if (fmt != "mxfp4-pack-quantized")
-      q.fail("format", "\"mxfp4-pack-quantized\" (compressed-tensors MXFP4, the only quantization supported)");
-    config_mxfp4 = true;
+    config_mxfp4 = q.string("format", "") == "mxfp4-pack-quantized";  // any other: model/quantization.h
+    m.config.family_packs_mxfp4 = config_mxfp4;
   }
 
   // Which layers are KDA and which MLA: one-based lists, every layer in exactly one.

@@ -1,0 +1,165 @@
+// Quantized matrices as checkpoints store them (StoredQuant, matrix.h) turned into the kernels' view
+// (QuantWeight, linear.h): the codes reinterpreted as bytes in place, the scales and zero points as
+// small f32 tables.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "lineage/core/error.h"
+#include "lineage/kernels/linear.h"
+#include "lineage/kernels/matrix.h"
+
+namespace lineage::kernels {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The tensor's elements widened to f32 (floats, F8_E4M3, integers).
+float element(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::F32: return t.data<float>()[i];
+    case DType::F16: return f16_to_f32(t.data<uint16_t>()[i]);
+    case DType::BF16: return bf16_to_f32(t.data<uint16_t>()[i]);
+    case DType::F8_E4M3: return e4m3_to_f32(t.data<uint8_t>()[i]);
+    case DType::F64: return float(t.data<double>()[i]);
+    case DType::I64: return float(t.data<int64_t>()[i]);
+    case DType::I32: return float(t.data<int32_t>()[i]);
+    default: return std::nanf("");
+  }
+}
+
+struct Where {
+  const std::string& name;  // "….weight"
+  const StoredQuant& q;
+  [[noreturn]] void fail(const std::string& tensor, const std::string& what) const {
+    throw Error(cat("tensor \"", tensor, "\": ", what, " (", q.origin, ")"));
+  }
+  void dtype(const std::string& tensor, const Tensor& t, std::initializer_list<DType> ok) const {
+    std::string names;
+    for (DType d : ok) {
+      if (t.dtype() == d) return;
+      names += (names.empty() ? "" : " or ") + std::string(dtype_name(d));
+    }
+    fail(tensor, cat("dtype ", dtype_name(t.dtype()), ", expected ", names));
+  }
+};
+
+// A view of `t`'s bytes as U8 [rows, row_bytes], sharing its storage.
+Tensor byte_view(const Tensor& t, int64_t rows, int64_t row_bytes) {
+  auto keep = std::make_shared<Tensor>(t);
+  return Tensor::borrow(DType::U8, {rows, row_bytes}, t.raw(), std::shared_ptr<const void>(keep, keep->raw()));
+}
+
+// scale_table[o, g] = f(scale of row o, group g) for a per-row/per-group scale tensor or a block one.
+void fill_scales(Matrix& W, const Where& at, const std::string& tensor, int64_t group, int64_t block_rows,
+                 int64_t block_cols) {
+  const int64_t groups = ceil_div(W.in, group);
+  W.qw.group = group, W.qw.groups = groups;
+  W.scale_table = Tensor::empty(DType::F32, {W.out, groups});
+  float* s = W.scale_table.data<float>();
+  const int64_t cols = W.scales.ndim() == 2 ? W.scales.dim(1) : 1;
+  // A block scale bound with one row per matrix row (a part of a tensor lineage splits by rows,
+  // io/load_model.cpp); where that is also one row per block the two readings agree.
+  if (block_rows > 0 && W.scales.ndim() == 2 && W.scales.dim(0) == W.out) block_rows = 1;
+  for (int64_t o = 0; o < W.out; ++o)
+    for (int64_t g = 0; g < groups; ++g) {
+      int64_t i = 0;
+      if (block_rows < 0) i = 0;
+      else if (block_rows == 0) i = o * cols + (cols == 1 ? 0 : g);
+      else i = (o / block_rows) * cols + (g * group) / block_cols;
+      const float v = element(W.scales, i);
+      if (!std::isfinite(v))
+        at.fail(tensor, cat("scale ", v, " at element ", i, " (row ", o, ", columns from ", g * group,
+                            ") is not finite; every scale must be a finite number"));
+      s[o * groups + g] = v;
+    }
+}
+
+void prepare_packed_int(Matrix& W, const Where& at) {
+  const StoredQuant& q = W.quant;
+  const std::string& n = at.name;
+  at.dtype(n + "_packed", W.data, {DType::I32});
+  at.dtype(n + "_scale", W.scales, {DType::F32, DType::F16, DType::BF16});
+  const int64_t group = q.group ? q.group : W.in;
+  at.dtype(n + "_shape", W.weight_shape, {DType::I64, DType::I32});
+  if (int64_t(element(W.weight_shape, 0)) != W.out || int64_t(element(W.weight_shape, 1)) != W.in)
+    at.fail(n + "_shape", cat("holds (", int64_t(element(W.weight_shape, 0)), ", ", int64_t(element(W.weight_shape, 1)),
+                              "), expected (", W.out, ", ", W.in, ")"));
+  fill_scales(W, at, n + "_scale", group, 0, group);
+  W.codes = byte_view(W.data, W.out, W.in * q.bits / 8);
+  if (q.symmetric) return;
+  at.dtype(n + "_zero_point", W.zero_point, {DType::I32});
+  const int64_t groups = ceil_div(W.in, group);
+  W.zero_table = Tensor::empty(DType::F32, {W.out, groups});
+  const auto* words = W.zero_point.data<int32_t>();
+  const int64_t offset = int64_t(1) << (q.bits - 1), mask = (int64_t(1) << q.bits) - 1;
+  for (int64_t o = 0; o < W.out; ++o)
+    for (int64_t g = 0; g < groups; ++g) {
+      // Packed along rows: row o's zero point of group g at bit (o·bits) % 32 of word (o·bits) / 32.
+      const int64_t bit = o * q.bits;
+      const uint32_t word = uint32_t(words[(bit / 32) * groups + g]);
+      W.zero_table.data<float>()[o * groups + g] = float(int64_t((word >> (bit % 32)) & mask) - offset);
+    }
+}
+
+void prepare_fp8(Matrix& W, const Where& at, const std::string& scale_name) {
+  const StoredQuant& q = W.quant;
+  at.dtype(at.name, W.data, {DType::F8_E4M3});
+  at.dtype(scale_name, W.scales, {DType::F32, DType::F16, DType::BF16});
+  const int64_t group = q.block_rows > 0 && q.block_cols < W.in ? q.block_cols : W.in;
+  fill_scales(W, at, scale_name, group, q.block_rows, q.block_rows > 0 ? q.block_cols : W.in);
+  W.codes = byte_view(W.data, W.out, W.in);
+}
+
+void prepare_nvfp4(Matrix& W, const Where& at) {
+  const std::string& n = at.name;
+  at.dtype(n + "_packed", W.data, {DType::U8});
+  at.dtype(n + "_scale", W.scales, {DType::F8_E4M3});
+  at.dtype(n + "_global_scale", W.global_scale, {DType::F32, DType::F16, DType::BF16});
+  const float global = element(W.global_scale, 0);
+  if (!std::isfinite(global) || global <= 0.0f)
+    at.fail(n + "_global_scale", cat("is ", global, ", expected a finite positive number (it divides every block scale)"));
+  fill_scales(W, at, n + "_scale", 16, 0, 16);
+  // e2m1 · (scale / global): the quotient first, in f32, as compressed-tensors computes it.
+  float* s = W.scale_table.data<float>();
+  for (int64_t i = 0; i < W.scale_table.numel(); ++i) s[i] = s[i] / global;
+  W.codes = byte_view(W.data, W.out, W.in / 2);
+}
+
+}  // namespace
+
+void prepare_quant(Matrix& W, const std::string& name) {
+  using Kind = StoredQuant::Kind;
+  const StoredQuant& q = W.quant;
+  const Where at{name, q};
+  const bool nibbles = (q.kind == Kind::PackedInt && q.bits == 4) || q.kind == Kind::Nvfp4;
+  const int64_t whole = nibbles ? 32 : 16;
+  if (W.in % whole)
+    at.fail(name, cat("rows of ", W.in, " columns; lineage's quantized kernels take rows of whole ", whole,
+                      "-column runs"));
+  const int64_t group = q.kind == Kind::PackedInt && q.group ? q.group : 0;
+  if (group && group % 16 && group != W.in)
+    at.fail(name + "_scale", cat("group_size ", group, ": lineage's kernels take groups of a multiple of 16 columns"));
+  if ((q.kind == Kind::Fp8 || q.kind == Kind::HfFp8) && q.block_rows > 0 && q.block_cols < W.in && q.block_cols % 16)
+    at.fail(name, cat("blocks of ", q.block_cols, " columns: lineage's kernels take a multiple of 16"));
+  switch (q.kind) {
+    case Kind::PackedInt: prepare_packed_int(W, at); break;
+    case Kind::Fp8: prepare_fp8(W, at, name + "_scale"); break;
+    case Kind::HfFp8: prepare_fp8(W, at, name + "_scale_inv"); break;
+    case Kind::Nvfp4: prepare_nvfp4(W, at); break;
+    case Kind::None: return;
+  }
+  QuantWeight& v = W.qw;
+  v.codes = q.kind == Kind::PackedInt ? (q.bits == 4 ? QuantCodes::Int4 : QuantCodes::Int8)
+            : q.kind == Kind::Nvfp4   ? QuantCodes::Fp4
+                                      : QuantCodes::Fp8;
+  v.q = static_cast<const uint8_t*>(W.codes.raw());
+  v.scale = W.scale_table.data<float>();
+  v.zero = W.zero_table.defined() ? W.zero_table.data<float>() : nullptr;
+  v.in = W.in, v.out = W.out;
+  v.row_bytes = W.codes.dim(1);
+}
+
+}  // namespace lineage::kernels

@@ -1,0 +1,153 @@
+// The GEMV loops for quantized matrices (QuantWeight, linear.h; GemvQuant, gemv.h) over a SIMD traits
+// type, one instantiation per instruction set. Every weight is decoded to its defined value,
+// (value(code) - zero) · scale in f32, before its f32 product with x: 4-bit codes through a 16-entry
+// table of those values built once per group, 8-bit codes converted in registers. The traits add
+// `Lut16`, `lut16(table, scale, zero)`, `nibbles(q, lut, even, odd)`, `halves(a, b)`, `bytes_int8(q)`,
+// `bytes_fp8(q)`, `mul`, `sub` and `kQuantRows`. Internal linkage throughout (see gemv_simd.h).
+#pragma once
+
+#include <cstdint>
+
+#include "lineage/kernels/linear.h"
+#include "lineage/kernels/x86/gemv.h"
+#include "lineage/kernels/x86/gemv_mxfp4.h"
+
+namespace lineage::kernels::simd {
+namespace {
+
+// The code values of the 16 nibbles: Int4's u - 8, Fp4's e2m1 (bit 3 the sign).
+struct NibbleValues {
+  float v[16];
+};
+constexpr NibbleValues nibble_values(QuantCodes c) {
+  NibbleValues t{};
+  for (int u = 0; u < 16; ++u) t.v[u] = c == QuantCodes::Int4 ? float(u - 8) : kMxfp4Codes[u];
+  return t;
+}
+constexpr NibbleValues kInt4Values = nibble_values(QuantCodes::Int4), kFp4Values = nibble_values(QuantCodes::Fp4);
+
+inline float group_zero(const QuantWeight& W, int64_t o, int64_t g) { return W.zero ? W.zero[o * W.groups + g] : 0.0f; }
+
+// One weight row (o) against G rows of x: 4-bit codes, x prepared (mxfp4_prepare<W>: per run of 2W
+// columns the W even ones, then the W odd ones). A run lies in one group (its table folds the zero and
+// scale) unless 2W does not divide the group (AVX-512, groups of 16 or 48): then lanes take their own
+// group's zero and scale after a lookup of the bare values (the same arithmetic, the same bits). Four accumulators a row (a run's even and
+// odd columns; alternate runs in alternate pairs), combined in a fixed tree: the same operations for
+// every G, so each row gets the lone GEMV's bits.
+template <class S, int G>
+inline void nibble_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64_t o, float* y, int64_t ldy) {
+  constexpr int V = S::kWidth;
+  constexpr int64_t kRun = 2 * V;
+  const float* values = W.codes == QuantCodes::Int4 ? kInt4Values.v : kFp4Values.v;
+  const uint8_t* q = W.q + o * W.row_bytes;
+  const float* sc = W.scale + o * W.groups;
+  const bool fold = W.group % kRun == 0;
+  typename S::Lut16 lut = S::lut16(values, 1.0f, 0.0f);
+  typename S::Vec a[G][4];
+  for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = S::zero();
+  int64_t table_group = -1;
+  for (int64_t c = 0, run = 0; c < W.in; c += kRun, ++run) {
+    const int64_t grp = c / W.group;
+    if (fold && grp != table_group) lut = S::lut16(values, sc[grp], group_zero(W, o, grp)), table_group = grp;
+    typename S::Vec even, odd;
+    S::nibbles(q + c / 2, lut, even, odd);
+    if (!fold) {  // the run's first V columns (lanes < V/2 of each half) in one group, its last V in the next
+      const int64_t g2 = (c + V) / W.group;
+      const typename S::Vec s = S::halves(sc[grp], sc[g2]), z = S::halves(group_zero(W, o, grp), group_zero(W, o, g2));
+      even = S::mul(S::sub(even, z), s);
+      odd = S::mul(S::sub(odd, z), s);
+    }
+    const int p = run & 1 ? 2 : 0;
+    for (int g = 0; g < G; ++g) {
+      const float* xg = xd + g * ldx + c;
+      a[g][p] = S::fma(S::load_f32(xg), even, a[g][p]);
+      a[g][p + 1] = S::fma(S::load_f32(xg + V), odd, a[g][p + 1]);
+    }
+  }
+  for (int g = 0; g < G; ++g) y[g * ldy] = S::sum(S::add(S::add(a[g][0], a[g][1]), S::add(a[g][2], a[g][3])));
+}
+
+// The same for 8-bit codes, x in its own order: vector k of a row accumulates into a[k % 4].
+template <class S, int G>
+inline void byte_dot(const float* x, int64_t ldx, const QuantWeight& W, int64_t o, float* y, int64_t ldy) {
+  constexpr int V = S::kWidth;
+  const uint8_t* q = W.q + o * W.row_bytes;
+  const float* sc = W.scale + o * W.groups;
+  typename S::Vec a[G][4];
+  for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = S::zero();
+  int64_t k = 0;
+  for (int64_t c0 = 0; c0 < W.in; c0 += W.group) {
+    const int64_t grp = c0 / W.group, c1 = c0 + W.group < W.in ? c0 + W.group : W.in;
+    const typename S::Vec s = S::broadcast(sc[grp]), z = S::broadcast(group_zero(W, o, grp));
+    for (int64_t c = c0; c < c1; c += V, ++k) {
+      typename S::Vec w = W.codes == QuantCodes::Int8 ? S::bytes_int8(q + c) : S::bytes_fp8(q + c);
+      w = S::mul(W.zero ? S::sub(w, z) : w, s);
+      for (int g = 0; g < G; ++g) a[g][k & 3] = S::fma(S::load_f32(x + g * ldx + c), w, a[g][k & 3]);
+    }
+  }
+  for (int g = 0; g < G; ++g) y[g * ldy] = S::sum(S::add(S::add(a[g][0], a[g][1]), S::add(a[g][2], a[g][3])));
+}
+
+template <class S, int G>
+inline void quant_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64_t o, float* y, int64_t ldy) {
+  if (W.nibbles()) nibble_dot<S, G>(xd, ldx, W, o, y, ldy);
+  else byte_dot<S, G>(xd, ldx, W, o, y, ldy);
+}
+
+template <class S>
+void quant_prepare(const QuantWeight& W, const float* x, float* xd) {
+  if (W.nibbles()) mxfp4_prepare<S::kWidth>(x, W.in, xd);
+  else
+    for (int64_t c = 0; c < W.in; ++c) xd[c] = x[c];
+}
+
+template <class S>
+void quant_out_in(const float* xd, const QuantWeight& W, int64_t o0, int64_t o1, float* y) {
+  for (int64_t o = o0; o < o1; ++o) quant_dot<S, 1>(xd, 0, W, o, y + o, 0);
+}
+
+// Each weight row against S::kQuantRows rows of x at a time, the rest one by one; later passes over a
+// row read it from L1.
+template <class S>
+void quant_out_in_rows(const float* xd, int64_t ldx, int64_t rows, const QuantWeight& W, int64_t o0, int64_t o1,
+                       float* y, int64_t ldy) {
+  constexpr int G = S::kQuantRows;
+  for (int64_t o = o0; o < o1; ++o) {
+    int64_t g = 0;
+    for (; g + G <= rows; g += G) quant_dot<S, G>(xd + g * ldx, ldx, W, o, y + g * ldy + o, ldy);
+    for (; g < rows; ++g) quant_dot<S, 1>(xd + g * ldx, 0, W, o, y + g * ldy + o, 0);
+  }
+}
+
+// Rows [o0, o1) decoded in prepared order, dst row stride W.in: the values the GEMVs multiply.
+template <class S>
+void quant_decode(const QuantWeight& W, int64_t o0, int64_t o1, float* dst) {
+  constexpr int V = S::kWidth;
+  for (int64_t o = o0; o < o1; ++o, dst += W.in) {
+    const uint8_t* q = W.q + o * W.row_bytes;
+    for (int64_t c = 0; c < W.in; c += W.nibbles() ? 2 * V : V) {
+      const int64_t g = c / W.group;
+      const float s = W.scale[o * W.groups + g], z = group_zero(W, o, g);
+      if (W.nibbles()) {
+        const float* values = W.codes == QuantCodes::Int4 ? kInt4Values.v : kFp4Values.v;
+        const int64_t g2 = (c + V) / W.group;
+        typename S::Vec even, odd;
+        S::nibbles(q + c / 2, S::lut16(values, 1.0f, 0.0f), even, odd);
+        const typename S::Vec sv = S::halves(s, W.scale[o * W.groups + g2]), zv = S::halves(z, group_zero(W, o, g2));
+        S::store(dst + c, S::mul(S::sub(even, zv), sv));
+        S::store(dst + c + V, S::mul(S::sub(odd, zv), sv));
+      } else {
+        const typename S::Vec w = W.codes == QuantCodes::Int8 ? S::bytes_int8(q + c) : S::bytes_fp8(q + c);
+        S::store(dst + c, S::mul(S::sub(w, S::broadcast(z)), S::broadcast(s)));
+      }
+    }
+  }
+}
+
+template <class S>
+GemvQuant make_quant_table() {
+  return GemvQuant{quant_prepare<S>, quant_out_in<S>, quant_out_in_rows<S>, quant_decode<S>};
+}
+
+}  // namespace
+}  // namespace lineage::kernels::simd
