@@ -82,6 +82,7 @@ void add_generate(CLI::App& app);
 void add_logits(CLI::App& app);
 void add_perplexity(CLI::App& app);
 void add_gguf(CLI::App& app);
+void add_quantize(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_info(CLI::App& app);
 void add_tour(CLI::App& app);

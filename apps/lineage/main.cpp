@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   lineage::app::add_logits(app);
   lineage::app::add_perplexity(app);
   lineage::app::add_gguf(app);
+  lineage::app::add_quantize(app);
   lineage::app::add_tokenize(app);
   lineage::app::add_info(app);
   lineage::app::add_tour(app);

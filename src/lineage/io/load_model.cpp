@@ -383,6 +383,13 @@ bool has_weights(const fs::path& dir) {
   return fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json");
 }
 
+model::Model checkpoint_skeleton(const fs::path& dir, const Checkpoint& ckpt) {
+  const nlohmann::json cfg = read_config(dir);
+  return build_from_config(
+      cfg, (dir / "config.json").string(), [&](const std::string& n) { return ckpt.has(n); },
+      [&](const std::string& n) { return ckpt.has(n) ? ckpt.entry(n).shape : Shape{}; });
+}
+
 Skeleton load_skeleton(const fs::path& dir) {
   const nlohmann::json cfg = read_config(dir);
   Skeleton s;

@@ -50,6 +50,9 @@ struct Skeleton {
   std::optional<DType> dtype;
 };
 Skeleton load_skeleton(const std::filesystem::path& dir);
+// The model the directory's config.json describes, its family's choices made against the tensors
+// `ckpt` holds (prefixes, a tied head), without binding them (lineage quantize reads the names).
+model::Model checkpoint_skeleton(const std::filesystem::path& dir, const Checkpoint& ckpt);
 // Whether the directory holds safetensors weights (model.safetensors or its sharded index).
 bool has_weights(const std::filesystem::path& dir);
 

@@ -258,6 +258,30 @@ std::string rtn_unfit(const Shape& shape, DType dtype, const RtnArgs& a) {
   return "";
 }
 
+std::vector<RtnPart> rtn_layout(const Shape& shape, DType dtype, const RtnArgs& a) {
+  const int64_t rows = shape[0], cols = shape[1];
+  switch (a.scheme) {
+    case RtnScheme::W4A16:
+    case RtnScheme::W4A16_ASYM:
+    case RtnScheme::W8A16: {
+      const int bits = a.scheme == RtnScheme::W8A16 ? 8 : 4;
+      const int64_t groups = a.group ? cols / a.group : 1;
+      std::vector<RtnPart> p = {{"weight_packed", DType::I32, {rows, (cols * bits + 31) / 32}},
+                                {"weight_scale", dtype, {rows, groups}}};
+      if (a.scheme == RtnScheme::W4A16_ASYM) p.push_back({"weight_zero_point", DType::I32, {(rows * bits + 31) / 32, groups}});
+      p.push_back({"weight_shape", DType::I64, {2}});
+      return p;
+    }
+    case RtnScheme::FP8_BLOCK:
+      return {{"weight", DType::F8_E4M3, {rows, cols}}, {"weight_scale", dtype, {(rows + 127) / 128, (cols + 127) / 128}}};
+    case RtnScheme::MXFP4: return {{"weight_packed", DType::U8, {rows, cols / 2}}, {"weight_scale", DType::U8, {rows, cols / 32}}};
+    case RtnScheme::NVFP4:
+      return {{"weight_packed", DType::U8, {rows, cols / 2}}, {"weight_scale", DType::F8_E4M3, {rows, cols / 16}},
+              {"weight_global_scale", DType::F32, {1}}};
+  }
+  return {};
+}
+
 std::vector<std::pair<std::string, Tensor>> rtn_quantize(const Tensor& W, const RtnArgs& a) {
   const std::string unfit = rtn_unfit(W.shape(), W.dtype(), a);
   LINEAGE_CHECK(unfit.empty(), "rtn_quantize: ", unfit);

@@ -27,6 +27,15 @@ struct RtnArgs {
 // ("weight_packed", "weight_scale", ...; FP8: "weight" itself), in the order a writer lists them.
 std::vector<std::pair<std::string, Tensor>> rtn_quantize(const Tensor& W, const RtnArgs& args);
 
+// The stored tensors rtn_quantize writes for a matrix of `shape` and `dtype`: suffix, dtype, shape, in
+// its order (a writer declares them before any is computed).
+struct RtnPart {
+  std::string suffix;
+  DType dtype;
+  Shape shape;
+};
+std::vector<RtnPart> rtn_layout(const Shape& shape, DType dtype, const RtnArgs& args);
+
 // Why W cannot take the scheme ("" when it can): its dtype, or rows that are no whole number of groups.
 std::string rtn_unfit(const Shape& shape, DType dtype, const RtnArgs& args);
 
