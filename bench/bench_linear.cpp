@@ -8,12 +8,18 @@
 // some 4 KiB; the other rows' copies sit on huge pages, as presets' and --no-mmap's weights do).
 // `linear/*/mxfp4/*` rows: Kimi K3's routed experts (MXFP4 codes and E8M0 exponents, both counted in
 // the bytes read), GEMV, a step of 8 tokens and a T = 512 GEMM, at the expert's two shapes.
+// `linear/*/{w4a16,w8a16,fp8_block,nvfp4}/*` rows: lineage quantize's formats (codes and scales counted
+// in the bytes read) at Kimi-Linear's and Qwen3-Next's expert and attention shapes.
+#include <cctype>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "bench_support.h"
+#include "lineage/core/dtype.h"
 #include "lineage/core/rng.h"
+#include "lineage/io/quantize.h"
+#include "lineage/io/rtn.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/matrix.h"
 
@@ -87,6 +93,68 @@ void bm_mxfp4(benchmark::State& state, LinearShape s, int64_t T) {
   });
 }
 
+// Copies of one random [out, in] bf16 matrix quantized by lineage quantize's RTN (io/rtn.h) as `scheme`
+// stores it, prepared as the loader prepares it, past kColdBytes together; the last set is kept.
+const std::vector<kernels::Matrix>& cold_quantized(int64_t out, int64_t in, io::RtnScheme scheme) {
+  static std::vector<kernels::Matrix> last;
+  static io::RtnScheme last_scheme{};
+  if (!last.empty() && last[0].out == out && last[0].in == in && last_scheme == scheme) return last;
+  last.clear();
+  last_scheme = scheme;
+  Tensor w = Tensor::empty(DType::BF16, {out, in});
+  const auto v = random_floats(out * in, 5, 0.05f);
+  for (int64_t i = 0; i < out * in; ++i) w.data<uint16_t>()[i] = f32_to_bf16(v[size_t(i)]);
+  const io::RtnArgs args{scheme, 128, 0};
+  const auto parts = io::rtn_quantize(w, args);
+  kernels::Matrix m;
+  m.out = out, m.in = in;
+  using Kind = kernels::StoredQuant::Kind;
+  switch (scheme) {
+    case io::RtnScheme::FP8_BLOCK: m.quant = {Kind::Fp8, 0, 0, 128, 128, true, "bench"}; break;
+    case io::RtnScheme::NVFP4: m.quant = {Kind::Nvfp4, 0, 0, 0, 0, true, "bench"}; break;
+    default: m.quant = {Kind::PackedInt, scheme == io::RtnScheme::W8A16 ? 8 : 4, 128, 0, 0, true, "bench"}; break;
+  }
+  size_t bytes = 0;
+  for (const auto& [suffix, t] : parts) bytes += t.nbytes();
+  const size_t copies = (kColdBytes + bytes - 1) / bytes;
+  for (size_t i = 0; i < copies; ++i) {
+    kernels::Matrix c = m;
+    for (const auto& [suffix, t] : parts) {
+      Tensor& dst = suffix == "weight_packed" || suffix == "weight" ? c.data
+                    : suffix == "weight_scale"                       ? c.scales
+                    : suffix == "weight_global_scale"                ? c.global_scale
+                                                                     : c.weight_shape;
+      dst = t.clone();
+    }
+    kernels::prepare_quant(c, "bench.weight");
+    last.push_back(std::move(c));
+  }
+  return last;
+}
+
+void bm_quantized(benchmark::State& state, LinearShape s, io::RtnScheme scheme, int64_t T) {
+  const std::vector<kernels::Matrix>& w = cold_quantized(s.out, s.in, scheme);
+  const auto x = random_floats(T * s.in, 2);
+  std::vector<float> y(static_cast<size_t>(T * s.out));
+  size_t next = 0;
+  Work work;
+  work.bytes = double(w[0].bytes());
+  work.flops = 2.0 * double(T) * double(s.in) * double(s.out);
+  work.memory_bound = T == 1;
+  run(state, work, [&] {
+    kernels::linear(x.data(), T, w[next], nullptr, y.data());
+    next = (next + 1) % w.size();
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  });
+}
+
+// Kimi-Linear-48B-A3B's routed expert (width 2304, expert 1024) and MLA q_proj (2304 -> 32 x 192);
+// Qwen3-Next-80B-A3B's expert (2048, expert 512) and attention q_proj with its gate (2048 -> 2 x 16 x 256).
+constexpr LinearShape kQuantShapes[] = {{"kimi_expert_gate_up", 2304, 1024}, {"kimi_expert_down", 1024, 2304},
+                                        {"kimi_q_proj", 2304, 6144},         {"qwen_expert_gate_up", 2048, 512},
+                                        {"qwen_expert_down", 512, 2048},     {"qwen_q_proj", 2048, 8192}};
+
 // Kimi K3's routed expert (model width 3584, expert width 3072): gate and up, then down.
 constexpr LinearShape kExpertShapes[] = {{"expert_gate_up", 3584, 3072}, {"expert_down", 3072, 3584}};
 
@@ -97,6 +165,15 @@ const bool registered = [] {
                                std::to_string(s.in) + "x" + std::to_string(s.out);
       benchmark::RegisterBenchmark(name.c_str(), bm_mxfp4, s, T)->UseRealTime()->Unit(benchmark::kMicrosecond);
     }
+  for (const auto& [T, variant] : {std::pair<int64_t, const char*>{1, "gemv"}, {8, "batch8"}, {512, "gemm_T512"}})
+    for (const io::RtnScheme scheme : {io::RtnScheme::W4A16, io::RtnScheme::W8A16, io::RtnScheme::FP8_BLOCK, io::RtnScheme::NVFP4})
+      for (const LinearShape& s : kQuantShapes) {
+        std::string label = io::rtn_scheme_name(scheme);
+        for (char& c : label) c = char(std::tolower(static_cast<unsigned char>(c)));
+        const std::string name = std::string("linear/") + variant + "/" + label + "/out_in/" + s.name + "_" +
+                                 std::to_string(s.in) + "x" + std::to_string(s.out);
+        benchmark::RegisterBenchmark(name.c_str(), bm_quantized, s, scheme, T)->UseRealTime()->Unit(benchmark::kMicrosecond);
+      }
   const bool dot_available = kernels::bf16_dot_available();
   struct Variant {
     int64_t T;

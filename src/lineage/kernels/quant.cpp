@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lineage/core/error.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/matrix.h"
+#include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels {
 
@@ -160,6 +162,35 @@ void prepare_quant(Matrix& W, const std::string& name) {
   v.zero = W.zero_table.defined() ? W.zero_table.data<float>() : nullptr;
   v.in = W.in, v.out = W.out;
   v.row_bytes = W.codes.dim(1);
+}
+
+void decode_rows(const Matrix& W, int64_t o0, int64_t o1, float* dst) {
+  LINEAGE_CHECK(W.quant.defined() && W.qw.q, "decode_rows: a prepared quantized matrix");
+  const GemvQuant& k = gemv_table().quant;
+  const int64_t in = W.in;
+  // Where each column sits in the kernels' order: `prepare` applied to the column indices.
+  std::vector<float> index(static_cast<size_t>(in)), order(index.size()), row(index.size());
+  for (int64_t c = 0; c < in; ++c) index[size_t(c)] = float(c);
+  k.prepare(W.qw, index.data(), order.data());
+  for (int64_t o = o0; o < o1; ++o) {
+    k.decode(W.qw, o, o + 1, row.data());
+    for (int64_t j = 0; j < in; ++j) dst[(o - o0) * in + int64_t(order[size_t(j)])] = row[size_t(j)];
+  }
+}
+
+Matrix quant_rows(const Matrix& W, int64_t r0, int64_t r1) {
+  LINEAGE_CHECK(W.quant.defined() && W.qw.q && r0 >= 0 && r0 <= r1 && r1 <= W.out, "quant_rows: rows ", r0, "..", r1);
+  Matrix m;
+  m.quant = W.quant, m.layout = Layout::OutIn, m.out = r1 - r0, m.in = W.in;
+  m.codes = W.codes.rows(r0, r1);
+  m.scale_table = W.scale_table.rows(r0, r1);
+  if (W.zero_table.defined()) m.zero_table = W.zero_table.rows(r0, r1);
+  m.qw = W.qw;
+  m.qw.out = m.out;
+  m.qw.q = static_cast<const uint8_t*>(m.codes.raw());
+  m.qw.scale = m.scale_table.data<float>();
+  m.qw.zero = m.zero_table.defined() ? m.zero_table.data<float>() : nullptr;
+  return m;
 }
 
 }  // namespace lineage::kernels

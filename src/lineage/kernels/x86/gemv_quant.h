@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/x86/gemv.h"
@@ -31,58 +32,105 @@ inline float group_zero(const QuantWeight& W, int64_t o, int64_t g) { return W.z
 // One weight row (o) against G rows of x: 4-bit codes, x prepared (mxfp4_prepare<W>: per run of 2W
 // columns the W even ones, then the W odd ones). A run lies in one group (its table folds the zero and
 // scale) unless 2W does not divide the group (AVX-512, groups of 16 or 48): then lanes take their own
-// group's zero and scale after a lookup of the bare values (the same arithmetic, the same bits). Four accumulators a row (a run's even and
-// odd columns; alternate runs in alternate pairs), combined in a fixed tree: the same operations for
-// every G, so each row gets the lone GEMV's bits.
-template <class S, int G>
-inline void nibble_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64_t o, float* y, int64_t ldy) {
-  constexpr int V = S::kWidth;
-  constexpr int64_t kRun = 2 * V;
-  const float* values = W.codes == QuantCodes::Int4 ? kInt4Values.v : kFp4Values.v;
-  const uint8_t* q = W.q + o * W.row_bytes;
-  const float* sc = W.scale + o * W.groups;
-  const bool fold = W.group % kRun == 0;
-  typename S::Lut16 lut = S::lut16(values, 1.0f, 0.0f);
-  typename S::Vec a[G][4];
-  for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = S::zero();
-  int64_t table_group = -1;
-  for (int64_t c = 0, run = 0; c < W.in; c += kRun, ++run) {
-    const int64_t grp = c / W.group;
-    if (fold && grp != table_group) lut = S::lut16(values, sc[grp], group_zero(W, o, grp)), table_group = grp;
+// group's zero and scale after a lookup of the bare values (the same arithmetic, the same bits). Four
+// accumulators a row (a run's even and odd columns; alternate runs in alternate pairs, indices fixed at
+// compile time so they stay in registers), combined in a fixed tree: the same operations for every G,
+// so each row gets the lone GEMV's bits.
+template <class S, int G, bool Fold>
+struct NibbleRow {
+  static constexpr int V = S::kWidth;
+  static constexpr int64_t kRun = 2 * V;
+  const QuantWeight& W;
+  const float* values;
+  const uint8_t* q;
+  const float* sc;
+  int64_t o;
+  typename S::Lut16 lut;
+  // The group of the run's first column and of its column V, and where those groups end (runs go
+  // forward a run at a time: no division per run).
+  int64_t grp = 0, grp_end = 0, g2 = 0, g2_end = 0;
+
+  template <int P>
+  inline void run(const float* xd, int64_t ldx, int64_t c, typename S::Vec (&a)[G][4]) {
+    bool moved = c == 0;
+    if (c == 0) grp = 0, grp_end = W.group, g2 = V / W.group, g2_end = (g2 + 1) * W.group;
+    for (; c >= grp_end; moved = true) ++grp, grp_end += W.group;
+    for (; c + V >= g2_end;) ++g2, g2_end += W.group;
+    if constexpr (Fold) {
+      if (moved) lut = S::lut16(values, sc[grp], group_zero(W, o, grp));
+    }
     typename S::Vec even, odd;
     S::nibbles(q + c / 2, lut, even, odd);
-    if (!fold) {  // the run's first V columns (lanes < V/2 of each half) in one group, its last V in the next
-      const int64_t g2 = (c + V) / W.group;
+    if constexpr (!Fold) {  // the run's first V columns (lanes < V/2 of each half) in one group, its last V in the next
       const typename S::Vec s = S::halves(sc[grp], sc[g2]), z = S::halves(group_zero(W, o, grp), group_zero(W, o, g2));
       even = S::mul(S::sub(even, z), s);
       odd = S::mul(S::sub(odd, z), s);
     }
-    const int p = run & 1 ? 2 : 0;
     for (int g = 0; g < G; ++g) {
       const float* xg = xd + g * ldx + c;
-      a[g][p] = S::fma(S::load_f32(xg), even, a[g][p]);
-      a[g][p + 1] = S::fma(S::load_f32(xg + V), odd, a[g][p + 1]);
+      a[g][P] = S::fma(S::load_f32(xg), even, a[g][P]);
+      a[g][P + 1] = S::fma(S::load_f32(xg + V), odd, a[g][P + 1]);
     }
   }
+};
+
+template <class S, int G, bool Fold>
+inline void nibble_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64_t o, float* y, int64_t ldy) {
+  constexpr int64_t kRun = 2 * S::kWidth;
+  const float* values = W.codes == QuantCodes::Int4 ? kInt4Values.v : kFp4Values.v;
+  NibbleRow<S, G, Fold> row{W, values, W.q + o * W.row_bytes, W.scale + o * W.groups, o, S::lut16(values, 1.0f, 0.0f)};
+  typename S::Vec a[G][4];
+  for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = S::zero();
+  int64_t c = 0;
+  for (; c + 2 * kRun <= W.in; c += 2 * kRun) {
+    row.template run<0>(xd, ldx, c, a);
+    row.template run<2>(xd, ldx, c + kRun, a);
+  }
+  if (c < W.in) row.template run<0>(xd, ldx, c, a);
   for (int g = 0; g < G; ++g) y[g * ldy] = S::sum(S::add(S::add(a[g][0], a[g][1]), S::add(a[g][2], a[g][3])));
 }
 
-// The same for 8-bit codes, x in its own order: vector k of a row accumulates into a[k % 4].
-template <class S, int G>
+template <class S, QuantCodes C>
+inline typename S::Vec bytes_of(const uint8_t* q) {
+  if constexpr (C == QuantCodes::Int8) return S::bytes_int8(q);
+  else return S::bytes_fp8(q);
+}
+
+// The same for 8-bit codes, x in its own order: vector k of a row accumulates into a[k % 4] (groups of
+// a multiple of 4 vectors: four at a time with fixed indices; other groups one at a time).
+template <class S, int G, QuantCodes C>
 inline void byte_dot(const float* x, int64_t ldx, const QuantWeight& W, int64_t o, float* y, int64_t ldy) {
   constexpr int V = S::kWidth;
   const uint8_t* q = W.q + o * W.row_bytes;
   const float* sc = W.scale + o * W.groups;
   typename S::Vec a[G][4];
   for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = S::zero();
+  const auto one = [&](int64_t c, typename S::Vec s, typename S::Vec z, typename S::Vec(&acc)[G][4], auto p) {
+    typename S::Vec w = bytes_of<S, C>(q + c);
+    w = S::mul(W.zero ? S::sub(w, z) : w, s);
+    for (int g = 0; g < G; ++g) acc[g][p.value] = S::fma(S::load_f32(x + g * ldx + c), w, acc[g][p.value]);
+  };
+  const bool whole = W.group % (4 * V) == 0 && W.in % (4 * V) == 0;
   int64_t k = 0;
   for (int64_t c0 = 0; c0 < W.in; c0 += W.group) {
     const int64_t grp = c0 / W.group, c1 = c0 + W.group < W.in ? c0 + W.group : W.in;
     const typename S::Vec s = S::broadcast(sc[grp]), z = S::broadcast(group_zero(W, o, grp));
+    if (whole) {
+      for (int64_t c = c0; c < c1; c += 4 * V) {
+        one(c, s, z, a, std::integral_constant<int, 0>{});
+        one(c + V, s, z, a, std::integral_constant<int, 1>{});
+        one(c + 2 * V, s, z, a, std::integral_constant<int, 2>{});
+        one(c + 3 * V, s, z, a, std::integral_constant<int, 3>{});
+      }
+      continue;
+    }
     for (int64_t c = c0; c < c1; c += V, ++k) {
-      typename S::Vec w = W.codes == QuantCodes::Int8 ? S::bytes_int8(q + c) : S::bytes_fp8(q + c);
-      w = S::mul(W.zero ? S::sub(w, z) : w, s);
-      for (int g = 0; g < G; ++g) a[g][k & 3] = S::fma(S::load_f32(x + g * ldx + c), w, a[g][k & 3]);
+      switch (k & 3) {
+        case 0: one(c, s, z, a, std::integral_constant<int, 0>{}); break;
+        case 1: one(c, s, z, a, std::integral_constant<int, 1>{}); break;
+        case 2: one(c, s, z, a, std::integral_constant<int, 2>{}); break;
+        default: one(c, s, z, a, std::integral_constant<int, 3>{}); break;
+      }
     }
   }
   for (int g = 0; g < G; ++g) y[g * ldy] = S::sum(S::add(S::add(a[g][0], a[g][1]), S::add(a[g][2], a[g][3])));
@@ -90,8 +138,14 @@ inline void byte_dot(const float* x, int64_t ldx, const QuantWeight& W, int64_t 
 
 template <class S, int G>
 inline void quant_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64_t o, float* y, int64_t ldy) {
-  if (W.nibbles()) nibble_dot<S, G>(xd, ldx, W, o, y, ldy);
-  else byte_dot<S, G>(xd, ldx, W, o, y, ldy);
+  if (W.nibbles()) {
+    if (W.group % (2 * S::kWidth) == 0) nibble_dot<S, G, true>(xd, ldx, W, o, y, ldy);
+    else nibble_dot<S, G, false>(xd, ldx, W, o, y, ldy);
+  } else if (W.codes == QuantCodes::Int8) {
+    byte_dot<S, G, QuantCodes::Int8>(xd, ldx, W, o, y, ldy);
+  } else {
+    byte_dot<S, G, QuantCodes::Fp8>(xd, ldx, W, o, y, ldy);
+  }
 }
 
 template <class S>

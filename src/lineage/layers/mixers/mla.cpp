@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/backward.h"
+#include "lineage/kernels/matrix.h"
 #include "lineage/kernels/norm.h"
 #include "lineage/kernels/rope.h"
 #include "lineage/kernels/vmath.h"
@@ -106,6 +108,26 @@ void Mla::prepare() {
   const kernels::Matrix& kvb = weights.kv_b_proj;
   LINEAGE_CHECK(kvb.layout == kernels::Layout::OutIn && !kvb.packed, "MLA kv_b_proj must be an [out, in] matrix");
   Prepared p;
+  if (kvb.quant.defined()) {  // quantized: W_UK decoded (exact values) into f32, W_UV as row views
+    const int64_t in = r;
+    std::vector<float> rowsf(size_t(rows * in));
+    p.uk_t = Tensor::empty(DType::F32, {n * r, dn});
+    for (int64_t h = 0; h < n; ++h) {
+      kernels::decode_rows(kvb, h * rows, h * rows + dn, rowsf.data());
+      for (int64_t i = 0; i < dn; ++i)
+        for (int64_t j = 0; j < r; ++j) p.uk_t.data<float>()[(h * r + j) * dn + i] = rowsf[size_t(i * in + j)];
+    }
+    for (int64_t h = 0; h < n; ++h) {
+      kernels::Matrix uk;
+      uk.data = p.uk_t.rows(h * r, (h + 1) * r);
+      uk.out = r, uk.in = dn;
+      p.uk.push_back(std::move(uk));
+      p.uv.push_back(kernels::quant_rows(kvb, h * rows + dn, (h + 1) * rows));
+    }
+    p.ready = true;
+    prepared = std::move(p);
+    return;
+  }
   // W_UK,h = kv_b rows [h·rows, h·rows + dn) as [dn, r]; its transpose [r, dn] into uk_t, element by
   // element in the stored dtype.
   const size_t es = dtype_size(kvb.data.dtype());
