@@ -230,3 +230,31 @@ for name, body, control in [
         ("chat_logprobs", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 3}, 1)]:
     put("fuzz_openai_request", f"{name}.json", json.dumps(body).encode() + bytes([control]))
 
+
+# ---- quantization_config + tensor bytes (fuzz_quantization: section 1 fills the stored tensors) ----
+# The quant goldens' configs (reference/quant_goldens.py) are seeds too: each case's quantization_config
+# with the same filler, written as <case>.txt.
+def qargs(**kw):
+    base = {"actorder": None, "block_structure": None, "dynamic": False, "group_size": None, "num_bits": 4,
+            "observer": "minmax", "strategy": "group", "symmetric": True, "type": "int"}
+    base.update(kw)
+    return base
+
+
+def ct_config(fmt, weights, ignore=("lm_head",)):
+    return {"quant_method": "compressed-tensors", "format": fmt, "ignore": list(ignore),
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "format": fmt}}}
+
+
+filler = bytes((i * 73 + 41) % 256 for i in range(600))
+for name, q in [
+        ("int4_g32", ct_config("pack-quantized", qargs(group_size=32))),
+        ("int4_asym_g16", ct_config("pack-quantized", qargs(group_size=16, symmetric=False))),
+        ("int8_channel", ct_config("pack-quantized", qargs(num_bits=8, strategy="channel"))),
+        ("fp8_block", ct_config("float-quantized", qargs(num_bits=8, type="float", strategy="block",
+                                                          block_structure=[32, 32]))),
+        ("nvfp4", ct_config("nvfp4-pack-quantized", qargs(type="float", strategy="tensor_group", group_size=16))),
+        ("hf_fp8", {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+                    "modules_to_not_convert": ["mlp.gate"], "activation_scheme": "dynamic"}),
+        ("broken_actorder", ct_config("pack-quantized", qargs(group_size=32, actorder="group")))]:
+    put("fuzz_quantization", f"{name}.txt", json.dumps(q).encode() + SEP + filler)

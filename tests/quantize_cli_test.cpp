@@ -167,6 +167,18 @@ TEST(QuantizeCli, BadInputIsRefusedByName) {
   r = run(in + " " + test::shell_quote((test::temp_dir() / "z").string()) + " --scheme W4A16 --group 24");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("multiple of 16"), std::string::npos) << r.err;
+  // Training takes the float checkpoint.
+  const fs::path bin = test::temp_dir() / "ids.bin";
+  {
+    std::FILE* f = std::fopen(bin.c_str(), "wb");
+    for (uint16_t id = 0; id < 200; ++id) std::fwrite(&id, 2, 1, f);
+    std::fclose(f);
+  }
+  r = test::run_lineage("train --model " + test::shell_quote((test::testdata() / "quant" / "w4a16_g32").string()) +
+                        " --data " + test::shell_quote(bin.string()) + " --out " +
+                        test::shell_quote((test::temp_dir() / "trained").string()) + " --steps 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("quantized weights"), std::string::npos) << r.err;
   const fs::path full = test::temp_dir() / "full";
   fs::create_directories(full);
   std::FILE* f = std::fopen((full / "x").c_str(), "w");

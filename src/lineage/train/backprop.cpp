@@ -8,6 +8,8 @@
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/backward.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/matrix.h"
+#include "lineage/layers/common.h"
 #include "lineage/layers/attn_res.h"
 #include "lineage/model/forward.h"
 #include "lineage/model/residual.h"
@@ -17,6 +19,11 @@ namespace lineage::train {
 using model::Model;
 
 void to_trainable(Model& m) {
+  m.for_each_tensor(layers::TensorVisitor::with_matrices([](const std::string& name, kernels::Matrix& w) {
+    if (w.quant.defined())
+      throw Error(cat(name, ": quantized weights (", w.quant.origin,
+                      ") cannot be trained (train the float checkpoint, then lineage quantize it)"));
+  }));
   m.for_each_tensor([](const std::string& name, Tensor& t, const Shape&, layers::Init) {
     if (!t.defined()) return;
     if (t.dtype() == DType::U8)
