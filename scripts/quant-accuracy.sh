@@ -72,15 +72,15 @@ row() {  # model label dir [perplexity flags]
   shift 3
   local p size tg
   p=$($bin perplexity --model "$dir" --data "$work/eval.txt" --ctx 128 --chunks 60 --kld-base "$work/$model.base.npy" --json "$@")
-  size=$(du -cb "$dir"/*.safetensors | tail -1 | cut -f1)
+  size=$(du -cb "$dir"/model*.safetensors | tail -1 | cut -f1)
   tg=$($bin bench --model "$dir" --prompt 0 --gen 64 --repetitions 3 --json "$@" |
        python3 -c 'import json,sys; r=[x for x in json.load(sys.stdin) if x.get("test","").startswith("tg")]; print("%.0f" % r[0]["tokens_per_s"] if r else "?")')
   python3 - "$model" "$label" "$size" "$tg" "$p" <<'EOF'
 import json, sys
 model, label, size, tg, p = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
 k = p.get("kld", {})
-print(f"| {model} | {label} | {size / 2**20:.1f} MiB | {p['ppl']:.2f} | {k.get('mean', 0):.5f} | "
-      f"{k.get('p99', 0):.4f} | {100 * k.get('top1', 1):.1f} % | {tg} |")
+print(f"| {model} | {label} | {size / 2**20:.1f} MiB | {p['ppl']:.2f} | {k.get('mean', 0):.2e} | "
+      f"{k.get('p99', 0):.2e} | {100 * k.get('top1', 1):.1f} % | {tg} |")
 EOF
 }
 

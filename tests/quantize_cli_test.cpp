@@ -123,32 +123,37 @@ TEST(QuantizeCli, ErrorsAreOrderedAsTheyMustBe) {
   EXPECT_LT(mean_kld(want, logits(test::testdata() / "quant" / "w4a16_g32", ids), vocab), 1e-9);
 }
 
-// Kimi Linear quantized with the defaults (MLA's kv_b_proj included): MLA's absorbed form (W_UK decoded,
+// Kimi Linear quantized with the defaults (MLA's kv_b_proj included) as int4 and as MXFP4 (which the
+// Kimi family otherwise marks for the routed experts only): MLA's absorbed form (W_UK decoded,
 // W_UV row views of the codes) equals its explicit form (kv_b_proj's own GEMM), and decoding together
 // gives each sequence its lone bits.
 TEST(QuantizeCli, KimiLinearWithQuantizedMlaRunsBothForms) {
-  const fs::path in = test::testdata() / "kimi_linear" / "bf16_sharded", out = test::temp_dir() / "kimi";
+  const fs::path in = test::testdata() / "kimi_linear" / "bf16_sharded";
   ASSERT_TRUE(fs::exists(in / "config.json"));
-  const auto r = test::run_lineage("quantize " + test::shell_quote(in.string()) + " " + test::shell_quote(out.string()) +
-                                   " --scheme W4A16 --group 32");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const std::vector<int32_t> ids = {5, 17, 3, 99, 42, 7, 7, 1, 64, 23, 8};
-  std::vector<std::vector<float>> by_path;
-  for (const layers::MlaPath path : {layers::MlaPath::Explicit, layers::MlaPath::Absorbed}) {
-    io::LoadedModel lm = io::load_model(out, false);
-    lm.model.options.bf16_dot = false;
-    lm.model.options.mla_path = path;
-    runtime::Session s(lm.model);
-    std::vector<float> all;
-    for (const int32_t id : ids) {  // decode, where the absorbed form runs
-      const auto l = s.decode(id);
-      all.insert(all.end(), l.begin(), l.end());
+  for (const std::string scheme : {"W4A16 --group 32", "MXFP4"}) {
+    SCOPED_TRACE(scheme);
+    const fs::path out = test::temp_dir() / "kimi";
+    const auto r = test::run_lineage("quantize " + test::shell_quote(in.string()) + " " + test::shell_quote(out.string()) +
+                                     " --scheme " + scheme);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::vector<int32_t> ids = {5, 17, 3, 99, 42, 7, 7, 1, 64, 23, 8};
+    std::vector<std::vector<float>> by_path;
+    for (const layers::MlaPath path : {layers::MlaPath::Explicit, layers::MlaPath::Absorbed}) {
+      io::LoadedModel lm = io::load_model(out, false);
+      lm.model.options.bf16_dot = false;
+      lm.model.options.mla_path = path;
+      runtime::Session s(lm.model);
+      std::vector<float> all;
+      for (const int32_t id : ids) {  // decode, where the absorbed form runs
+        const auto l = s.decode(id);
+        all.insert(all.end(), l.begin(), l.end());
+      }
+      by_path.push_back(all);
     }
-    by_path.push_back(all);
+    EXPECT_LE(test::rel_rms(by_path[1].data(), by_path[0].data(), int64_t(by_path[0].size())), 1e-5);
+    const io::LoadedModel lm = io::load_model(out, false);
+    test::expect_decode_together_bitwise(lm.model, 4);
   }
-  EXPECT_LE(test::rel_rms(by_path[1].data(), by_path[0].data(), int64_t(by_path[0].size())), 1e-5);
-  const io::LoadedModel lm = io::load_model(out, false);
-  test::expect_decode_together_bitwise(lm.model, 4);
 }
 
 TEST(QuantizeCli, BadInputIsRefusedByName) {

@@ -370,8 +370,7 @@ model::Model build_from_config(const nlohmann::json& cfg, const std::string& cfg
     m.config.quantization = plan.describe();
     m.config.quantization_unused = plan.ignored;
   }
-  if (!m.config.family_packs_mxfp4)
-    model::apply_quantization(m, plan, has_tensor, cfg_path);
+  model::apply_quantization(m, plan, has_tensor, cfg_path);
   // The parsed document, dumped with sorted keys: whitespace and key order do not change it.
   m.config.config_hash = hash64(cfg.dump());
   return m;

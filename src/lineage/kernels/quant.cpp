@@ -165,23 +165,38 @@ void prepare_quant(Matrix& W, const std::string& name) {
 }
 
 void decode_rows(const Matrix& W, int64_t o0, int64_t o1, float* dst) {
-  LINEAGE_CHECK(W.quant.defined() && W.qw.q, "decode_rows: a prepared quantized matrix");
-  const GemvQuant& k = gemv_table().quant;
-  const int64_t in = W.in;
-  // Where each column sits in the kernels' order: `prepare` applied to the column indices.
-  std::vector<float> index(static_cast<size_t>(in)), order(index.size()), row(index.size());
-  for (int64_t c = 0; c < in; ++c) index[size_t(c)] = float(c);
-  k.prepare(W.qw, index.data(), order.data());
+  const bool mxfp4 = W.packed && !W.quant.defined();
+  LINEAGE_CHECK((W.quant.defined() && W.qw.q) || mxfp4, "decode_rows: a prepared quantized or MXFP4 matrix");
+  const GemvTable& k = gemv_table();
+  const int64_t in = W.in, ld = mxfp4 ? k.mxfp4.stride(in) : in;
+  // Where each column sits in the kernels' order: `prepare` applied to the column numbers from 1 (the
+  // zero padding of MXFP4's order then reads 0).
+  std::vector<float> index(static_cast<size_t>(in)), order(static_cast<size_t>(ld)), row(order.size());
+  for (int64_t c = 0; c < in; ++c) index[size_t(c)] = float(c + 1);
+  if (mxfp4) k.mxfp4.prepare(index.data(), in, order.data());
+  else k.quant.prepare(W.qw, index.data(), order.data());
+  const auto* codes = static_cast<const uint8_t*>(W.data.raw());
+  const auto* scales = static_cast<const uint8_t*>(W.scales.raw());
   for (int64_t o = o0; o < o1; ++o) {
-    k.decode(W.qw, o, o + 1, row.data());
-    for (int64_t j = 0; j < in; ++j) dst[(o - o0) * in + int64_t(order[size_t(j)])] = row[size_t(j)];
+    if (mxfp4) k.mxfp4.decode(codes, scales, in, o, o + 1, row.data());
+    else k.quant.decode(W.qw, o, o + 1, row.data());
+    for (int64_t j = 0; j < ld; ++j)
+      if (order[size_t(j)] > 0) dst[(o - o0) * in + int64_t(order[size_t(j)]) - 1] = row[size_t(j)];
   }
 }
 
 Matrix quant_rows(const Matrix& W, int64_t r0, int64_t r1) {
-  LINEAGE_CHECK(W.quant.defined() && W.qw.q && r0 >= 0 && r0 <= r1 && r1 <= W.out, "quant_rows: rows ", r0, "..", r1);
+  LINEAGE_CHECK(r0 >= 0 && r0 <= r1 && r1 <= W.out, "quant_rows: rows ", r0, "..", r1, " of ", W.out);
   Matrix m;
-  m.quant = W.quant, m.layout = Layout::OutIn, m.out = r1 - r0, m.in = W.in;
+  m.layout = Layout::OutIn, m.out = r1 - r0, m.in = W.in;
+  if (W.packed && !W.quant.defined()) {  // MXFP4: views of its codes' and exponents' rows
+    m.packed = true;
+    m.data = W.data.rows(r0, r1);
+    m.scales = W.scales.rows(r0, r1);
+    return m;
+  }
+  LINEAGE_CHECK(W.quant.defined() && W.qw.q, "quant_rows: a prepared quantized or MXFP4 matrix");
+  m.quant = W.quant;
   m.codes = W.codes.rows(r0, r1);
   m.scale_table = W.scale_table.rows(r0, r1);
   if (W.zero_table.defined()) m.zero_table = W.zero_table.rows(r0, r1);

@@ -241,12 +241,25 @@ QuantPlan parse_quantization(const ConfigFields& cfg) {
 
 void apply_quantization(Model& m, const QuantPlan& plan, const std::function<bool(const std::string&)>& has_tensor,
                         const std::string& where) {
+  if (m.config.family_packs_mxfp4) {
+    // Kimi's MXFP4: the family marked the routed experts; any other matrix the files store packed (what
+    // lineage quantize --scheme MXFP4 writes) is packed too.
+    if (!has_tensor) return;
+    m.for_each_tensor(layers::TensorVisitor::with_matrices([&](const std::string& param, kernels::Matrix& w) {
+      if (!has_tensor(stored_matrix(m.binding, param) + "_packed")) return;
+      w.packed = true;
+      w.layout = kernels::Layout::OutIn;
+    }));
+    return;
+  }
   if (plan.empty()) return;
   const auto mark = [&](const std::string& param, kernels::Matrix& w) {
     const std::string name = stored_matrix(m.binding, param);  // the checkpoint's, as the config names it
     const QuantPlan::Group* g = plan.group_for(module_of(name));
     w.quant = g && !g->mxfp4 ? g->stored : Stored{};
     w.packed = g && g->mxfp4;
+    // Quantized layouts are [out, in] whatever the family stores in float (GPT-2's Conv1D [in, out]).
+    if (w.packed || w.quant.defined()) w.layout = kernels::Layout::OutIn;
     if (!has_tensor) return;
     const bool stored_packed = has_tensor(name + "_packed"), stored_plain = has_tensor(name);
     const bool stored_fp8 = stored_plain && (has_tensor(name + "_scale") || has_tensor(name + "_scale_inv"));

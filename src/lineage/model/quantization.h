@@ -54,7 +54,9 @@ struct QuantPlan {
 // dynamic weights.
 QuantPlan parse_quantization(const ConfigFields& cfg);
 
-// Sets each matrix's stored layout from the plan (Matrix::quant, or Matrix::packed for MXFP4). With
+// Sets each matrix's stored layout from the plan (Matrix::quant, or Matrix::packed for MXFP4); where the
+// family marks its own MXFP4 matrices (ModelConfig::family_packs_mxfp4), only adds those the files
+// store packed. With
 // `has_tensor` (a checkpoint), checks every matrix against the tensors present: a matrix the plan
 // quantizes stored as a plain `weight`, or one it leaves alone stored packed, is an Error naming the
 // tensor and the config field.

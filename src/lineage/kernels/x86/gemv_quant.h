@@ -31,62 +31,78 @@ inline float group_zero(const QuantWeight& W, int64_t o, int64_t g) { return W.z
 
 // One weight row (o) against G rows of x: 4-bit codes, x prepared (mxfp4_prepare<W>: per run of 2W
 // columns the W even ones, then the W odd ones). A run lies in one group (its table folds the zero and
-// scale) unless 2W does not divide the group (AVX-512, groups of 16 or 48): then lanes take their own
-// group's zero and scale after a lookup of the bare values (the same arithmetic, the same bits). Four
-// accumulators a row (a run's even and odd columns; alternate runs in alternate pairs, indices fixed at
-// compile time so they stay in registers), combined in a fixed tree: the same operations for every G,
-// so each row gets the lone GEMV's bits.
-template <class S, int G, bool Fold>
-struct NibbleRow {
-  static constexpr int V = S::kWidth;
-  static constexpr int64_t kRun = 2 * V;
-  const QuantWeight& W;
-  const float* values;
-  const uint8_t* q;
-  const float* sc;
-  int64_t o;
-  typename S::Lut16 lut;
-  // The group of the run's first column and of its column V, and where those groups end (runs go
-  // forward a run at a time: no division per run).
-  int64_t grp = 0, grp_end = 0, g2 = 0, g2_end = 0;
-
-  template <int P>
-  inline void run(const float* xd, int64_t ldx, int64_t c, typename S::Vec (&a)[G][4]) {
-    bool moved = c == 0;
-    if (c == 0) grp = 0, grp_end = W.group, g2 = V / W.group, g2_end = (g2 + 1) * W.group;
-    for (; c >= grp_end; moved = true) ++grp, grp_end += W.group;
-    for (; c + V >= g2_end;) ++g2, g2_end += W.group;
-    if constexpr (Fold) {
-      if (moved) lut = S::lut16(values, sc[grp], group_zero(W, o, grp));
-    }
-    typename S::Vec even, odd;
-    S::nibbles(q + c / 2, lut, even, odd);
-    if constexpr (!Fold) {  // the run's first V columns (lanes < V/2 of each half) in one group, its last V in the next
-      const typename S::Vec s = S::halves(sc[grp], sc[g2]), z = S::halves(group_zero(W, o, grp), group_zero(W, o, g2));
-      even = S::mul(S::sub(even, z), s);
-      odd = S::mul(S::sub(odd, z), s);
-    }
-    for (int g = 0; g < G; ++g) {
-      const float* xg = xd + g * ldx + c;
-      a[g][P] = S::fma(S::load_f32(xg), even, a[g][P]);
-      a[g][P + 1] = S::fma(S::load_f32(xg + V), odd, a[g][P + 1]);
-    }
+// scale: the same rounding as decoding each weight) unless 2W does not divide the group. Four
+// accumulators a row, their indices fixed at compile time so that they stay in registers, combined
+// in a fixed tree: the same operations for every G, so each row gets the lone GEMV's bits.
+// A run of 2V columns at c decoded through `lut` (the zero and scale folded in) and multiplied into
+// accumulators P and P + 1 of each of the G rows of x.
+template <class S, int G, int P>
+inline void nibble_run(const float* xd, int64_t ldx, const uint8_t* q, int64_t c, const typename S::Lut16& lut,
+                       typename S::Vec (&a)[G][4]) {
+  constexpr int V = S::kWidth;
+  typename S::Vec even, odd;
+  S::nibbles(q + c / 2, lut, even, odd);
+  for (int g = 0; g < G; ++g) {
+    const float* xg = xd + g * ldx + c;
+    a[g][P] = S::fma(S::load_f32(xg), even, a[g][P]);
+    a[g][P + 1] = S::fma(S::load_f32(xg + V), odd, a[g][P + 1]);
   }
-};
+}
 
-template <class S, int G, bool Fold>
+// The row's runs, group by group with no test per run: groups of two runs or more take their table
+// once and their runs in pairs (alternate pairs of accumulators); groups of one run (AVX-512, 32
+// columns) go two groups at a time; groups of 16 on AVX-512 (NVFP4) give each half of a run its own
+// zero and scale after a lookup of the bare values; other groups narrower than a run by the general loop.
+template <class S, int G>
 inline void nibble_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64_t o, float* y, int64_t ldy) {
-  constexpr int64_t kRun = 2 * S::kWidth;
+  constexpr int V = S::kWidth;
+  constexpr int64_t kRun = 2 * V;
   const float* values = W.codes == QuantCodes::Int4 ? kInt4Values.v : kFp4Values.v;
-  NibbleRow<S, G, Fold> row{W, values, W.q + o * W.row_bytes, W.scale + o * W.groups, o, S::lut16(values, 1.0f, 0.0f)};
+  const uint8_t* q = W.q + o * W.row_bytes;
+  const float* sc = W.scale + o * W.groups;
   typename S::Vec a[G][4];
   for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = S::zero();
-  int64_t c = 0;
-  for (; c + 2 * kRun <= W.in; c += 2 * kRun) {
-    row.template run<0>(xd, ldx, c, a);
-    row.template run<2>(xd, ldx, c + kRun, a);
+  const auto table = [&](int64_t grp) { return S::lut16(values, sc[grp], group_zero(W, o, grp)); };
+  if (W.group % kRun == 0 && W.group >= 2 * kRun) {
+    for (int64_t c0 = 0, grp = 0; c0 < W.in; c0 += W.group, ++grp) {
+      const typename S::Lut16 lut = table(grp);
+      const int64_t end = c0 + W.group < W.in ? c0 + W.group : W.in;
+      int64_t c = c0;
+      for (; c + 2 * kRun <= end; c += 2 * kRun) {
+        nibble_run<S, G, 0>(xd, ldx, q, c, lut, a);
+        nibble_run<S, G, 2>(xd, ldx, q, c + kRun, lut, a);
+      }
+      if (c < end) nibble_run<S, G, 0>(xd, ldx, q, c, lut, a);
+    }
+  } else if (W.group == kRun) {
+    int64_t c = 0;
+    for (; c + 2 * kRun <= W.in; c += 2 * kRun) {
+      nibble_run<S, G, 0>(xd, ldx, q, c, table(c / kRun), a);
+      nibble_run<S, G, 2>(xd, ldx, q, c + kRun, table(c / kRun + 1), a);
+    }
+    if (c < W.in) nibble_run<S, G, 0>(xd, ldx, q, c, table(c / kRun), a);
+  } else {  // 2V does not divide the group: each half of a run (V columns) in its group
+    const typename S::Lut16 bare = S::lut16(values, 1.0f, 0.0f);
+    const bool halves16 = W.group == V;
+    for (int64_t c = 0, run = 0; c < W.in; c += kRun, ++run) {
+      const int64_t ga = halves16 ? c / V : c / W.group, gb = halves16 ? ga + 1 : (c + V) / W.group;
+      typename S::Vec even, odd;
+      S::nibbles(q + c / 2, bare, even, odd);
+      const typename S::Vec s = S::halves(sc[ga], sc[gb]), z = S::halves(group_zero(W, o, ga), group_zero(W, o, gb));
+      even = S::mul(S::sub(even, z), s);
+      odd = S::mul(S::sub(odd, z), s);
+      for (int g = 0; g < G; ++g) {
+        const float* xg = xd + g * ldx + c;
+        if (run & 1) {
+          a[g][2] = S::fma(S::load_f32(xg), even, a[g][2]);
+          a[g][3] = S::fma(S::load_f32(xg + V), odd, a[g][3]);
+        } else {
+          a[g][0] = S::fma(S::load_f32(xg), even, a[g][0]);
+          a[g][1] = S::fma(S::load_f32(xg + V), odd, a[g][1]);
+        }
+      }
+    }
   }
-  if (c < W.in) row.template run<0>(xd, ldx, c, a);
   for (int g = 0; g < G; ++g) y[g * ldy] = S::sum(S::add(S::add(a[g][0], a[g][1]), S::add(a[g][2], a[g][3])));
 }
 
@@ -139,8 +155,7 @@ inline void byte_dot(const float* x, int64_t ldx, const QuantWeight& W, int64_t 
 template <class S, int G>
 inline void quant_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64_t o, float* y, int64_t ldy) {
   if (W.nibbles()) {
-    if (W.group % (2 * S::kWidth) == 0) nibble_dot<S, G, true>(xd, ldx, W, o, y, ldy);
-    else nibble_dot<S, G, false>(xd, ldx, W, o, y, ldy);
+    nibble_dot<S, G>(xd, ldx, W, o, y, ldy);
   } else if (W.codes == QuantCodes::Int8) {
     byte_dot<S, G, QuantCodes::Int8>(xd, ldx, W, o, y, ldy);
   } else {

@@ -106,9 +106,9 @@ void Mla::prepare() {
   const Config& c = config;
   const int64_t n = c.n_heads, r = c.kv_lora_rank, dn = c.d_nope, dv = c.d_v, rows = dn + dv;
   const kernels::Matrix& kvb = weights.kv_b_proj;
-  LINEAGE_CHECK(kvb.layout == kernels::Layout::OutIn && !kvb.packed, "MLA kv_b_proj must be an [out, in] matrix");
+  LINEAGE_CHECK(kvb.layout == kernels::Layout::OutIn, "MLA kv_b_proj must be an [out, in] matrix");
   Prepared p;
-  if (kvb.quant.defined()) {  // quantized: W_UK decoded (exact values) into f32, W_UV as row views
+  if (kvb.quant.defined() || kvb.packed) {  // quantized: W_UK decoded (exact values) into f32, W_UV as row views
     const int64_t in = r;
     std::vector<float> rowsf(size_t(rows * in));
     p.uk_t = Tensor::empty(DType::F32, {n * r, dn});
