@@ -8,6 +8,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "lineage/io/safetensors.h"
 #include "lineage/tokenizer/bpe_model.h"
 #include "test_support.h"
 
@@ -467,6 +468,44 @@ std::vector<Case> cases() {
     // "01" is bytes 48 and 49, inside the tiny vocabulary of 50.
     return std::pair{"generate --model " + q(d) + " --prompt '01' --max-tokens 3",
                      std::vector<std::string>{"logits at position 1", "not finite"}};
+  });
+
+  // Quantized checkpoints: a copy of the reference's compressed-tensors int4 case, damaged.
+  const auto quantized = [](const std::function<void(Tensors&, json&)>& edit) {
+    const fs::path src = test::testdata() / "quant" / "w4a16_g32", d = test::temp_dir();
+    std::ifstream in(src / "config.json");
+    json config = json::parse(in);
+    Tensors t;
+    const io::Checkpoint ck = io::Checkpoint::open(src);
+    for (const auto& n : ck.names()) t.push_back({n, ck.tensor(n).clone()});
+    edit(t, config);
+    test::write_text(d / "config.json", config.dump());
+    test::write_safetensors(d / "model.safetensors", t);
+    return d;
+  };
+  const std::string kDown = "model.layers.1.mlp.experts.3.down_proj.weight";
+  // (by value: the cases run after this function returns)
+  add("quantized_nan_scale", [=] {
+    const fs::path d = quantized([=](Tensors& t, json&) {
+      for (auto& [n, x] : t)
+        if (n == kDown + "_scale") static_cast<uint16_t*>(x.raw_mut())[1] = 0x7fc0;
+    });
+    return std::pair{logits_of(d), std::vector<std::string>{d.string(), kDown + "_scale", "not finite"}};
+  });
+  add("quantized_unknown_format", [=] {
+    const fs::path d = quantized([](Tensors&, json& c) { c["quantization_config"]["config_groups"]["group_0"]["format"] = "marlin-24"; });
+    return std::pair{logits_of(d), std::vector<std::string>{"config_groups.group_0", "\"marlin-24\" is not supported"}};
+  });
+  add("quantized_scale_shape", [=] {
+    const fs::path d = quantized([=](Tensors& t, json&) {
+      for (auto& [n, x] : t)
+        if (n == kDown + "_scale") x = Tensor::zeros(DType::BF16, {64, 3});
+    });
+    return std::pair{logits_of(d), std::vector<std::string>{kDown + "_scale", "shape [64, 3], expected [64, 1]"}};
+  });
+  add("quantized_config_quantizes_a_float_tensor", [=] {
+    const fs::path d = quantized([](Tensors&, json& c) { c["quantization_config"]["ignore"] = json::array({"lm_head"}); });
+    return std::pair{logits_of(d), std::vector<std::string>{"mlp.gate.weight", "stored unquantized", "config_groups.group_0"}};
   });
 
   // Command-line values.

@@ -7,12 +7,16 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "batch_check.h"
 #include "lineage/core/error.h"
 #include "lineage/io/load_model.h"
 #include "lineage/io/npy.h"
+#include "lineage/kernels/linear.h"
+#include "lineage/layers/common.h"
 #include "lineage/runtime/session.h"
 #include "test_support.h"
 

@@ -4,8 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "lineage/io/load_model.h"
 #include "lineage/io/npy.h"
 #include "lineage/io/safetensors.h"
+#include "lineage/layers/step.h"
 #include "lineage/runtime/session.h"
 #include "batch_check.h"
 #include "test_support.h"
