@@ -43,7 +43,7 @@ import compressed_tensors as ct
 from golden_io import (bf16_dot_golden, case_tokens, check_causal, check_contract, f32_errors,
                        f32_manifest_entries, layers_summary, manifest_head, read_model_dir, relative_rms, write_golden,
                        write_model_dir)
-from qwen import (QwenConfig, canonical_weights, intermediate_shapes, qwen_forward,
+from qwen import (QwenConfig, bf16_weight_names, canonical_weights, intermediate_shapes, qwen_forward,
                   tensor_specs)
 from qwen_goldens import NEXT_CONFIG, init_params, min_margin, routing_problem, routing_problems
 
