@@ -107,6 +107,15 @@ def hybrid_dir(tmp_path_factory) -> Path:
     return write_tiny_hybrid(tmp_path_factory.mktemp("hybrid"))
 
 
+@pytest.fixture(scope="session")
+def quantized_dir(hybrid_dir, tmp_path_factory) -> Path:
+    """The tiny hybrid written by `lineage quantize` as int4 (group 32): compressed-tensors codes in
+    every projection, its MLA and experts included."""
+    out = tmp_path_factory.mktemp("quantized") / "w4a16"
+    run_lineage("quantize", str(hybrid_dir), str(out), "--scheme", "W4A16", "--group", "32")
+    return out
+
+
 @pytest.fixture(scope="module")
 def gpt2_server(gpt2_dir):
     s = Server(gpt2_dir, "--ctx", "64", "--slots", "4")
@@ -117,6 +126,13 @@ def gpt2_server(gpt2_dir):
 @pytest.fixture(scope="module")
 def hybrid_server(hybrid_dir):
     s = Server(hybrid_dir, "--ctx", "512", "--slots", "4", "--checkpoint-every", "16")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def quantized_server(quantized_dir):
+    s = Server(quantized_dir, "--ctx", "512", "--slots", "4")
     yield s
     s.stop()
 

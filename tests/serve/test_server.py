@@ -20,7 +20,7 @@ def generate_cli(model_dir, prompt: str, max_tokens: int) -> str:
     return out[:-1]
 
 
-@pytest.mark.parametrize("which", ["gpt2", "hybrid"])
+@pytest.mark.parametrize("which", ["gpt2", "hybrid", "quantized"])
 def test_completion_equals_generate(which, request):
     server, model_dir = request.getfixturevalue(f"{which}_server"), request.getfixturevalue(f"{which}_dir")
     for prompt, n in [("The quick brown fox", 12), ("Hello", 5), ("A longer prompt about the lineage of models, " * 3, 9)]:
