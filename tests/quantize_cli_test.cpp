@@ -171,6 +171,9 @@ TEST(QuantizeCli, BadInputIsRefusedByName) {
   r = run(in + " " + test::shell_quote((test::temp_dir() / "y").string()) + " --scheme FP8_BLOCK --group 32");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--group"), std::string::npos) << r.err;
+  r = run(in + " " + test::shell_quote((test::temp_dir() / "w").string()) + " --scheme W4A16 --ignore 're:(unclosed'");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--ignore: \"re:(unclosed\" is not a regular expression"), std::string::npos) << r.err;
   r = run(in + " " + test::shell_quote((test::temp_dir() / "z").string()) + " --scheme W4A16 --group 24");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("multiple of 16"), std::string::npos) << r.err;

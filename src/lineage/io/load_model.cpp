@@ -100,10 +100,11 @@ Tensor scale_rows(const Tensor& blocks, const kernels::StoredQuant& q, int64_t r
   return out;
 }
 
-// A quantized companion of a split matrix's part that is not cut by rows: the zero points (packed along
-// rows; rows_of_part(r) is the whole tensor's row that holds the part's row r), weight_shape (the whole tensor's, checked; the part gets its own), one scale for
-// the whole tensor or NVFP4's global scale (shared). False after adding to `wrong`; `done` set when
-// bound here, left empty when the companion is cut by rows as the codes are.
+// A quantized companion of a split matrix's part that is not cut by rows as its codes are: the zero
+// points (packed along rows: the part's rows, rows_of_part(r) for its row r, unpacked and packed
+// again), weight_shape (the whole tensor's, checked; the part gets its own), one scale for the whole
+// tensor or NVFP4's global scale (shared). False after adding to `wrong`; `done` set when bound here,
+// left empty when the companion is cut by rows as the codes are.
 bool split_companion(const Checkpoint& ckpt, const std::string& stored, const std::string& companion,
                      const kernels::StoredQuant& q, int64_t total, int64_t part_rows,
                      const std::function<int64_t(int64_t)>& rows_of_part, std::vector<std::string>& wrong,

@@ -168,6 +168,14 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   QuantizeReport r;
   RtnArgs args{o.scheme, is_int(o.scheme) ? o.group.value_or(128) : 0, 0};
   r.ignore = o.ignore.empty() ? default_ignore() : o.ignore;
+  for (const std::string& e : r.ignore) {
+    if (!e.starts_with("re:")) continue;
+    try {
+      std::regex(e.substr(3));
+    } catch (const std::regex_error& err) {
+      throw Error(cat("--ignore: \"", e, "\" is not a regular expression after \"re:\" (", err.what(), ")"));
+    }
+  }
   if (std::find(r.ignore.begin(), r.ignore.end(), "lm_head") == r.ignore.end()) r.ignore.insert(r.ignore.begin(), "lm_head");
   std::set<std::string> chosen;
   for (const auto& [name, in_out] : linear) {
@@ -186,7 +194,11 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   std::map<std::string, double> set_amax;
   if (o.scheme == RtnScheme::NVFP4)
     for (const std::string& name : chosen)
-      if (const std::string s = fused_set(name); !s.empty()) set_amax[s] = std::max(set_amax[s], rtn_amax(ckpt.tensor(name)));
+      if (const std::string s = fused_set(name); !s.empty()) {
+        const Tensor w = ckpt.tensor(name);
+        set_amax[s] = std::max(set_amax[s], rtn_amax(w));
+        release(w);
+      }
 
   // The output's tensors in the input's order, each quantized one as its stored companions; shards cut
   // at shard_bytes.
