@@ -76,8 +76,8 @@ const std::vector<kernels::Matrix>& cold_mxfp4(int64_t out, int64_t in) {
   return last;
 }
 
-void bm_mxfp4(benchmark::State& state, LinearShape s, int64_t T) {
-  const std::vector<kernels::Matrix>& w = cold_mxfp4(s.out, s.in);
+// `T` rows of x through the next of the copies `w` at each call (their stored bytes counted as read).
+void bm_matrices(benchmark::State& state, const std::vector<kernels::Matrix>& w, LinearShape s, int64_t T) {
   const auto x = random_floats(T * s.in, 2);
   std::vector<float> y(static_cast<size_t>(T * s.out));
   size_t next = 0;
@@ -92,6 +92,8 @@ void bm_mxfp4(benchmark::State& state, LinearShape s, int64_t T) {
     benchmark::ClobberMemory();
   });
 }
+
+void bm_mxfp4(benchmark::State& state, LinearShape s, int64_t T) { bm_matrices(state, cold_mxfp4(s.out, s.in), s, T); }
 
 // Copies of one random [out, in] bf16 matrix quantized by lineage quantize's RTN (io/rtn.h) as `scheme`
 // stores it, prepared as the loader prepares it, past kColdBytes together; the last set is kept.
@@ -133,20 +135,7 @@ const std::vector<kernels::Matrix>& cold_quantized(int64_t out, int64_t in, io::
 }
 
 void bm_quantized(benchmark::State& state, LinearShape s, io::RtnScheme scheme, int64_t T) {
-  const std::vector<kernels::Matrix>& w = cold_quantized(s.out, s.in, scheme);
-  const auto x = random_floats(T * s.in, 2);
-  std::vector<float> y(static_cast<size_t>(T * s.out));
-  size_t next = 0;
-  Work work;
-  work.bytes = double(w[0].bytes());
-  work.flops = 2.0 * double(T) * double(s.in) * double(s.out);
-  work.memory_bound = T == 1;
-  run(state, work, [&] {
-    kernels::linear(x.data(), T, w[next], nullptr, y.data());
-    next = (next + 1) % w.size();
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  });
+  bm_matrices(state, cold_quantized(s.out, s.in, scheme), s, T);
 }
 
 // Kimi-Linear-48B-A3B's routed expert (width 2304, expert 1024) and MLA q_proj (2304 -> 32 x 192);

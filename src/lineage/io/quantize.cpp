@@ -17,6 +17,7 @@
 #include "lineage/io/safetensors.h"
 #include "lineage/layers/common.h"
 #include "lineage/model/binding.h"
+#include "lineage/model/quantization.h"
 
 namespace lineage::io {
 
@@ -69,15 +70,10 @@ json quantization_config(RtnScheme s, int64_t group, const std::vector<std::stri
           {"quantization_status", "compressed"}, {"transform_config", json::object()}, {"version", "0.18.0"}};
 }
 
-// An ignore entry against a module name: the exact name, or a `re:` pattern matched from the start.
-bool ignored(const std::string& module, const std::vector<std::string>& ignore) {
-  for (const std::string& e : ignore) {
-    if (e.starts_with("re:")) {
-      if (std::regex_search(module, std::regex(e.substr(3)), std::regex_constants::match_continuous)) return true;
-    } else if (module == e) {
-      return true;
-    }
-  }
+// Whether the module matches an ignore entry (exact name, or `re:` from the start of the name).
+bool ignored(const std::string& module, const std::vector<model::QuantPlan::Pattern>& ignore) {
+  for (const auto& p : ignore)
+    if (p.kind != model::QuantPlan::Pattern::Kind::Class && p.matches(module)) return true;
   return false;
 }
 
@@ -168,18 +164,12 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   QuantizeReport r;
   RtnArgs args{o.scheme, is_int(o.scheme) ? o.group.value_or(128) : 0, 0};
   r.ignore = o.ignore.empty() ? default_ignore() : o.ignore;
-  for (const std::string& e : r.ignore) {
-    if (!e.starts_with("re:")) continue;
-    try {
-      std::regex(e.substr(3));
-    } catch (const std::regex_error& err) {
-      throw Error(cat("--ignore: \"", e, "\" is not a regular expression after \"re:\" (", err.what(), ")"));
-    }
-  }
+  std::vector<model::QuantPlan::Pattern> ignore;
+  for (const std::string& e : r.ignore) ignore.push_back(model::QuantPlan::Pattern::parse(e, "--ignore"));
   if (std::find(r.ignore.begin(), r.ignore.end(), "lm_head") == r.ignore.end()) r.ignore.insert(r.ignore.begin(), "lm_head");
   std::set<std::string> chosen;
   for (const auto& [name, in_out] : linear) {
-    if (ignored(module_of(name), r.ignore)) continue;
+    if (ignored(module_of(name), ignore)) continue;
     const TensorEntry& e = ckpt.entry(name);
     const Shape shape = in_out ? Shape{e.shape[1], e.shape[0]} : e.shape;
     const std::string why = rtn_unfit(shape, e.dtype, args);

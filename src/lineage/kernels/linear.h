@@ -36,7 +36,7 @@ inline Shape stored_shape(Layout layout, int64_t in, int64_t out) {
 //     sign; magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6);
 //   Int8: one byte a column, value u - 128;
 //   Fp8 (E4M3): one byte a column, its FP8 value (S.1111.111 NaN).
-// The scales and zero points are tables the loader prepares from the stored ones (model/quantization.h);
+// The scales and zero points are tables prepare_quant (matrix.h) makes from the stored ones;
 // `in` is a multiple of 32 (4-bit codes) or 16 (8-bit), and `group` a multiple of 16 (or `in`, one scale a row).
 enum class QuantCodes : uint8_t { Int4, Fp4, Int8, Fp8 };
 struct QuantWeight {

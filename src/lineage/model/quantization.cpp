@@ -18,24 +18,12 @@ std::string module_of(const std::string& weight) {
 }
 
 QuantPlan::Pattern pattern(const std::string& text, const ConfigFields& where, const std::string& field, bool substring) {
-  QuantPlan::Pattern p;
-  p.text = text;
-  if (substring) {
-    p.kind = QuantPlan::Pattern::Kind::Substring;
-  } else if (text.starts_with("re:")) {
-    p.kind = QuantPlan::Pattern::Kind::Regex;
-    try {
-      p.re = std::regex(text.substr(3), std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      where.fail(field, cat("a regular expression after \"re:\" (", e.what(), ")"));
-    }
-  } else if (text == "Linear") {
-    p.kind = QuantPlan::Pattern::Kind::Class;
-  } else if (!text.empty() && std::isupper(static_cast<unsigned char>(text[0])) && text.find('.') == std::string::npos) {
-    where.fail(field, cat("module names, \"re:\" patterns or the class \"Linear\" (lineage matches no other class; \"",
-                          text, "\" names one)"));
+  if (substring) return QuantPlan::Pattern{text, QuantPlan::Pattern::Kind::Substring, {}};
+  try {
+    return QuantPlan::Pattern::parse(text, field);
+  } catch (const Error& e) {
+    where.fail(field, e.what());
   }
-  return p;
 }
 
 std::vector<QuantPlan::Pattern> patterns(const ConfigFields& c, const std::string& key, bool substring = false) {
@@ -181,6 +169,25 @@ std::string stored_name(const Stored& s) {
 }
 
 }  // namespace
+
+QuantPlan::Pattern QuantPlan::Pattern::parse(const std::string& text, const std::string& field) {
+  Pattern p;
+  p.text = text;
+  if (text.starts_with("re:")) {
+    p.kind = Kind::Regex;
+    try {
+      p.re = std::regex(text.substr(3), std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      throw Error(cat(field, ": \"", text, "\" is not a regular expression after \"re:\" (", e.what(), ")"));
+    }
+  } else if (text == "Linear") {
+    p.kind = Kind::Class;
+  } else if (!text.empty() && std::isupper(static_cast<unsigned char>(text[0])) && text.find('.') == std::string::npos) {
+    throw Error(cat(field, ": module names, \"re:\" patterns or the class \"Linear\" (lineage matches no other class; \"",
+                    text, "\" names one)"));
+  }
+  return p;
+}
 
 bool QuantPlan::Pattern::matches(const std::string& module) const {
   switch (kind) {

@@ -25,6 +25,9 @@ struct QuantPlan {
     enum class Kind : uint8_t { Name, Regex, Class, Substring } kind = Kind::Name;
     std::regex re = {};
     bool matches(const std::string& module) const;
+    // A compressed-tensors ignore or target entry ("name", "re:PATTERN", "Linear"); an Error naming
+    // `field` when the pattern is no regular expression or names a class other than Linear.
+    static Pattern parse(const std::string& text, const std::string& field);
   };
   struct Group {
     std::string field;  // "quantization_config.config_groups.group_0", for messages
