@@ -143,8 +143,8 @@ struct GemvUnit {
 
 // Rows [u.a, u.b) of output o on the exact path (k), or for BF16 weights in the bf16 dot mode (dot
 // not null) with x as the bf16 pairs xp ([out, in]) or as x rounded to bf16 (xr, [in, out]); MXFP4
-// weights read x prepared for them (xm), quantized ones theirs (xq: 4-bit and 8-bit codes each
-// prepare their own order, so a group holds at most one of each).
+// weights read x prepared for them (xm), quantized ones theirs (xq: the order GemvQuant::order names
+// for the weight, prepared once for the group).
 void gemv_unit(const GemvTable& k, const GemvBf16Dot* dot, const float* x, const uint32_t* xp, const float* xr,
                const float* xm, const float* xq, const LinearOut& o, const GemvUnit& u, float* partials) {
   if (o.W.quant) {
@@ -190,15 +190,17 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   const GemvTable& k = gemv_table();
   const GemmPath* dot_path = gemm_table().bf16_dot;
   const GemvBf16Dot* dot = gemv_bf16_dot();
-  thread_local std::vector<char> prepared, rounded_x, partial_buf, mxfp4_x, nibble_x, byte_x;
+  thread_local std::vector<char> prepared, rounded_x, partial_buf, mxfp4_x, quant_x[GemvQuant::kOrders];
   const uint32_t* xp = nullptr;
-  const float* xr = nullptr, *xm = nullptr, *xq_nibbles = nullptr, *xq_bytes = nullptr;
+  const float* xr = nullptr, *xm = nullptr, *xq[GemvQuant::kOrders] = {};
   auto rounded = [&](const LinearOut& o) { return dot && dot_path && own_gemm(o.W) == dot_path; };
   for (const LinearOut& o : outs) {
     LINEAGE_CHECK(o.W.in() == outs[0].W.in(), "linear_group: weights of different input sizes");
     if (o.W.mxfp4() && !xm) xm = mxfp4_prepared(k, x, 1, o.W.in(), mxfp4_x);
-    if (o.W.quant && o.W.quant->nibbles() && !xq_nibbles) xq_nibbles = quant_prepared(k, *o.W.quant, x, 1, nibble_x);
-    if (o.W.quant && !o.W.quant->nibbles() && !xq_bytes) xq_bytes = quant_prepared(k, *o.W.quant, x, 1, byte_x);
+    if (o.W.quant) {
+      const int order = k.quant.order(*o.W.quant);
+      if (!xq[order]) xq[order] = quant_prepared(k, *o.W.quant, x, 1, quant_x[order]);
+    }
     if (xp || !rounded(o)) continue;
     const int64_t in = o.W.in();
     auto* buf = static_cast<uint32_t*>(aligned_scratch(prepared, dot_path->prepared_bytes(1, in)));
@@ -264,8 +266,8 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   parallel_shares(starts, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const LinearOut& o = outs[size_t(u[i].j)];
-      const float* xq = o.W.quant && o.W.quant->nibbles() ? xq_nibbles : xq_bytes;
-      gemv_unit(k, rounded(o) ? dot : nullptr, x, xp, xr, xm, xq, o, u[i], partials);
+      const float* xo = o.W.quant ? xq[k.quant.order(*o.W.quant)] : nullptr;
+      gemv_unit(k, rounded(o) ? dot : nullptr, x, xp, xr, xm, xo, o, u[i], partials);
       if (u[i].part < 0) {
         finish_rows(o, u[i].a, u[i].b);
       } else if (remaining[u[i].j].fetch_sub(1, std::memory_order_acq_rel) == 1) {

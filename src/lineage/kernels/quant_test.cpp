@@ -259,23 +259,25 @@ TEST(Quant, LinearMatchesRefOverShapesTokensThreads) {
   set_threads(0);
 }
 
-// A group of quantized outputs of both code widths beside a BF16 one, for one token: each what
-// linear() gives it alone.
+// A group of quantized outputs of both code widths and of every x order (int4 g32 in runs, int4 g128
+// in lines on AVX-512, int8 bytes, NVFP4) for one token: each what linear() gives it alone.
 TEST(Quant, GroupEqualsOneCallEach) {
   constexpr int64_t in = 256;
   const Matrix a = random_quant(kSpecs[0], 70, in, 11), b = random_quant(kSpecs[7], 40, in, 12),
-               c = random_quant(kSpecs[11], 30, in, 13);
+               c = random_quant(kSpecs[11], 30, in, 13), d = random_quant(kSpecs[1], 20, in, 15);
   const std::vector<float> x = random_floats(in, 14);
-  std::vector<float> ya(70), yb(40), yc(30), wa(70), wb(40), wc(30);
+  std::vector<float> ya(70), yb(40), yc(30), yd(20), wa(70), wb(40), wc(30), wd(20);
   const LinearOut outs[] = {{a.view(false), nullptr, ya.data()}, {b.view(false), nullptr, yb.data()},
-                            {c.view(false), nullptr, yc.data()}};
+                            {c.view(false), nullptr, yc.data()}, {d.view(false), nullptr, yd.data()}};
   linear_group(x.data(), 1, outs);
   linear(x.data(), 1, a, nullptr, wa.data());
   linear(x.data(), 1, b, nullptr, wb.data());
   linear(x.data(), 1, c, nullptr, wc.data());
+  linear(x.data(), 1, d, nullptr, wd.data());
   EXPECT_EQ(ya, wa);
   EXPECT_EQ(yb, wb);
   EXPECT_EQ(yc, wc);
+  EXPECT_EQ(yd, wd);
 }
 
 std::string error_of(const std::function<void()>& f) {

@@ -39,6 +39,9 @@ struct GemvMxfp4 {
 // of 2·width columns the even ones, then the odd ones; W.in floats), 8-bit codes x as it is (prepare
 // copies it). Each weight decoded to its defined value in f32, f32 products and sums.
 struct GemvQuant {
+  // Which order `prepare` puts x in for W: weights of one order share one prepared x.
+  int (*order)(const QuantWeight& W);
+  static constexpr int kOrders = 3;
   void (*prepare)(const QuantWeight& W, const float* x, float* xd);
   // y[o] = Σ_c x[c]·W[o, c] for o in [o0, o1), x prepared.
   void (*out_in)(const float* xd, const QuantWeight& W, int64_t o0, int64_t o1, float* y);

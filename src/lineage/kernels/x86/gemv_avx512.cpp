@@ -54,6 +54,19 @@ struct Avx512 {
     even = _mm512_permutexvar_ps(v, lut);
     odd = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
   }
+  // 128 columns from 64 bytes (gemv_quant.h's lines): w[j] lane k is the nibble j of dword k.
+  static constexpr bool kLines = true;
+  static void line(const uint8_t* q, Lut16 lut, Vec (&w)[8]) {
+    const __m512i d = _mm512_loadu_si512(q);
+    w[0] = _mm512_permutexvar_ps(d, lut);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut);
+    w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 8), lut);
+    w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 12), lut);
+    w[4] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 16), lut);
+    w[5] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 20), lut);
+    w[6] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 24), lut);
+    w[7] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 28), lut);
+  }
   static __m512i bytes(const uint8_t* q) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))); }
   static Vec bytes_int8(const uint8_t* q) { return _mm512_sub_ps(_mm512_cvtepi32_ps(bytes(q)), _mm512_set1_ps(128.0f)); }
   // E4M3's exponent and mantissa placed at f32's (bits 20-26) and its sign at f32's, times 2^120 (the

@@ -106,6 +106,55 @@ inline void nibble_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64
   for (int g = 0; g < G; ++g) y[g * ldy] = S::sum(S::add(S::add(a[g][0], a[g][1]), S::add(a[g][2], a[g][3])));
 }
 
+// Lines (traits with `kLines`, AVX-512): 8·W columns whose W dwords of codes each hold 8 columns,
+// dword k columns 8k … 8k + 7; `line(q, lut, w)` decodes them into w[j], lane k column 8k + j, a shift
+// and a permute a vector (the runs above take a widening more for every two). x is prepared to match:
+// within each line, vector j holds columns 8k + j. Taken for 4-bit codes whose groups and rows are
+// whole lines (group 128 and per-channel rows on AVX-512), so a line has one table.
+template <class S>
+constexpr bool kHasLines = requires { S::kLines; };
+
+enum QuantOrder { kOrderBytes = 0, kOrderRuns = 1, kOrderLines = 2 };
+
+template <class S>
+int quant_order(const QuantWeight& W) {
+  if (!W.nibbles()) return kOrderBytes;
+  if constexpr (kHasLines<S>) {
+    constexpr int64_t kLine = 8 * S::kWidth;
+    if (W.group % kLine == 0 && W.in % kLine == 0) return kOrderLines;
+  }
+  return kOrderRuns;
+}
+
+// The line dot: four accumulators a row (vector j of a line into a[j % 4]), the same operations for
+// every G, so each row gets the lone GEMV's bits.
+template <class S, int G>
+inline void line_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64_t o, float* y, int64_t ldy) {
+  constexpr int V = S::kWidth;
+  constexpr int64_t kLine = 8 * V;
+  const uint8_t* q = W.q + o * W.row_bytes;
+  const float* sc = W.scale + o * W.groups;
+  typename S::Vec a[G][4];
+  for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = S::zero();
+  const auto line = [&](int64_t c, const typename S::Lut16& lut) {
+    typename S::Vec w[8];
+    S::line(q + c / 2, lut, w);
+    for (int g = 0; g < G; ++g) {
+      const float* xg = xd + g * ldx + c;
+      for (int j = 0; j < 8; ++j) a[g][j & 3] = S::fma(S::load_f32(xg + j * V), w[j], a[g][j & 3]);
+    }
+  };
+  if (W.group == kLine) {  // one loop, a table a line (a nest of loops here costs the register moves)
+    for (int64_t c = 0, grp = 0; c < W.in; c += kLine, ++grp) line(c, S::lut16(kInt4Values.v, sc[grp], group_zero(W, o, grp)));
+  } else {
+    for (int64_t c0 = 0, grp = 0; c0 < W.in; c0 += W.group, ++grp) {
+      const typename S::Lut16 lut = S::lut16(kInt4Values.v, sc[grp], group_zero(W, o, grp));
+      for (int64_t c = c0; c < c0 + W.group; c += kLine) line(c, lut);
+    }
+  }
+  for (int g = 0; g < G; ++g) y[g * ldy] = S::sum(S::add(S::add(a[g][0], a[g][1]), S::add(a[g][2], a[g][3])));
+}
+
 template <class S, QuantCodes C>
 inline typename S::Vec bytes_of(const uint8_t* q) {
   if constexpr (C == QuantCodes::Int8) return S::bytes_int8(q);
@@ -154,6 +203,9 @@ inline void byte_dot(const float* x, int64_t ldx, const QuantWeight& W, int64_t 
 
 template <class S, int G>
 inline void quant_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64_t o, float* y, int64_t ldy) {
+  if constexpr (kHasLines<S>) {
+    if (quant_order<S>(W) == kOrderLines) return line_dot<S, G>(xd, ldx, W, o, y, ldy);
+  }
   if (W.nibbles()) {
     nibble_dot<S, G>(xd, ldx, W, o, y, ldy);
   } else if (W.codes == QuantCodes::Int8) {
@@ -165,9 +217,17 @@ inline void quant_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64_
 
 template <class S>
 void quant_prepare(const QuantWeight& W, const float* x, float* xd) {
-  if (W.nibbles()) mxfp4_prepare<S::kWidth>(x, W.in, xd);
-  else
-    for (int64_t c = 0; c < W.in; ++c) xd[c] = x[c];
+  constexpr int V = S::kWidth;
+  switch (quant_order<S>(W)) {
+    case kOrderLines:
+      for (int64_t c0 = 0; c0 < W.in; c0 += 8 * V)
+        for (int j = 0; j < 8; ++j)
+          for (int k = 0; k < V; ++k) xd[c0 + j * V + k] = x[c0 + 8 * k + j];
+      break;
+    case kOrderRuns: mxfp4_prepare<V>(x, W.in, xd); break;
+    default:
+      for (int64_t c = 0; c < W.in; ++c) xd[c] = x[c];
+  }
 }
 
 template <class S>
@@ -192,6 +252,18 @@ void quant_out_in_rows(const float* xd, int64_t ldx, int64_t rows, const QuantWe
 template <class S>
 void quant_decode(const QuantWeight& W, int64_t o0, int64_t o1, float* dst) {
   constexpr int V = S::kWidth;
+  if constexpr (kHasLines<S>) {
+    if (quant_order<S>(W) == kOrderLines) {
+      for (int64_t o = o0; o < o1; ++o, dst += W.in)
+        for (int64_t c = 0; c < W.in; c += 8 * V) {
+          const int64_t g = c / W.group;
+          typename S::Vec w[8];
+          S::line(W.q + o * W.row_bytes + c / 2, S::lut16(kInt4Values.v, W.scale[o * W.groups + g], group_zero(W, o, g)), w);
+          for (int j = 0; j < 8; ++j) S::store(dst + c + j * V, w[j]);
+        }
+      return;
+    }
+  }
   for (int64_t o = o0; o < o1; ++o, dst += W.in) {
     const uint8_t* q = W.q + o * W.row_bytes;
     for (int64_t c = 0; c < W.in; c += W.nibbles() ? 2 * V : V) {
@@ -215,7 +287,7 @@ void quant_decode(const QuantWeight& W, int64_t o0, int64_t o1, float* dst) {
 
 template <class S>
 GemvQuant make_quant_table() {
-  return GemvQuant{quant_prepare<S>, quant_out_in<S>, quant_out_in_rows<S>, quant_decode<S>};
+  return GemvQuant{quant_order<S>, quant_prepare<S>, quant_out_in<S>, quant_out_in_rows<S>, quant_decode<S>};
 }
 
 }  // namespace
