@@ -9,7 +9,9 @@
 // `linear/*/mxfp4/*` rows: Kimi K3's routed experts (MXFP4 codes and E8M0 exponents, both counted in
 // the bytes read), GEMV, a step of 8 tokens and a T = 512 GEMM, at the expert's two shapes.
 // `linear/*/{w4a16,w8a16,fp8_block,nvfp4}/*` rows: lineage quantize's formats (codes and scales counted
-// in the bytes read) at Kimi-Linear's and Qwen3-Next's expert and attention shapes.
+// in the bytes read) at Kimi-Linear's and Qwen3-Next's expert and attention shapes; `*_int8dot` rows
+// the int4 and int8 codes in the int8-activation mode (kernels::int8_dot_available: AVX512_VNNI), its
+// GEMM still given against the f32 peak.
 #include <cctype>
 #include <string>
 #include <utility>
@@ -134,8 +136,12 @@ const std::vector<kernels::Matrix>& cold_quantized(int64_t out, int64_t in, io::
   return last;
 }
 
-void bm_quantized(benchmark::State& state, LinearShape s, io::RtnScheme scheme, int64_t T) {
-  bm_matrices(state, cold_quantized(s.out, s.in, scheme), s, T);
+// int8_dot: the int8-activation mode (kernels::int8_dot_available; the copies share their tensors).
+void bm_quantized(benchmark::State& state, LinearShape s, io::RtnScheme scheme, int64_t T, bool int8_dot) {
+  if (!int8_dot) return bm_matrices(state, cold_quantized(s.out, s.in, scheme), s, T);
+  std::vector<kernels::Matrix> w = cold_quantized(s.out, s.in, scheme);
+  for (kernels::Matrix& m : w) m.qw.int8_dot = true;
+  bm_matrices(state, w, s, T);
 }
 
 // Kimi-Linear-48B-A3B's routed expert (width 2304, expert 1024) and MLA q_proj (2304 -> 32 x 192);
@@ -161,7 +167,12 @@ const bool registered = [] {
         for (char& c : label) c = char(std::tolower(static_cast<unsigned char>(c)));
         const std::string name = std::string("linear/") + variant + "/" + label + "/out_in/" + s.name + "_" +
                                  std::to_string(s.in) + "x" + std::to_string(s.out);
-        benchmark::RegisterBenchmark(name.c_str(), bm_quantized, s, scheme, T)->UseRealTime()->Unit(benchmark::kMicrosecond);
+        benchmark::RegisterBenchmark(name.c_str(), bm_quantized, s, scheme, T, false)->UseRealTime()->Unit(benchmark::kMicrosecond);
+        if (kernels::int8_dot_available() && (scheme == io::RtnScheme::W4A16 || scheme == io::RtnScheme::W8A16)) {
+          const std::string dot = std::string("linear/") + variant + "/" + label + "_int8dot/out_in/" + s.name + "_" +
+                                  std::to_string(s.in) + "x" + std::to_string(s.out);
+          benchmark::RegisterBenchmark(dot.c_str(), bm_quantized, s, scheme, T, true)->UseRealTime()->Unit(benchmark::kMicrosecond);
+        }
       }
   const bool dot_available = kernels::bf16_dot_available();
   struct Variant {

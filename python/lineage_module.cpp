@@ -19,9 +19,11 @@
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
 #include "lineage/io/load_model.h"
+#include "lineage/kernels/linear.h"
 #include "lineage/kernels/threads.h"
 #include "lineage/model/accounting.h"
 #include "lineage/model/archs/presets.h"
+#include "lineage/model/quantization.h"
 #include "lineage/model/state_pool.h"
 #include "lineage/runtime/generate.h"
 #include "lineage/runtime/session.h"
@@ -265,11 +267,12 @@ class PySession {
   mutable std::mutex busy_;  // held by the call in progress (claim)
 };
 
-ModelPtr load(const fs::path& dir, bool mmap) {
+ModelPtr load(const fs::path& dir, bool mmap, bool int8_dot) {
   auto h = std::make_shared<ModelHandle>();
   {
     py::gil_scoped_release release;
     h->loaded = io::load_model(dir, true, mmap ? io::WeightStorage::Mapped : io::WeightStorage::Owned);
+    model::set_int8_dot(h->loaded.model, int8_dot && kernels::int8_dot_available());
   }
   h->source = dir.string();
   return h;
@@ -320,9 +323,13 @@ PYBIND11_MODULE(lineage, m) {
   m.def("num_threads", &num_threads);
 
   py::class_<ModelHandle, ModelPtr>(m, "Model", "A model: its weights, configuration and tokenizer, if any.")
-      .def_static("load", &load, py::arg("dir"), py::arg("mmap") = true,
+      .def_static("load", &load, py::arg("dir"), py::arg("mmap") = true, py::arg("int8_dot") = false,
                   "Loads a Hugging Face model directory (config.json, safetensors, tokenizer files). "
-                  "mmap=False copies the weights into memory instead of mapping the files.")
+                  "mmap=False copies the weights into memory instead of mapping the files; int8_dot=True "
+                  "multiplies int4 / int8 quantized weights with int8 activations where the CPU has "
+                  "AVX512_VNNI (the CLI's --int8-dot; see int8_dot_available()).")
+      .def_static("int8_dot_available", &kernels::int8_dot_available,
+                  "Whether this CPU runs load(..., int8_dot=True)'s int8 activations (AVX512_VNNI).")
       .def_static("preset", &preset, py::arg("name"), py::arg("seed") = 0, py::arg("dtype") = "f32",
                   py::arg("tokenizer") = py::none(),
                   "A built-in architecture with seeded random weights; tokenizer: a directory of tokenizer files.")

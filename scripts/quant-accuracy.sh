@@ -3,7 +3,8 @@
 # Bible (the shipped GPT-2, and a Gated DeltaNet, a KDA, a Kimi-Linear hybrid with MoE and a Qwen3.5
 # hybrid trained here for a few hundred steps), each quantized with every lineage quantize scheme, then
 # lineage perplexity on held-out verses against the bf16 model's exact logits (--kld-base): size,
-# perplexity, mean and 99th-percentile KLD, same top-1, and decode tok/s (lineage bench, depth 0).
+# perplexity, mean and 99th-percentile KLD, same top-1, and decode tok/s (lineage bench, depth 0);
+# the int8-activation mode (--int8-dot) beside the int4 and int8 schemes it takes.
 #   scripts/quant-accuracy.sh [WORK_DIR]     (default build/quant-acc; ~20 min on 2 cores)
 # Needs build/lineage; installs Debian's bible-kjv for the text as scripts/train-kjv.sh does.
 set -euo pipefail
@@ -104,5 +105,9 @@ for m in "${models[@]}"; do
     # shellcheck disable=SC2086
     $bin quantize "$dir" "$out" ${s#*|} >"$out.log" 2>&1
     row "$m" "$label" "$out" --bf16-exact
+    # The int8-activation mode where it runs (int4 groups of 128, int8 groups of 64 or more; AVX512_VNNI).
+    case "$label" in
+      "W8A16 g"* | "W4A16 g128") row "$m" "$label, --int8-dot" "$out" --bf16-exact --int8-dot ;;
+    esac
   done
 done

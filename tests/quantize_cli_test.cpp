@@ -15,6 +15,7 @@
 #include "lineage/io/load_model.h"
 #include "lineage/io/npy.h"
 #include "lineage/io/safetensors.h"
+#include "lineage/kernels/linear.h"
 #include "lineage/layers/step.h"
 #include "lineage/runtime/session.h"
 #include "batch_check.h"
@@ -101,7 +102,8 @@ TEST(QuantizeCli, EverySchemeIsTheReferencesBitForBitAndLoads) {
 
 // The error each scheme adds, as KL divergence from the float model's logits on the golden tokens:
 // int8 closer than int4 at group 32, group 32 closer than one scale a row; and a quantized model
-// read back against its own dequantized reference (the golden) ≈ 0.
+// read back against its own dequantized reference (the golden) ≈ 0; int8 activations (--int8-dot)
+// closer to the exact products than int4 per-channel weights to the float model.
 TEST(QuantizeCli, ErrorsAreOrderedAsTheyMustBe) {
   const Tensor toks = io::load_npy(test::testdata() / "quant" / "w4a16_g32" / "golden" / "tokens.npy");
   const std::vector<int32_t> ids(toks.data<int32_t>(), toks.data<int32_t>() + toks.numel());
@@ -123,6 +125,30 @@ TEST(QuantizeCli, ErrorsAreOrderedAsTheyMustBe) {
   const Tensor golden = io::load_npy(test::testdata() / "quant" / "w4a16_g32" / "golden" / "logits.npy");
   const std::vector<float> want(golden.data<float>(), golden.data<float>() + golden.numel());
   EXPECT_LT(mean_kld(want, logits(test::testdata() / "quant" / "w4a16_g32", ids), vocab), 1e-9);
+
+  // --int8-dot (kernels::int8_dot_available) on W8A16 at group 64, whose matrices with 64 or more
+  // inputs all run in the int8-activation mode: `lineage logits` with and without it differ (the mode
+  // is on), and by less than int4 per-channel weights differ from the float model (x rounded to 1/254
+  // of its block's largest |x| against weights rounded to 1/15 of their row's: the KL divergence, about
+  // quadratic in the perturbation, must be far smaller).
+  if (!kernels::int8_dot_available()) return;
+  kld("W8A16", "64");
+  const fs::path w8_g64 = root / "kld_W8A1664";
+  std::string tokens;
+  for (int32_t id : ids) tokens += std::to_string(id) + " ";
+  const auto cli_logits = [&](const std::string& flag, const std::string& name) {
+    const fs::path out = root / name;
+    const auto r = test::run_lineage("logits --model " + test::shell_quote(w8_g64.string()) + " --bf16-exact --tokens '" + tokens +
+                                     "' --out " + test::shell_quote(out.string()) + flag);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const Tensor t = io::load_npy(out);
+    return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
+  };
+  const std::vector<float> exact = cli_logits("", "exact.npy"), int8 = cli_logits(" --int8-dot", "int8.npy");
+  const double dot = mean_kld(exact, int8, vocab);
+  std::printf("mean KLD of --int8-dot from the exact products (W8A16 g64): %.3g\n", dot);
+  EXPECT_GT(dot, 0.0);
+  EXPECT_LT(dot, channel);
 }
 
 // Kimi Linear quantized with the defaults (MLA's kv_b_proj included) as int4 and as MXFP4 (which the

@@ -20,6 +20,7 @@
 #include "lineage/model/accounting.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/model/forward.h"
+#include "lineage/model/quantization.h"
 #include "lineage/model/state_pool.h"
 #include "lineage/model/workspace.h"
 #include "lineage/runtime/cost.h"
@@ -344,6 +345,8 @@ void run_bench(const BenchOpts& o) {
   const bool bf16 = has_bf16_weights(model::count_params(m));
   c.bf16_dot = bf16 && bf16_dot(m);
   c.products_label = bf16 ? ", bf16 weights: " + bf16_products_label(m) : "";
+  if (o.src.int8_dot && kernels::int8_dot_available() && model::set_int8_dot(m, true))
+    c.products_label += ", int4/int8 weights: int8 activations (--int8-dot)";
   c.ceil = measure_ceilings(dtype, c.threads, {});
 
   runtime::Session s(m);

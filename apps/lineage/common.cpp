@@ -17,6 +17,7 @@
 #include "lineage/model/archs/presets.h"
 #include "lineage/model/model.h"
 #include "lineage/model/accounting.h"
+#include "lineage/model/quantization.h"
 
 namespace lineage::app {
 
@@ -95,6 +96,17 @@ void add_bf16_options(CLI::App& cmd, ModelSource& src) {
       "BF16 weights: widen to f32 and multiply with f32 FMAs (the stored weights' exact products; about "
       "half the bf16 dot products' arithmetic rate)");
   dot->excludes(exact);
+  cmd.add_flag_callback(
+      "--int8-dot",
+      [&src] {
+        src.int8_dot = true;
+        if (!kernels::int8_dot_available())
+          std::fprintf(stderr, "lineage: --int8-dot: this CPU (or LINEAGE_ISA) has no AVX512_VNNI; using exact f32 "
+                               "products\n");
+      },
+      "quantized int4 / int8 weights: quantize activations to int8 per 32 values and multiply with vpdpbusd "
+      "(as llama.cpp does for its integer formats; error measured in docs/quantization.md); off by default: "
+      "every weight decoded to f32, exact products");
 }
 
 bool has_bf16_weights(const model::ParamCount& pc) {
@@ -108,7 +120,10 @@ std::string bf16_products_label(const model::Model& m) {
   return bf16_dot(m) ? "bf16 dot products (--bf16-exact: exact f32 products)" : "exact f32 products";
 }
 
-void apply_options(const ModelSource& src, model::Model& m) { m.options.bf16_dot = !src.bf16_exact; }
+void apply_options(const ModelSource& src, model::Model& m) {
+  m.options.bf16_dot = !src.bf16_exact;
+  model::set_int8_dot(m, src.int8_dot && kernels::int8_dot_available());
+}
 
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
   if (src.dir.empty() && src.preset.empty())

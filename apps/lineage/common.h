@@ -22,6 +22,7 @@ struct ModelSource {
   bool no_mmap = false;  // --no-mmap: copy checkpoint weights into owned (huge-page) memory
   bool check_tensors = false;  // --check-tensors: scan every weight for NaN / Inf at load
   bool bf16_exact = false;     // --bf16-exact: BF16 weights widened to f32 (the model's Options::bf16_dot off)
+  bool int8_dot = false;       // --int8-dot: int4 / int8 codes times int8 activations (model::set_int8_dot)
 };
 
 // Adds --model, --no-mmap and --check-tensors (and --preset, --seed, --weights-dtype, --tokenizer when presets are
@@ -32,9 +33,10 @@ void add_threads_option(CLI::App& cmd);
 // Adds --bf16-exact (BF16 weights widened to f32, exact products) and --bf16-dot (bf16 dot
 // products, the default where the CPU has AVX512_BF16; given explicitly on a CPU without, says so on
 // stderr and keeps the exact products). They exclude each other. They set src.bf16_exact, which
-// load() turns into the model's options.
+// load() turns into the model's options. Adds --int8-dot too (int4 and int8 codes multiplied with x
+// quantized to int8, kernels::int8_dot_available; off by default).
 void add_bf16_options(CLI::App& cmd, ModelSource& src);
-// The model's options from the command line (--bf16-exact); load() calls it.
+// The model's options from the command line (--bf16-exact, --int8-dot); load() calls it.
 void apply_options(const ModelSource& src, model::Model& m);
 // Whether m's BF16 weights are multiplied with bf16 dot products (its option on and the CPU can).
 bool bf16_dot(const model::Model& m);

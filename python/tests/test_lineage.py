@@ -94,6 +94,18 @@ def test_copied_weights_match_the_reference_too():
     assert_close_to_golden(logits, g, "logits")
 
 
+def test_int8_dot_is_close_to_the_exact_products():
+    # W8A16 with one scale a row of 64 (group 128 over rows of 64): the int8-activation mode takes its
+    # matrices, so its logits differ from the exact path's, within int8 rounding of x.
+    if not lineage.Model.int8_dot_available():
+        pytest.skip("no AVX512_VNNI here")
+    g = Golden("quant/w8a16_g128")
+    exact = lineage.Session(lineage.Model.load(data_root() / "quant/w8a16_g128")).prefill(g.tokens, all_positions=True)
+    int8 = lineage.Session(lineage.Model.load(data_root() / "quant/w8a16_g128", int8_dot=True)).prefill(
+        g.tokens, all_positions=True)
+    assert 1e-5 < rel_rms(int8, exact) < 2e-2
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_decode_one_token_at_a_time_equals_prefill(case):
     g = Golden(case)

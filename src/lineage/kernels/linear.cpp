@@ -81,11 +81,20 @@ void check_quant(const Weight& W) {
                 " bytes a row, out = ", q.out);
 }
 
+// The quantized kernels for W: the int8-activation ones where W asks for them and they take it, else
+// the exact ones of this ISA.
+const GemvQuant& quant_kernels(const GemvTable& k, const QuantWeight& W) {
+  if (W.int8_dot)
+    if (const GemvQuant* t = gemv_quant_int8(); t && t->order(W) >= 0) return *t;
+  return k.quant;
+}
+
 // `rows` rows of x in the quantized kernels' order (GemvQuant::prepare), W.in floats apart, in
 // per-thread scratch.
 const float* quant_prepared(const GemvTable& k, const QuantWeight& W, const float* x, int64_t rows, std::vector<char>& buf) {
   auto* xq = static_cast<float*>(aligned_scratch(buf, size_t(rows * W.in) * sizeof(float)));
-  for (int64_t t = 0; t < rows; ++t) k.quant.prepare(W, x + t * W.in, xq + t * W.in);
+  const GemvQuant& q = quant_kernels(k, W);
+  for (int64_t t = 0; t < rows; ++t) q.prepare(W, x + t * W.in, xq + t * W.in);
   return xq;
 }
 
@@ -148,7 +157,7 @@ struct GemvUnit {
 void gemv_unit(const GemvTable& k, const GemvBf16Dot* dot, const float* x, const uint32_t* xp, const float* xr,
                const float* xm, const float* xq, const LinearOut& o, const GemvUnit& u, float* partials) {
   if (o.W.quant) {
-    k.quant.out_in(xq, *o.W.quant, u.a, u.b, o.y);
+    quant_kernels(k, *o.W.quant).out_in(xq, *o.W.quant, u.a, u.b, o.y);
     return;
   }
   if (o.W.mxfp4()) {
@@ -198,7 +207,7 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
     LINEAGE_CHECK(o.W.in() == outs[0].W.in(), "linear_group: weights of different input sizes");
     if (o.W.mxfp4() && !xm) xm = mxfp4_prepared(k, x, 1, o.W.in(), mxfp4_x);
     if (o.W.quant) {
-      const int order = k.quant.order(*o.W.quant);
+      const int order = quant_kernels(k, *o.W.quant).order(*o.W.quant);
       if (!xq[order]) xq[order] = quant_prepared(k, *o.W.quant, x, 1, quant_x[order]);
     }
     if (xp || !rounded(o)) continue;
@@ -266,7 +275,7 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   parallel_shares(starts, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const LinearOut& o = outs[size_t(u[i].j)];
-      const float* xo = o.W.quant ? xq[k.quant.order(*o.W.quant)] : nullptr;
+      const float* xo = o.W.quant ? xq[quant_kernels(k, *o.W.quant).order(*o.W.quant)] : nullptr;
       gemv_unit(k, rounded(o) ? dot : nullptr, x, xp, xr, xm, xo, o, u[i], partials);
       if (u[i].part < 0) {
         finish_rows(o, u[i].a, u[i].b);
@@ -291,8 +300,9 @@ void gemv_rows(const float* x, int64_t T, const Weight& W, const Tensor* bias, f
   thread_local std::vector<char> prepared;
   if (W.quant) {
     const float* xq = quant_prepared(k, *W.quant, x, T, prepared);
+    const GemvQuant& q = quant_kernels(k, *W.quant);
     parallel_chunks(out, gemv_chunk(in * T), [&](int64_t o0, int64_t o1) {
-      k.quant.out_in_rows(xq, in, T, *W.quant, o0, o1, y, out);
+      q.out_in_rows(xq, in, T, *W.quant, o0, o1, y, out);
       for (int64_t t = 0; t < T; ++t) finish_rows(LinearOut{W, bias, y + t * out, act}, o0, o1);
     });
     return;
@@ -467,6 +477,8 @@ void gemm_blocked(const GemmPath& path, const GemmProblem& p) {
 
 bool bf16_dot_available() { return gemm_table().bf16_dot != nullptr; }
 
+bool int8_dot_available() { return gemv_quant_int8() != nullptr; }
+
 KernelTable kernel_table() { return {isa_name(), gemm_table().exact != nullptr, gemm_table().bf16_dot != nullptr}; }
 
 void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
@@ -478,11 +490,35 @@ void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
   gemv_table().widen[dt](static_cast<const char*>(t.raw()) + offset * dtype_size(t.dtype()), n, dst);
 }
 
+// More than kGemvRowsMax rows of x against quantized weights in the int8-activation mode: the rows
+// GEMV's arithmetic (each row of y what a lone GEMV gives it), over tiles of kTileRows weight rows
+// (from L1) and kTileX rows of x at a time.
+void gemm_quant_int8(const float* x, int64_t T, const Weight& W, float* y) {
+  constexpr int64_t kTileRows = 16, kTileX = 64;
+  const GemvTable& k = gemv_table();
+  const int64_t in = W.in(), out = W.out();
+  thread_local std::vector<char> prepared;
+  const float* xq = quant_prepared(k, *W.quant, x, T, prepared);
+  const GemvQuant& q = quant_kernels(k, *W.quant);
+  parallel_chunks(out, kTileRows, [&](int64_t o0, int64_t o1) {
+    for (int64_t t0 = 0; t0 < T; t0 += kTileX)
+      for (int64_t a = o0; a < o1; a += kTileRows)
+        q.out_in_rows(xq + t0 * in, in, std::min(kTileX, T - t0), *W.quant, a, std::min(o1, a + kTileRows),
+                      y + t0 * out, out);
+  });
+}
+
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y, std::optional<Activation> act) {
   LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
   if (W.mxfp4()) check_mxfp4(W);
   if (W.quant) check_quant(W);
   if (T <= 0) return;
+  if (T > kGemvRowsMax && W.quant && &quant_kernels(gemv_table(), *W.quant) != &gemv_table().quant) {
+    gemm_quant_int8(x, T, W, y);
+    add_bias(bias, T, W.out(), y);
+    if (act) activate(*act, y, T * W.out());
+    return;
+  }
   if (T > 1 && T <= kGemvRowsMax && W.layout == Layout::OutIn) {
     gemv_rows(x, T, W, bias, y, act);
     return;

@@ -45,6 +45,8 @@ struct QuantWeight {
   const float* scale = nullptr;  // [out, groups] f32
   const float* zero = nullptr;   // [out, groups] f32 code values, or null (symmetric)
   int64_t in = 0, out = 0, group = 0, groups = 0, row_bytes = 0;
+  // Multiply int4 and int8 codes with int8 activations where int8_dot_available() (below).
+  bool int8_dot = false;
   bool nibbles() const { return codes == QuantCodes::Int4 || codes == QuantCodes::Fp4; }
 };
 
@@ -96,6 +98,17 @@ bool linear_strided(const float* x, int64_t ldx, bool x_trans, int64_t T, const 
 // same bytes, runs at about the same speed either way). Whether this CPU can: AVX512_BF16, and
 // LINEAGE_ISA not forcing a lower ISA. Where it cannot, bf16_dot is ignored (the exact path runs).
 bool bf16_dot_available();
+
+// Int4 and int8 codes with QuantWeight::int8_dot: x quantized to int8 per block of 32 columns (scale
+// d = max|x| / 127 in f32, codes nearbyint(x · (127 / max|x|)), ref::quantize_x_int8), and the
+// weights' codes multiplied with x's in int32 (vpdpbusd, 64 products an instruction) over runs of 8
+// (int4) or 4 (int8) columns, each run's sum less the zero point's share scaled by (scale · d) in f32.
+// The opt-in trade llama.cpp makes for its integer formats (Q8_0 / Q8_K activations): a relative error
+// of up to 1/254 of a block's largest |x| on each x, measured end to end in docs/quantization.md. The
+// same arithmetic for every T, so decode and prefill, alone and batched, stay interchangeable. Whether
+// this CPU can: AVX512_VNNI, and LINEAGE_ISA not forcing a lower ISA. Where it cannot, or a matrix's
+// groups (or rows) are no whole 128-column (int4) or 64-column (int8) lines, the exact path runs.
+bool int8_dot_available();
 
 // The kernels this process runs, chosen once from cpuid: the GEMV table ("avx512", "avx2" or
 // "scalar"; LINEAGE_ISA=avx2|scalar narrows it), whether T > 1 runs the engine's own GEMM (the

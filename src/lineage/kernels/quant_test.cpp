@@ -259,6 +259,68 @@ TEST(Quant, LinearMatchesRefOverShapesTokensThreads) {
   set_threads(0);
 }
 
+// The int8-activation mode (linear.h): against ref::'s definition of it, through every path T takes
+// (lone, rows, the tiled GEMM beyond 8 rows), each row of y the lone GEMV's bits at every thread count
+// and T;
+// a matrix whose groups are no whole lines (int4 g32, int8 g32) runs the exact path. The mode is seen
+// to be on: its results differ from the exact path's.
+TEST(Quant, Int8DotMatchesRefAndItsLoneRows) {
+  if (!int8_dot_available()) GTEST_SKIP() << "no AVX512_VNNI here (or LINEAGE_ISA narrows the kernels)";
+  const Spec int8_g64{"int8 g64", Kind::PackedInt, 8, 64};
+  for (const Spec& s : {kSpecs[1], kSpecs[2], kSpecs[6], int8_g64, kSpecs[0], kSpecs[5]})
+    for (auto [in, out] : {std::array<int64_t, 2>{128, 5}, {256, 33}, {2304, 70}}) {
+      Matrix m = random_quant(s, out, in, uint64_t(in + 5 * out));
+      const Matrix exact = m;
+      m.qw.int8_dot = true;
+      const bool on = ref::runs_int8_dot(m.qw);
+      EXPECT_EQ(on, s.group != 32) << s.label;
+      for (int64_t T : {1, 3, 8, 9, 70}) {
+        std::vector<float> x = random_floats(T * in, uint64_t(T + in));
+        x[0] = 0.0f;  // a block with a zero, one below with every x equal
+        for (int64_t c = 32; c < 64; ++c) x[size_t(c)] = 0.25f;
+        std::vector<float> want(size_t(T * out)), got(want.size()), plain(want.size()), first, one(static_cast<size_t>(out));
+        ref::linear(x.data(), T, m.view(false), nullptr, want.data());
+        for (int threads : {1, 2}) {
+          set_threads(threads);
+          linear(x.data(), T, m, nullptr, got.data());
+          ASSERT_LE(rel_rms(got, want), tolerance(in)) << worst(got, want) << "; " << s.label << " " << out << "x" << in << " T " << T;
+          if (threads == 1) first = got;
+          else ASSERT_EQ(got, first) << s.label << " T " << T;
+          if (!on && T > 8) continue;  // the exact path's GEMM
+          for (int64_t t = 0; t < T; ++t) {
+            linear(x.data() + t * in, 1, m, nullptr, one.data());
+            ASSERT_EQ(std::vector<float>(got.begin() + t * out, got.begin() + (t + 1) * out), one)
+                << s.label << " " << out << "x" << in << " T " << T << " row " << t;
+          }
+        }
+        linear(x.data(), T, exact, nullptr, plain.data());
+        if (on) {
+          EXPECT_GT(rel_rms(got, plain), 1e-4) << s.label;
+          EXPECT_LT(rel_rms(got, plain), 2e-2) << s.label;
+        } else {
+          EXPECT_EQ(got, plain) << s.label;
+        }
+      }
+    }
+  set_threads(0);
+}
+
+// ref::quantize_x_int8: the block's largest |x| becomes ±127, zeros stay zero, a NaN poisons its block.
+TEST(Quant, Int8ActivationCodes) {
+  std::vector<float> x(64, 0.0f);
+  x[3] = -2.0f, x[4] = 1.0f, x[5] = 0.0079f;
+  x[40] = std::nanf("");
+  std::vector<int8_t> q(64);
+  float d[2];
+  ref::quantize_x_int8(x.data(), 64, q.data(), d);
+  EXPECT_EQ(q[3], -127);
+  EXPECT_EQ(q[4], 64);  // 63.5 to even
+  EXPECT_EQ(q[5], 1);
+  EXPECT_EQ(q[0], 0);
+  EXPECT_FLOAT_EQ(d[0], 2.0f / 127.0f);
+  EXPECT_TRUE(std::isnan(d[1]));
+}
+
 // A group of quantized outputs of both code widths and of every x order (int4 g32 in runs, int4 g128
 // in lines on AVX-512, int8 bytes, NVFP4) for one token: each what linear() gives it alone.
 TEST(Quant, GroupEqualsOneCallEach) {

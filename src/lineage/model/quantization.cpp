@@ -295,4 +295,14 @@ void prepare_quantized(Model& m, const std::string& where) {
   }));
 }
 
+int64_t set_int8_dot(Model& m, bool on) {
+  int64_t integer = 0;
+  m.for_each_tensor(layers::TensorVisitor::with_matrices([&](const std::string&, kernels::Matrix& w) {
+    if (!w.quant.defined() || !w.qw.q) return;
+    w.qw.int8_dot = on;
+    integer += w.qw.codes == kernels::QuantCodes::Int4 || w.qw.codes == kernels::QuantCodes::Int8;
+  }));
+  return integer;
+}
+
 }  // namespace lineage::model

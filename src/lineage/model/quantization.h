@@ -69,4 +69,9 @@ void apply_quantization(Model& m, const QuantPlan& plan, const std::function<boo
 // Every bound quantized matrix made ready for the kernels (kernels::prepare_quant); errors name `where`.
 void prepare_quantized(Model& m, const std::string& where);
 
+// Switches the int8-activation mode (kernels::QuantWeight::int8_dot, linear.h) on or off for every
+// prepared quantized matrix of m; returns how many of them have int4 or int8 codes (the others, FP8
+// and FP4, always run exact).
+int64_t set_int8_dot(Model& m, bool on);
+
 }  // namespace lineage::model

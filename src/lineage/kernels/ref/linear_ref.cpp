@@ -1,5 +1,6 @@
 #include "lineage/kernels/ref/ref.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -36,9 +37,55 @@ float quant_element(const QuantWeight& W, int64_t o, int64_t c) {
   return (v - z) * W.scale[o * W.groups + g];
 }
 
+void quantize_x_int8(const float* x, int64_t n, int8_t* q, float* d) {
+  for (int64_t b = 0; b * 32 < n; ++b) {
+    float amax = 0.0f;
+    bool nan = false;
+    for (int64_t c = b * 32; c < b * 32 + 32; ++c) {
+      if (std::isnan(x[c])) nan = true;
+      else amax = std::max(amax, std::fabs(x[c]));
+    }
+    d[b] = nan ? std::nanf("") : amax / 127.0f;
+    for (int64_t c = b * 32; c < b * 32 + 32; ++c) {
+      const float r = amax > 0.0f ? std::nearbyint(x[c] * (127.0f / amax)) : 0.0f;
+      q[c] = std::isnan(r) ? 0 : int8_t(std::clamp(r, -127.0f, 127.0f));  // NaN: x NaN, or ±inf · 0
+    }
+  }
+}
+
+bool runs_int8_dot(const QuantWeight& W) {
+  if (!W.int8_dot || !int8_dot_available()) return false;
+  const int64_t line = W.codes == QuantCodes::Int4 ? 128 : W.codes == QuantCodes::Int8 ? 64 : 0;
+  return line && W.in % line == 0 && W.group % line == 0;
+}
+
 namespace {
 
+// The int8-activation mode: the integer products of the codes' values less the zero points with x's
+// codes, scaled by scale · d, summed in double.
+void linear_quant_int8(const float* x, int64_t T, const Weight& W, const std::vector<float>& b, float* y) {
+  const QuantWeight& q = *W.quant;
+  const int64_t in = W.in(), out = W.out();
+  std::vector<int8_t> xq(in);
+  std::vector<float> d(in / 32);
+  for (int64_t t = 0; t < T; ++t) {
+    quantize_x_int8(x + t * in, in, xq.data(), d.data());
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = b[o];
+      for (int64_t c = 0; c < in; ++c) {
+        const uint8_t* row = q.q + o * q.row_bytes;
+        const int v = q.codes == QuantCodes::Int4 ? (c % 2 ? row[c / 2] >> 4 : row[c / 2] & 15) - 8 : int(row[c]) - 128;
+        const int64_t g = c / q.group;
+        const double z = q.zero ? q.zero[o * q.groups + g] : 0.0;
+        acc += (double(v) - z) * double(xq[c]) * double(q.scale[o * q.groups + g]) * double(d[c / 32]);
+      }
+      y[t * out + o] = float(acc);
+    }
+  }
+}
+
 void linear_quant(const float* x, int64_t T, const Weight& W, const std::vector<float>& b, float* y) {
+  if (runs_int8_dot(*W.quant)) return linear_quant_int8(x, T, W, b, y);
   const int64_t in = W.in(), out = W.out();
   std::vector<double> row(in);
   for (int64_t o = 0; o < out; ++o) {

@@ -56,7 +56,19 @@ bool has_avx512_bf16() {
   return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
 }
 
+// vpdpbusd on 512-bit registers: CPUID leaf 7 sub-leaf 0, ECX bit 11.
+bool has_avx512_vnni() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11));
+}
+
 }  // namespace
+
+const GemvQuant* gemv_quant_int8() {
+  static const GemvQuant* table =
+      !std::strcmp(gemv_table().isa, "avx512") && has_avx512_vnni() ? &gemv_quant_int8_avx512vnni() : nullptr;
+  return table;
+}
 
 const GemmTable& gemm_table() {
   static const GemmTable table = [] {

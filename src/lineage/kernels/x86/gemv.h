@@ -39,9 +39,10 @@ struct GemvMxfp4 {
 // of 2·width columns the even ones, then the odd ones; W.in floats), 8-bit codes x as it is (prepare
 // copies it). Each weight decoded to its defined value in f32, f32 products and sums.
 struct GemvQuant {
-  // Which order `prepare` puts x in for W: weights of one order share one prepared x.
+  // Which order `prepare` puts x in for W (0 … kOrders - 1): weights of one order share one prepared x.
   int (*order)(const QuantWeight& W);
-  static constexpr int kOrders = 3;
+  // bytes, runs and lines (gemv_quant.h); int8 x for nibbles and for bytes (gemv_quant_avx512vnni.cpp)
+  static constexpr int kOrders = 5;
   void (*prepare)(const QuantWeight& W, const float* x, float* xd);
   // y[o] = Σ_c x[c]·W[o, c] for o in [o0, o1), x prepared.
   void (*out_in)(const float* xd, const QuantWeight& W, int64_t o0, int64_t o1, float* y);
@@ -98,6 +99,13 @@ const GemvTable& gemv_table_avx512();
 
 // The table this CPU runs (chosen once); LINEAGE_ISA=scalar|avx2 narrows it (for tests).
 const GemvTable& gemv_table();
+
+// The int8-activation kernels for int4 and int8 codes (QuantWeight::int8_dot): where this CPU has
+// AVX512_VNNI and the AVX-512 table runs, else null. Their `order` is -1 for a weight they do not take
+// (other codes; groups or rows that are not whole lines), which then runs the exact kernels; `decode`
+// is null.
+const GemvQuant& gemv_quant_int8_avx512vnni();
+const GemvQuant* gemv_quant_int8();
 const char* isa_name();
 
 }  // namespace lineage::kernels

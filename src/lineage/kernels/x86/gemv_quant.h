@@ -138,6 +138,7 @@ inline void line_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64_t
   for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = S::zero();
   const auto line = [&](int64_t c, const typename S::Lut16& lut) {
     typename S::Vec w[8];
+    S::prefetch_stream(reinterpret_cast<const char*>(q + c / 2) + kStreamAheadBytes);
     S::line(q + c / 2, lut, w);
     for (int g = 0; g < G; ++g) {
       const float* xg = xd + g * ldx + c;
