@@ -2,7 +2,6 @@
 // the tensor infos and the aligned data section. A file the parser accepts must have version 2 or 3,
 // each key and tensor name once, a power-of-two alignment, every tensor's bytes (whole blocks of its
 // ggml type) inside the data section at an aligned offset, no two overlapping, and readable end to end.
-#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -34,9 +33,7 @@ void check_accepted(const io::GgufFile& f, size_t size) {
     (void)sum;
     spans.emplace_back(t.offset, t.offset + t.bytes);
   }
-  std::sort(spans.begin(), spans.end());
-  for (size_t i = 1; i < spans.size(); ++i)
-    if (spans[i].first < spans[i - 1].second) fuzz::violated("accepted overlapping tensors");
+  fuzz::check_disjoint(spans);
 }
 
 }  // namespace

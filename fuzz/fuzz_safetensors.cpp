@@ -2,7 +2,6 @@
 // (dtype, shape, data_offsets of every tensor) and the data section. A file the parser accepts must
 // keep every tensor inside the data section, non-overlapping, with exactly shape × dtype bytes, and
 // every tensor view must be readable end to end.
-#include <algorithm>
 #include <cstring>
 
 #include "fuzz_support.h"
@@ -41,10 +40,7 @@ void check_accepted(const io::SafetensorsFile& file, const uint8_t* data, size_t
     if (bytes > 0 && std::memcmp(p, first + e.begin, bytes) != 0)
       fuzz::violated(cat("tensor \"", name, "\": the view does not hold the file's bytes"));
   }
-  std::sort(spans.begin(), spans.end());
-  for (size_t i = 1; i < spans.size(); ++i) {
-    if (spans[i].first < spans[i - 1].second) fuzz::violated("accepted overlapping tensors");
-  }
+  fuzz::check_disjoint(spans);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "lineage/io/safetensors.h"
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <cstdio>
@@ -59,6 +60,12 @@ std::vector<std::string_view> split_sections(std::string_view input) {
 void rejected(const std::exception& e) {
   static const bool verbose = std::getenv("LINEAGE_FUZZ_VERBOSE") != nullptr;
   if (verbose) std::fprintf(stderr, "lineage fuzz: rejected: %s\n", e.what());
+}
+
+void check_disjoint(std::vector<std::pair<uint64_t, uint64_t>>& spans) {
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].first < spans[i - 1].second) violated("accepted overlapping tensors");
 }
 
 void violated(const std::string& what) {

@@ -42,6 +42,9 @@ void rejected(const std::exception& e);
 // A harness invariant the parser's result broke: prints `what` and aborts (libFuzzer saves the input).
 [[noreturn]] void violated(const std::string& what);
 
+// Calls violated() where two of the byte ranges [begin, end) overlap (sorts them).
+void check_disjoint(std::vector<std::pair<uint64_t, uint64_t>>& spans);
+
 // What `load()` returns, or nullopt where it throws an Error (passed to rejected). Only the load is
 // guarded: an Error from checking its result afterwards is a finding, not a rejection.
 template <class F>

@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "lineage/core/error.h"
+#include "lineage/core/text.h"
 #include "lineage/chat/chat_template.h"
 #include "lineage/model/state_pool.h"
 #include "lineage/runtime/generate.h"
@@ -42,11 +43,6 @@ struct TurnStats {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
 }
 
 class Chat {

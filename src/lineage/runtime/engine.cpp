@@ -8,6 +8,7 @@
 #include "lineage/core/error.h"
 #include "lineage/model/forward.h"
 #include "lineage/model/state_pool.h"
+#include "lineage/runtime/sampler.h"
 
 namespace lineage::runtime {
 
@@ -21,11 +22,7 @@ constexpr int kMaxTopLogprobs = 20;
 
 // `token`'s log-probability in the logits row [V], and the `top` most likely tokens.
 TokenLogprob token_logprob(const float* row, int64_t V, int32_t token, int top) {
-  double hi = row[0];
-  for (int64_t v = 1; v < V; ++v) hi = std::max(hi, double(row[v]));
-  double sum = 0;
-  for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - hi);
-  const double lse = hi + std::log(sum);
+  const double lse = log_sum_exp(row, V);
   TokenLogprob t;
   t.token = token;
   t.logprob = float(double(row[token]) - lse);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "lineage/core/error.h"
+#include "lineage/runtime/sampler.h"
 #include "lineage/runtime/session.h"
 
 namespace lineage::runtime {
@@ -27,11 +28,7 @@ double mean_error(const std::vector<double>& v) {
 
 // log-softmax of logits[V] into out[V], in double, rounded to f32 at the end.
 void log_softmax(const float* logits, int64_t V, float* out) {
-  double top = logits[0];
-  for (int64_t i = 1; i < V; ++i) top = std::max(top, double(logits[i]));
-  double sum = 0;
-  for (int64_t i = 0; i < V; ++i) sum += std::exp(double(logits[i]) - top);
-  const double lse = top + std::log(sum);
+  const double lse = log_sum_exp(logits, V);
   for (int64_t i = 0; i < V; ++i) out[i] = float(double(logits[i]) - lse);
 }
 

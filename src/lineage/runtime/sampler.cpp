@@ -5,6 +5,14 @@
 
 namespace lineage::runtime {
 
+double log_sum_exp(const float* logits, int64_t V) {
+  double top = logits[0];
+  for (int64_t i = 1; i < V; ++i) top = std::max(top, double(logits[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < V; ++i) sum += std::exp(double(logits[i]) - top);
+  return top + std::log(sum);
+}
+
 namespace {
 
 // The largest value: sixteen running maxima the compiler keeps in vector registers, then the

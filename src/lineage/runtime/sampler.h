@@ -9,6 +9,10 @@
 
 namespace lineage::runtime {
 
+// log Σ exp(logits[v]) over a row of V logits, in double (the max taken out first): a token's
+// log-probability is its logit less this (the server's logprobs, lineage perplexity's rows).
+double log_sum_exp(const float* logits, int64_t V);
+
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy (argmax, ties to the lower id)
   int top_k = 0;             // 0 = off

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lineage/core/error.h"
+#include "lineage/core/text.h"
 
 namespace lineage::serve {
 
@@ -212,13 +213,6 @@ CompletionRequest parse_request(std::string_view body, bool chat) {
 bool CompletionRequest::uses_tools() const { return !tools.is_null() || !raw_messages.is_null(); }
 
 namespace {
-
-std::string trim(std::string_view s) {
-  const size_t a = s.find_first_not_of(" \t\r\n");
-  if (a == std::string_view::npos) return "";
-  const size_t b = s.find_last_not_of(" \t\r\n");
-  return std::string(s.substr(a, b - a + 1));
-}
 
 // {"name": ..., "arguments": {...} or "..."} → a call; nothing when it is not one.
 std::optional<ToolCall> call_from_json(std::string_view text) {
