@@ -109,7 +109,7 @@ inline void nibble_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64
 // Lines (traits with `kLines`, AVX-512): 8·W columns whose W dwords of codes each hold 8 columns,
 // dword k columns 8k … 8k + 7; `line(q, lut, w)` decodes them into w[j], lane k column 8k + j, a shift
 // and a permute a vector (the runs above take a widening more for every two). x is prepared to match:
-// within each line, vector j holds columns 8k + j. Taken for 4-bit codes whose groups and rows are
+// within each line, vector j holds columns 8k + j. Taken for int4 codes whose groups and rows are
 // whole lines (group 128 and per-channel rows on AVX-512), so a line has one table.
 template <class S>
 constexpr bool kHasLines = requires { S::kLines; };
@@ -119,7 +119,8 @@ enum QuantOrder { kOrderBytes = 0, kOrderRuns = 1, kOrderLines = 2 };
 template <class S>
 int quant_order(const QuantWeight& W) {
   if (!W.nibbles()) return kOrderBytes;
-  if constexpr (kHasLines<S>) {
+  if constexpr (kHasLines<S>) {  // int4 only: the lines' tables are Int4's values
+    if (W.codes != QuantCodes::Int4) return kOrderRuns;
     constexpr int64_t kLine = 8 * S::kWidth;
     if (W.group % kLine == 0 && W.in % kLine == 0) return kOrderLines;
   }
