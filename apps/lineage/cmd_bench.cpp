@@ -411,7 +411,7 @@ void add_bench(CLI::App& app) {
                                           "measured in the same run");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
-  add_bf16_options(*cmd, o.src);
+  add_numerics_options(*cmd, o.src);
   cmd->add_option("--prompt", o.prompt, "pp test: tokens prefilled from an empty state (default 512; 0 skips it)")
       ->check(tokens_at_least(0));
   cmd->add_option("--gen", o.gen, "tg test: tokens decoded after each depth (default 32; 0 skips it)")

@@ -229,7 +229,7 @@ void add_bench_serve(CLI::App& app) {
                                                 "the batched-decode roofline");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
-  add_bf16_options(*cmd, o.src);
+  add_numerics_options(*cmd, o.src);
   cmd->add_option("--clients", o.clients, "concurrencies to run, e.g. 1,4,16,64 (default)")->delimiter(',');
   cmd->add_option("--requests", o.requests, "requests per client (default 4)")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   cmd->add_option("--prompt", o.prompt, "prompt tokens per request (default 64)")->check(CLI::Range(int64_t(1), int64_t(1) << 24));

@@ -309,7 +309,7 @@ void add_chat(CLI::App& app) {
                                          "turns; /reset, /save FILE, /load FILE, /stats, /help");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
-  add_bf16_options(*cmd, o.src);
+  add_numerics_options(*cmd, o.src);
   cmd->add_option("--system", o.system, "a system message at the start of each conversation");
   cmd->add_option("--max-tokens", o.max_tokens, "tokens per reply at most (default 512)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--temperature", o.temperature, "0 = greedy (default 0.8)")->check(CLI::Range(0.0f, 100.0f));

@@ -176,7 +176,7 @@ void add_generate(CLI::App& app) {
                                              "decoded together (--prompts), one JSON line each");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
-  add_bf16_options(*cmd, o.src);
+  add_numerics_options(*cmd, o.src);
   auto* one = cmd->add_option("--prompt", o.prompt, "prompt text");
   auto* many = cmd->add_option("--prompts", o.prompts_file,
                                "file of prompts, one per line, or JSON Lines with \"prompt\" and optional "

@@ -83,7 +83,7 @@ void add_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "architecture, layers, parameters and memory of a model");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
-  add_bf16_options(*cmd, o.src);
+  add_numerics_options(*cmd, o.src);
   cmd->add_option("--context", o.context, "also report the state bytes after N tokens")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o.json, "print one JSON object");
   cmd->callback([] {

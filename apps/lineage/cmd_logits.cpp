@@ -20,7 +20,7 @@ void add_logits(CLI::App& app) {
   auto* cmd = app.add_subcommand("logits", "write float32 logits [T, vocab] of a token sequence to a .npy file");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
-  add_bf16_options(*cmd, o.src);
+  add_numerics_options(*cmd, o.src);
   auto* t = cmd->add_option("--tokens", o.tokens, "token ids separated by spaces");
   auto* p = cmd->add_option("--prompt", o.prompt, "text, tokenized with the model's tokenizer");
   t->excludes(p);

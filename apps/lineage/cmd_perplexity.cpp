@@ -74,7 +74,7 @@ void add_perplexity(CLI::App& app) {
   auto* cmd = app.add_subcommand("perplexity", "perplexity over windows of a corpus, and the KL divergence against a base run");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
-  add_bf16_options(*cmd, o.src);
+  add_numerics_options(*cmd, o.src);
   cmd->add_option("--data", o.data, "UTF-8 text, or a .bin of token ids (lineage train's format)")->required();
   cmd->add_option("--ctx", o.p.ctx, "tokens per window; the second half of each is scored (default 512)")
       ->check(CLI::Range(int64_t(4), int64_t(1) << 20));

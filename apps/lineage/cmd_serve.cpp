@@ -95,7 +95,7 @@ void add_serve(CLI::App& app) {
                                           "chat page at / (docs/serve.md)");
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
-  add_bf16_options(*cmd, o.src);
+  add_numerics_options(*cmd, o.src);
   serve::ServerOptions& s = o.server;
   cmd->add_option("--host", s.host, "address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)");
   cmd->add_option("--port", s.port, "port to listen on (default 8080; 0: any free port, printed at start)")

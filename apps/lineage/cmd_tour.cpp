@@ -158,7 +158,7 @@ void add_tour(CLI::App& app) {
   auto* cmd = app.add_subcommand("tour", "one row per architecture: memory vs context, decode cost at depth, "
                                          "prefill speed, chunked = token-by-token check");
   add_threads_option(*cmd);
-  add_bf16_options(*cmd, o.src);
+  add_numerics_options(*cmd, o.src);
   auto* presets = cmd->add_option("--presets", o.presets, "presets to include (default: one per architecture)")
                       ->check(CLI::IsMember([] {
                         std::vector<std::string> v;

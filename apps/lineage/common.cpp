@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -78,16 +79,24 @@ void add_threads_option(CLI::App& cmd) {
   });
 }
 
-void add_bf16_options(CLI::App& cmd, ModelSource& src) {
+namespace {
+
+// A flag asking for a faster product the CPU may lack (`feature`): sets `field` to `value`, and says on
+// stderr where the exact products run instead.
+std::function<void()> fast_products(const char* flag, const char* feature, bool available, bool& field, bool value) {
+  return [=, &field] {
+    field = value;
+    if (!available)
+      std::fprintf(stderr, "lineage: %s: this CPU (or LINEAGE_ISA) has no %s; using exact f32 products\n", flag, feature);
+  };
+}
+
+}  // namespace
+
+void add_numerics_options(CLI::App& cmd, ModelSource& src) {
   // Flag callbacks, not the subcommand's parse callbacks: those belong to add_threads_option.
   CLI::Option* dot = cmd.add_flag_callback(
-      "--bf16-dot",
-      [&src] {
-        src.bf16_exact = false;
-        if (!kernels::bf16_dot_available())
-          std::fprintf(stderr, "lineage: --bf16-dot: this CPU (or LINEAGE_ISA) has no AVX512_BF16; using exact f32 "
-                               "products\n");
-      },
+      "--bf16-dot", fast_products("--bf16-dot", "AVX512_BF16", kernels::bf16_dot_available(), src.bf16_exact, false),
       "BF16 weights: round activations to bf16 and multiply with vdpbf16ps, in decode and prefill alike "
       "(~1.7e-3 relative error per product, as llama.cpp does for bf16 weights); the default where the CPU "
       "has AVX512_BF16");
@@ -97,13 +106,7 @@ void add_bf16_options(CLI::App& cmd, ModelSource& src) {
       "half the bf16 dot products' arithmetic rate)");
   dot->excludes(exact);
   cmd.add_flag_callback(
-      "--int8-dot",
-      [&src] {
-        src.int8_dot = true;
-        if (!kernels::int8_dot_available())
-          std::fprintf(stderr, "lineage: --int8-dot: this CPU (or LINEAGE_ISA) has no AVX512_VNNI; using exact f32 "
-                               "products\n");
-      },
+      "--int8-dot", fast_products("--int8-dot", "AVX512_VNNI", kernels::int8_dot_available(), src.int8_dot, true),
       "quantized int4 / int8 weights: quantize activations to int8 per 32 values and multiply with vpdpbusd "
       "(as llama.cpp does for its integer formats; error measured in docs/quantization.md); off by default: "
       "every weight decoded to f32, exact products");

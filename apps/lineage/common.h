@@ -30,12 +30,13 @@ struct ModelSource {
 void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset);
 // Adds --threads N and applies it before the command runs.
 void add_threads_option(CLI::App& cmd);
-// Adds --bf16-exact (BF16 weights widened to f32, exact products) and --bf16-dot (bf16 dot
-// products, the default where the CPU has AVX512_BF16; given explicitly on a CPU without, says so on
-// stderr and keeps the exact products). They exclude each other. They set src.bf16_exact, which
-// load() turns into the model's options. Adds --int8-dot too (int4 and int8 codes multiplied with x
-// quantized to int8, kernels::int8_dot_available; off by default).
-void add_bf16_options(CLI::App& cmd, ModelSource& src);
+// The numerics options: --bf16-exact (BF16 weights widened to f32, exact products) and --bf16-dot
+// (bf16 dot products, the default where the CPU has AVX512_BF16; given explicitly on a CPU without,
+// says so on stderr and keeps the exact products), which exclude each other and set src.bf16_exact;
+// --int8-dot (int4 and int8 codes multiplied with x quantized to int8 where the CPU has AVX512_VNNI,
+// kernels::int8_dot_available; off by default), which sets src.int8_dot. load() turns them into the
+// model's options.
+void add_numerics_options(CLI::App& cmd, ModelSource& src);
 // The model's options from the command line (--bf16-exact, --int8-dot); load() calls it.
 void apply_options(const ModelSource& src, model::Model& m);
 // Whether m's BF16 weights are multiplied with bf16 dot products (its option on and the CPU can).

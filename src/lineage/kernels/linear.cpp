@@ -479,6 +479,8 @@ bool bf16_dot_available() { return gemm_table().bf16_dot != nullptr; }
 
 bool int8_dot_available() { return gemv_quant_int8() != nullptr; }
 
+bool runs_int8_dot(const QuantWeight& W) { return &quant_kernels(gemv_table(), W) != &gemv_table().quant; }
+
 KernelTable kernel_table() { return {isa_name(), gemm_table().exact != nullptr, gemm_table().bf16_dot != nullptr}; }
 
 void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
@@ -489,6 +491,8 @@ void widen_row(const Tensor& t, int64_t offset, int64_t n, float* dst) {
   const int dt = dtype_index(t.dtype());
   gemv_table().widen[dt](static_cast<const char*>(t.raw()) + offset * dtype_size(t.dtype()), n, dst);
 }
+
+namespace {
 
 // More than kGemvRowsMax rows of x against quantized weights in the int8-activation mode: the rows
 // GEMV's arithmetic (each row of y what a lone GEMV gives it), over tiles of kTileRows weight rows
@@ -508,12 +512,14 @@ void gemm_quant_int8(const float* x, int64_t T, const Weight& W, float* y) {
   });
 }
 
+}  // namespace
+
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y, std::optional<Activation> act) {
   LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
   if (W.mxfp4()) check_mxfp4(W);
   if (W.quant) check_quant(W);
   if (T <= 0) return;
-  if (T > kGemvRowsMax && W.quant && &quant_kernels(gemv_table(), *W.quant) != &gemv_table().quant) {
+  if (T > kGemvRowsMax && W.quant && runs_int8_dot(*W.quant)) {
     gemm_quant_int8(x, T, W, y);
     add_bias(bias, T, W.out(), y);
     if (act) activate(*act, y, T * W.out());

@@ -109,6 +109,9 @@ bool bf16_dot_available();
 // this CPU can: AVX512_VNNI, and LINEAGE_ISA not forcing a lower ISA. Where it cannot, or a matrix's
 // groups (or rows) are no whole 128-column (int4) or 64-column (int8) lines, the exact path runs.
 bool int8_dot_available();
+// Whether linear() multiplies W in that mode: int8_dot set, the CPU able, and W's codes and groups ones
+// it takes.
+bool runs_int8_dot(const QuantWeight& W);
 
 // The kernels this process runs, chosen once from cpuid: the GEMV table ("avx512", "avx2" or
 // "scalar"; LINEAGE_ISA=avx2|scalar narrows it), whether T > 1 runs the engine's own GEMM (the

@@ -272,7 +272,7 @@ TEST(Quant, Int8DotMatchesRefAndItsLoneRows) {
       Matrix m = random_quant(s, out, in, uint64_t(in + 5 * out));
       const Matrix exact = m;
       m.qw.int8_dot = true;
-      const bool on = ref::runs_int8_dot(m.qw);
+      const bool on = runs_int8_dot(m.qw);
       EXPECT_EQ(on, s.group != 32) << s.label;
       for (int64_t T : {1, 3, 8, 9, 70}) {
         std::vector<float> x = random_floats(T * in, uint64_t(T + in));

@@ -1,4 +1,5 @@
-// Next-token sampling: greedy, temperature, top-k, top-p, seeded.
+// Next-token sampling: greedy, temperature, top-k, top-p, seeded; and a row's log-sum-exp, from which
+// log-probabilities are read.
 #pragma once
 
 #include <cstdint>

@@ -53,12 +53,6 @@ void quantize_x_int8(const float* x, int64_t n, int8_t* q, float* d) {
   }
 }
 
-bool runs_int8_dot(const QuantWeight& W) {
-  if (!W.int8_dot || !int8_dot_available()) return false;
-  const int64_t line = W.codes == QuantCodes::Int4 ? 128 : W.codes == QuantCodes::Int8 ? 64 : 0;
-  return line && W.in % line == 0 && W.group % line == 0;
-}
-
 namespace {
 
 // The int8-activation mode: the integer products of the codes' values less the zero points with x's
@@ -85,7 +79,7 @@ void linear_quant_int8(const float* x, int64_t T, const Weight& W, const std::ve
 }
 
 void linear_quant(const float* x, int64_t T, const Weight& W, const std::vector<float>& b, float* y) {
-  if (runs_int8_dot(*W.quant)) return linear_quant_int8(x, T, W, b, y);
+  if (kernels::runs_int8_dot(*W.quant)) return linear_quant_int8(x, T, W, b, y);  // where the kernels take it
   const int64_t in = W.in(), out = W.out();
   std::vector<double> row(in);
   for (int64_t o = 0; o < out; ++o) {

@@ -26,9 +26,6 @@ float quant_element(const QuantWeight& W, int64_t o, int64_t c);
 // and q = nearbyint(x · (127 / max|x|)) (0 where max|x| is 0; d NaN where the block holds a NaN).
 void quantize_x_int8(const float* x, int64_t n, int8_t* q, float* d);
 
-// Whether kernels::linear multiplies W in the int8-activation mode.
-bool runs_int8_dot(const QuantWeight& W);
-
 // Causal softmax attention of T new queries at positions p0 .. p0+T-1 over keys 0 .. p0+T-1.
 // q[t, h] at q + t*ldq + h*hd; k, v: key/value rows for positions 0 .. p0+T-1, head h of position j
 // at k[h*k_head_stride + j*hd]; out: [T, H, hd]. Same contract as kernels::attention_causal.
