@@ -7,7 +7,9 @@
 // are read by default (page-cache pages in the folios the file system made as the file was written:
 // some 4 KiB; the other rows' copies sit on huge pages, as presets' and --no-mmap's weights do).
 // `linear/*/mxfp4/*` rows: Kimi K3's routed experts (MXFP4 codes and E8M0 exponents, both counted in
-// the bytes read), GEMV, a step of 8 tokens and a T = 512 GEMM, at the expert's two shapes.
+// the bytes read), GEMV, a step of 8 tokens and a T = 512 GEMM, at the expert's two shapes, exact
+// (`mxfp4`, --bf16-exact) and in the bf16 dot mode (`mxfp4_bf16dot`, the default where the CPU has
+// AVX512_BF16).
 // `linear/*/{w4a16,w8a16,fp8_block,nvfp4}/*` rows: lineage quantize's formats (codes and scales counted
 // in the bytes read) at Kimi-Linear's and Qwen3-Next's expert and attention shapes; `*_int8dot` rows
 // the int4 and int8 codes in the int8-activation mode (kernels::int8_dot_available: AVX512_VNNI), its
@@ -78,8 +80,10 @@ const std::vector<kernels::Matrix>& cold_mxfp4(int64_t out, int64_t in) {
   return last;
 }
 
-// `T` rows of x through the next of the copies `w` at each call (their stored bytes counted as read).
-void bm_matrices(benchmark::State& state, const std::vector<kernels::Matrix>& w, LinearShape s, int64_t T) {
+// `T` rows of x through the next of the copies `w` at each call (their stored bytes counted as read),
+// bf16_dot as linear() takes it.
+void bm_matrices(benchmark::State& state, const std::vector<kernels::Matrix>& w, LinearShape s, int64_t T,
+                 bool bf16_dot = false) {
   const auto x = random_floats(T * s.in, 2);
   std::vector<float> y(static_cast<size_t>(T * s.out));
   size_t next = 0;
@@ -88,14 +92,16 @@ void bm_matrices(benchmark::State& state, const std::vector<kernels::Matrix>& w,
   work.flops = 2.0 * double(T) * double(s.in) * double(s.out);
   work.memory_bound = T == 1;
   run(state, work, [&] {
-    kernels::linear(x.data(), T, w[next], nullptr, y.data());
+    kernels::linear(x.data(), T, w[next], nullptr, y.data(), std::nullopt, bf16_dot);
     next = (next + 1) % w.size();
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   });
 }
 
-void bm_mxfp4(benchmark::State& state, LinearShape s, int64_t T) { bm_matrices(state, cold_mxfp4(s.out, s.in), s, T); }
+void bm_mxfp4(benchmark::State& state, LinearShape s, int64_t T, bool bf16_dot) {
+  bm_matrices(state, cold_mxfp4(s.out, s.in), s, T, bf16_dot);
+}
 
 // Copies of one random [out, in] bf16 matrix quantized by lineage quantize's RTN (io/rtn.h) as `scheme`
 // stores it, prepared as the loader prepares it, past kColdBytes together; the last set is kept.
@@ -155,11 +161,13 @@ constexpr LinearShape kExpertShapes[] = {{"expert_gate_up", 3584, 3072}, {"exper
 
 const bool registered = [] {
   for (const auto& [T, variant] : {std::pair<int64_t, const char*>{1, "gemv"}, {8, "batch8"}, {512, "gemm_T512"}})
-    for (const LinearShape& s : kExpertShapes) {
-      const std::string name = std::string("linear/") + variant + "/mxfp4/out_in/" + s.name + "_" +
-                               std::to_string(s.in) + "x" + std::to_string(s.out);
-      benchmark::RegisterBenchmark(name.c_str(), bm_mxfp4, s, T)->UseRealTime()->Unit(benchmark::kMicrosecond);
-    }
+    for (const LinearShape& s : kExpertShapes)
+      for (bool dot : {false, true}) {
+        if (dot && !kernels::bf16_dot_available()) continue;
+        const std::string name = std::string("linear/") + variant + (dot ? "/mxfp4_bf16dot" : "/mxfp4") + "/out_in/" +
+                                 s.name + "_" + std::to_string(s.in) + "x" + std::to_string(s.out);
+        benchmark::RegisterBenchmark(name.c_str(), bm_mxfp4, s, T, dot)->UseRealTime()->Unit(benchmark::kMicrosecond);
+      }
   for (const auto& [T, variant] : {std::pair<int64_t, const char*>{1, "gemv"}, {8, "batch8"}, {512, "gemm_T512"}})
     for (const io::RtnScheme scheme : {io::RtnScheme::W4A16, io::RtnScheme::W8A16, io::RtnScheme::FP8_BLOCK, io::RtnScheme::NVFP4})
       for (const LinearShape& s : kQuantShapes) {

@@ -267,12 +267,13 @@ class PySession {
   mutable std::mutex busy_;  // held by the call in progress (claim)
 };
 
-ModelPtr load(const fs::path& dir, bool mmap, bool int8_dot) {
+ModelPtr load(const fs::path& dir, bool mmap, bool int8_dot, bool bf16_exact) {
   auto h = std::make_shared<ModelHandle>();
   {
     py::gil_scoped_release release;
     h->loaded = io::load_model(dir, true, mmap ? io::WeightStorage::Mapped : io::WeightStorage::Owned);
     model::set_int8_dot(h->loaded.model, int8_dot && kernels::int8_dot_available());
+    h->loaded.model.options.bf16_dot = !bf16_exact;
   }
   h->source = dir.string();
   return h;
@@ -324,10 +325,16 @@ PYBIND11_MODULE(lineage, m) {
 
   py::class_<ModelHandle, ModelPtr>(m, "Model", "A model: its weights, configuration and tokenizer, if any.")
       .def_static("load", &load, py::arg("dir"), py::arg("mmap") = true, py::arg("int8_dot") = false,
+                  py::arg("bf16_exact") = false,
                   "Loads a Hugging Face model directory (config.json, safetensors, tokenizer files). "
                   "mmap=False copies the weights into memory instead of mapping the files; int8_dot=True "
                   "multiplies int4 / int8 quantized weights with int8 activations where the CPU has "
-                  "AVX512_VNNI (the CLI's --int8-dot; see int8_dot_available()).")
+                  "AVX512_VNNI (the CLI's --int8-dot; see int8_dot_available()); bf16_exact=True widens "
+                  "BF16 and MXFP4 weights to f32 for exact products instead of the bf16 dot products "
+                  "(x rounded to bf16) that run by default where the CPU has AVX512_BF16 (the CLI's "
+                  "--bf16-exact; see bf16_dot_available()).")
+      .def_static("bf16_dot_available", &kernels::bf16_dot_available,
+                  "Whether this CPU runs the default bf16 dot products for BF16 and MXFP4 weights (AVX512_BF16).")
       .def_static("int8_dot_available", &kernels::int8_dot_available,
                   "Whether this CPU runs load(..., int8_dot=True)'s int8 activations (AVX512_VNNI).")
       .def_static("preset", &preset, py::arg("name"), py::arg("seed") = 0, py::arg("dtype") = "f32",

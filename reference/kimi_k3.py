@@ -47,9 +47,9 @@ What differs from Kimi Linear (kimi_linear.py, whose pieces this module reuses w
 bf16_inputs (bf16_linear_inputs of the checkpoint) rounds the input of every Linear on a BF16 weight to
 bf16, as kimi_linear.py: KDA q/k/v, f_a/f_b, b_proj, g_proj or g_a/g_b, o_proj; MLA q_a_proj, q_b_proj
 (its input is the normalized q latent), kv_a_proj_with_mqa, kv_b_proj (explicit form), g_proj, o_proj; the
-dense MLP, routed_expert_down_proj / up_proj, the shared experts, lm_head. Not the router gate (float32,
-as the engine), not the AttnRes dot products (res_proj: a fold the engine makes in f32), not MXFP4
-weights (their names are not BF16 tensors)."""
+dense MLP, routed_expert_down_proj / up_proj, the shared experts, lm_head, and every MXFP4 Linear (the
+engine's bf16 dot mode takes them too). Not the router gate (float32, as the engine), not the AttnRes
+dot products (res_proj: a fold the engine makes in f32)."""
 
 import math
 from dataclasses import dataclass, fields
@@ -320,11 +320,14 @@ def canonical_weights(cfg: K3Config, tensors: dict, dtype: torch.dtype) -> dict:
 
 def bf16_linear_inputs(cfg: K3Config, tensors: dict) -> frozenset:
     """Canonical names of the Linears whose input the engine's bf16 dot products round: every BF16
-    "matrix" tensor except the router gate (float32)."""
+    "matrix" tensor except the router gate (float32), and every MXFP4 one (its values are exact in bf16,
+    and the engine's bf16 dot mode multiplies them so)."""
     matrices = {name for name, _, kind in tensor_specs(cfg) if kind == "matrix"}
-    bf16 = {name[len(cfg.tensor_prefix):] for name, t in tensors.items()
-            if t.dtype == torch.bfloat16 and name.startswith(cfg.tensor_prefix)}
-    return frozenset(n for n in bf16 & matrices if not n.endswith("block_sparse_moe.gate.weight"))
+    p = cfg.tensor_prefix
+    bf16 = {name[len(p):] for name, t in tensors.items() if t.dtype == torch.bfloat16 and name.startswith(p)}
+    mxfp4 = {name[len(p):-len(PACKED_SUFFIX)] + ".weight" for name in tensors
+             if name.startswith(p) and name.endswith(PACKED_SUFFIX)}
+    return frozenset(n for n in (bf16 | mxfp4) & matrices if not n.endswith("block_sparse_moe.gate.weight"))
 
 
 # ---------------------------------------------------------------------------------------------------

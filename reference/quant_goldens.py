@@ -28,8 +28,8 @@ are float32 values) and picks the same experts; every top-k selection wins by mo
 under the bf16 dot-product emulation (the seed is advanced until it does); the logits are causal; and the
 quantization moves the logits away from the float model's by QUANT_MOVE_RANGE (a golden that silently used
 the float weights would fail). BF16 cases also get logits_bf16_dot.npy: the unquantized BF16 linears (router,
-shared-expert gate, lm_head; hf_fp8 also in_proj_ba) round their input to bf16, the quantized ones do not
-(the engine's exact quantized path computes in f32). w4a16_g32 and f32_w4a16_g32 also hold float/: the
+shared-expert gate, lm_head; hf_fp8 also in_proj_ba) and the MXFP4 ones round their input to bf16, the other
+quantized ones do not (the engine's exact quantized path computes in f32). w4a16_g32 and f32_w4a16_g32 also hold float/: the
 unquantized checkpoint they were quantized from (compressed_tensors.py compare --input float/ checks what
 `lineage quantize` makes of it)."""
 
@@ -197,6 +197,14 @@ def reference_weights(cfg: QwenConfig, config: dict, stored: dict) -> dict:
     return canonical_weights(cfg, ct.dequantized_checkpoint(config, stored), torch.float64)
 
 
+def engine_dot_view(deq: dict, plan: dict) -> dict:
+    """deq with the MXFP4 modules' weights in bfloat16 (exact: an e2m1 value times a power of two), so that
+    bf16_weight_names names them too: the engine's bf16 dot mode rounds the input of BF16 and MXFP4
+    linears alike."""
+    mx = {m + ".weight" for m, scheme in plan.items() if scheme.kind == "mxfp4"}
+    return {n: t.to(torch.bfloat16) if n in mx else t for n, t in deq.items()}
+
+
 def choose_seed(case: QuantCase, cfg: QwenConfig, config: dict, tokens: torch.Tensor) -> tuple:
     """(seed, float checkpoint, quantized checkpoint, plan): the first seed from case.seed whose dequantized
     model routes with margins (float64 and under the bf16 dot-product emulation, the same experts)."""
@@ -204,7 +212,7 @@ def choose_seed(case: QuantCase, cfg: QwenConfig, config: dict, tokens: torch.Te
     for seed in range(case.seed, case.seed + MAX_SEED_TRIES):
         floats, quantized, plan = quantized_checkpoint(case, cfg, seed)
         deq = ct.dequantized_checkpoint(config, quantized)
-        problems = routing_problems(cfg, deq, tokens, case.weights_dtype)
+        problems = routing_problems(cfg, engine_dot_view(deq, plan), tokens, case.weights_dtype)
         if not problems:
             return seed, floats, quantized, plan
         problem = problems[0]
@@ -288,7 +296,7 @@ def build_case(case: QuantCase, case_dir: str) -> str:
     if not lo < move < hi:
         raise AssertionError(f"{label}: quantization moves the logits by {move:.3g}, expected {lo:g}..{hi:g}")
 
-    bf16 = bf16_weight_names(cfg, deq)
+    bf16 = bf16_weight_names(cfg, engine_dot_view(deq, plan))
     qc = config["quantization_config"]
     manifest = manifest_head(
         "qwen3_next", case, seed=seed, quant_method=qc["quant_method"],

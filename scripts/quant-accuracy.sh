@@ -4,7 +4,8 @@
 # hybrid trained here for a few hundred steps), each quantized with every lineage quantize scheme, then
 # lineage perplexity on held-out verses against the bf16 model's exact logits (--kld-base): size,
 # perplexity, mean and 99th-percentile KLD, same top-1, and decode tok/s (lineage bench, depth 0);
-# the int8-activation mode (--int8-dot) beside the int4 and int8 schemes it takes.
+# the int8-activation mode (--int8-dot) beside the int4 and int8 schemes it takes, and MXFP4's bf16 dot
+# mode beside its exact products (also against them alone: WORK_DIR/mxfp4_dot.md).
 #   scripts/quant-accuracy.sh [WORK_DIR]     (default build/quant-acc; ~20 min on 2 cores)
 # Needs build/lineage; installs Debian's bible-kjv for the text as scripts/train-kjv.sh does.
 set -euo pipefail
@@ -85,6 +86,7 @@ print(f"| {model} | {label} | {size / 2**20:.1f} MiB | {p['ppl']:.2f} | {k.get('
 EOF
 }
 
+printf '| model | mean KLD | KLD p99 | same top-1 |\n|---|---|---|---|\n' >"$work/mxfp4_dot.md"
 echo "| model | weights | size | PPL | mean KLD | KLD p99 | same top-1 | decode tok/s |"
 echo "|---|---|---|---|---|---|---|---|"
 for m in "${models[@]}"; do
@@ -105,6 +107,17 @@ for m in "${models[@]}"; do
     # shellcheck disable=SC2086
     $bin quantize "$dir" "$out" ${s#*|} >"$out.log" 2>&1
     row "$m" "$label" "$out" --bf16-exact
+    # MXFP4 in the bf16 dot mode (the default where the CPU has AVX512_BF16): against the base, and
+    # against the exact products of the same file (mxfp4_dot.md beside the table).
+    if [ "$label" = MXFP4 ]; then
+      row "$m" "$label, bf16 dot products" "$out"
+      $bin perplexity --model "$out" --data "$work/eval.txt" --ctx 128 --chunks 60 --bf16-exact \
+        --save-logits "$work/$m.mxfp4-exact.npy" --json >/dev/null
+      $bin perplexity --model "$out" --data "$work/eval.txt" --ctx 128 --chunks 60 \
+        --kld-base "$work/$m.mxfp4-exact.npy" --json |
+        python3 -c 'import json,sys; k=json.load(sys.stdin)["kld"]; print("| %s | %.2e | %.2e | %.1f %% |" % (sys.argv[1], k["mean"], k["p99"], 100 * k["top1"]))' "$m" \
+        >>"$work/mxfp4_dot.md"
+    fi
     # The int8-activation mode where it runs (int4 groups of 128, int8 groups of 64 or more; AVX512_VNNI).
     case "$label" in
       "W8A16 g"* | "W4A16 g128") row "$m" "$label, --int8-dot" "$out" --bf16-exact --int8-dot ;;

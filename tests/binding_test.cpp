@@ -223,7 +223,10 @@ TEST(Binding, PackedPairBindsAsOneMxfp4Matrix) {
   t.erase(p);
   t[p + "_packed"] = packed;
   t[p + "_scale"] = scale;
-  const auto pack = [](model::Model& m) { std::get<layers::GatedMlp>(m.blocks[0].ffn).weights.down_proj.packed = true; };
+  const auto pack = [](model::Model& m) {
+    std::get<layers::GatedMlp>(m.blocks[0].ffn).weights.down_proj.packed = true;
+    m.options.bf16_dot = false;  // the exact products, as the dequantized f32 checkpoint's
+  };
   const model::Model m = bind_rewritten(t, pack);
   const kernels::Matrix& w = std::get<layers::GatedMlp>(m.blocks[0].ffn).weights.down_proj;
   EXPECT_EQ(w.format(), kernels::MatrixFormat::MXFP4);

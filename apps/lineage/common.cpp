@@ -97,13 +97,13 @@ void add_numerics_options(CLI::App& cmd, ModelSource& src) {
   // Flag callbacks, not the subcommand's parse callbacks: those belong to add_threads_option.
   CLI::Option* dot = cmd.add_flag_callback(
       "--bf16-dot", fast_products("--bf16-dot", "AVX512_BF16", kernels::bf16_dot_available(), src.bf16_exact, false),
-      "BF16 weights: round activations to bf16 and multiply with vdpbf16ps, in decode and prefill alike "
-      "(~1.7e-3 relative error per product, as llama.cpp does for bf16 weights); the default where the CPU "
-      "has AVX512_BF16");
+      "BF16 and MXFP4 weights: round activations to bf16 and multiply with vdpbf16ps, in decode and prefill "
+      "alike (~1.7e-3 relative error per product, as llama.cpp does for bf16 weights; MXFP4's values are exact "
+      "in bf16); the default where the CPU has AVX512_BF16");
   CLI::Option* exact = cmd.add_flag_callback(
       "--bf16-exact", [&src] { src.bf16_exact = true; },
-      "BF16 weights: widen to f32 and multiply with f32 FMAs (the stored weights' exact products; about "
-      "half the bf16 dot products' arithmetic rate)");
+      "BF16 and MXFP4 weights: widen to f32 and multiply with f32 FMAs (the stored weights' exact products; "
+      "about half the bf16 dot products' arithmetic rate, and MXFP4's decode 1.3x slower)");
   dot->excludes(exact);
   cmd.add_flag_callback(
       "--int8-dot", fast_products("--int8-dot", "AVX512_VNNI", kernels::int8_dot_available(), src.int8_dot, true),

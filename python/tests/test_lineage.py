@@ -106,6 +106,22 @@ def test_int8_dot_is_close_to_the_exact_products():
     assert 1e-5 < rel_rms(int8, exact) < 2e-2
 
 
+def test_bf16_exact_and_the_default_bf16_dot_products():
+    # A BF16 checkpoint with MXFP4 linears: bf16_exact=True gives the reference's exact logits; the
+    # default, where the CPU has AVX512_BF16, the reference's emulation of the bf16 dot products (x
+    # rounded to bf16 before every BF16 and MXFP4 linear), far from the exact ones.
+    g = Golden("quant/mxfp4")
+    exact = lineage.Session(lineage.Model.load(data_root() / "quant/mxfp4", bf16_exact=True)).prefill(
+        g.tokens, all_positions=True)
+    assert_close_to_golden(exact, g, "logits")
+    if not lineage.Model.bf16_dot_available():
+        pytest.skip("no AVX512_BF16 here: the default is the exact products")
+    dot = lineage.Session(lineage.Model.load(data_root() / "quant/mxfp4")).prefill(g.tokens, all_positions=True)
+    emulated = np.load(data_root() / "quant/mxfp4/golden/logits_bf16_dot.npy")
+    assert rel_rms(dot, emulated) < 2e-3
+    assert rel_rms(dot, exact) > 1e-3
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_decode_one_token_at_a_time_equals_prefill(case):
     g = Golden(case)

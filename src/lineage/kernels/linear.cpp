@@ -71,6 +71,19 @@ const float* mxfp4_prepared(const GemvTable& k, const float* x, int64_t rows, in
   return xm;
 }
 
+// The MXFP4 kernels of the bf16 dot mode where W asks for them and this CPU has them, else null.
+const GemvMxfp4Dot* mxfp4_dot(const Weight& W) { return W.mxfp4() && W.bf16_dot ? gemv_mxfp4_dot() : nullptr; }
+
+// `rows` rows of x rounded to bf16 in those kernels' order (GemvMxfp4Dot::prepare), d.stride(in)
+// values apart, in per-thread scratch.
+const uint16_t* mxfp4_dot_prepared(const GemvMxfp4Dot& d, const float* x, int64_t rows, int64_t in,
+                                   std::vector<char>& buf) {
+  const int64_t ld = d.stride(in);
+  auto* xd = static_cast<uint16_t*>(aligned_scratch(buf, size_t(rows * ld) * sizeof(uint16_t)));
+  for (int64_t t = 0; t < rows; ++t) d.prepare(x + t * in, in, xd + t * ld);
+  return xd;
+}
+
 // A quantized weight's contract (QuantWeight, linear.h); the loader checks what a file holds.
 void check_quant(const Weight& W) {
   const QuantWeight& q = *W.quant;
@@ -152,16 +165,18 @@ struct GemvUnit {
 
 // Rows [u.a, u.b) of output o on the exact path (k), or for BF16 weights in the bf16 dot mode (dot
 // not null) with x as the bf16 pairs xp ([out, in]) or as x rounded to bf16 (xr, [in, out]); MXFP4
-// weights read x prepared for them (xm), quantized ones theirs (xq: the order GemvQuant::order names
-// for the weight, prepared once for the group).
+// weights read x prepared for them (xm; xmd in the bf16 dot mode), quantized ones theirs (xq: the
+// order GemvQuant::order names for the weight, prepared once for the group).
 void gemv_unit(const GemvTable& k, const GemvBf16Dot* dot, const float* x, const uint32_t* xp, const float* xr,
-               const float* xm, const float* xq, const LinearOut& o, const GemvUnit& u, float* partials) {
+               const float* xm, const uint16_t* xmd, const float* xq, const LinearOut& o, const GemvUnit& u,
+               float* partials) {
   if (o.W.quant) {
     quant_kernels(k, *o.W.quant).out_in(xq, *o.W.quant, u.a, u.b, o.y);
     return;
   }
   if (o.W.mxfp4()) {
-    k.mxfp4.out_in(xm, codes(o.W), exponents(o.W), o.W.in(), u.a, u.b, o.y);
+    if (const GemvMxfp4Dot* d = mxfp4_dot(o.W)) d->out_in(xmd, codes(o.W), exponents(o.W), o.W.in(), u.a, u.b, o.y);
+    else k.mxfp4.out_in(xm, codes(o.W), exponents(o.W), o.W.in(), u.a, u.b, o.y);
     return;
   }
   const int dt = dtype_index(o.W.w->dtype());
@@ -199,13 +214,18 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   const GemvTable& k = gemv_table();
   const GemmPath* dot_path = gemm_table().bf16_dot;
   const GemvBf16Dot* dot = gemv_bf16_dot();
-  thread_local std::vector<char> prepared, rounded_x, partial_buf, mxfp4_x, quant_x[GemvQuant::kOrders];
+  thread_local std::vector<char> prepared, rounded_x, partial_buf, mxfp4_x, mxfp4_dot_x, quant_x[GemvQuant::kOrders];
   const uint32_t* xp = nullptr;
   const float* xr = nullptr, *xm = nullptr, *xq[GemvQuant::kOrders] = {};
+  const uint16_t* xmd = nullptr;
   auto rounded = [&](const LinearOut& o) { return dot && dot_path && own_gemm(o.W) == dot_path; };
   for (const LinearOut& o : outs) {
     LINEAGE_CHECK(o.W.in() == outs[0].W.in(), "linear_group: weights of different input sizes");
-    if (o.W.mxfp4() && !xm) xm = mxfp4_prepared(k, x, 1, o.W.in(), mxfp4_x);
+    if (const GemvMxfp4Dot* d = mxfp4_dot(o.W)) {
+      if (!xmd) xmd = mxfp4_dot_prepared(*d, x, 1, o.W.in(), mxfp4_dot_x);
+    } else if (o.W.mxfp4() && !xm) {
+      xm = mxfp4_prepared(k, x, 1, o.W.in(), mxfp4_x);
+    }
     if (o.W.quant) {
       const int order = quant_kernels(k, *o.W.quant).order(*o.W.quant);
       if (!xq[order]) xq[order] = quant_prepared(k, *o.W.quant, x, 1, quant_x[order]);
@@ -276,7 +296,7 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
     for (int64_t i = b; i < e; ++i) {
       const LinearOut& o = outs[size_t(u[i].j)];
       const float* xo = o.W.quant ? xq[quant_kernels(k, *o.W.quant).order(*o.W.quant)] : nullptr;
-      gemv_unit(k, rounded(o) ? dot : nullptr, x, xp, xr, xm, xo, o, u[i], partials);
+      gemv_unit(k, rounded(o) ? dot : nullptr, x, xp, xr, xm, xmd, xo, o, u[i], partials);
       if (u[i].part < 0) {
         finish_rows(o, u[i].a, u[i].b);
       } else if (remaining[u[i].j].fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -303,6 +323,14 @@ void gemv_rows(const float* x, int64_t T, const Weight& W, const Tensor* bias, f
     const GemvQuant& q = quant_kernels(k, *W.quant);
     parallel_chunks(out, gemv_chunk(in * T), [&](int64_t o0, int64_t o1) {
       q.out_in_rows(xq, in, T, *W.quant, o0, o1, y, out);
+      for (int64_t t = 0; t < T; ++t) finish_rows(LinearOut{W, bias, y + t * out, act}, o0, o1);
+    });
+    return;
+  }
+  if (const GemvMxfp4Dot* d = mxfp4_dot(W)) {
+    const uint16_t* xd = mxfp4_dot_prepared(*d, x, T, in, prepared);
+    parallel_chunks(out, gemv_chunk(in * T), [&](int64_t o0, int64_t o1) {
+      d->out_in_rows(xd, d->stride(in), T, codes(W), exponents(W), in, o0, o1, y, out);
       for (int64_t t = 0; t < T; ++t) finish_rows(LinearOut{W, bias, y + t * out, act}, o0, o1);
     });
     return;
@@ -476,6 +504,9 @@ void gemm_blocked(const GemmPath& path, const GemmProblem& p) {
 }  // namespace
 
 bool bf16_dot_available() { return gemm_table().bf16_dot != nullptr; }
+bool runs_bf16_dot(const Weight& W) {
+  return W.bf16_dot && bf16_dot_available() && (W.mxfp4() || (!W.quant && W.w->dtype() == DType::BF16));
+}
 
 bool int8_dot_available() { return gemv_quant_int8() != nullptr; }
 
@@ -529,6 +560,13 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
     gemv_rows(x, T, W, bias, y, act);
     return;
   }
+  if (T > kGemvRowsMax)  // MXFP4 in the bf16 dot mode: x rounded as the GEMVs round it, then the exact GEMM
+    if (const GemvMxfp4Dot* d = mxfp4_dot(W)) {
+      thread_local std::vector<char> rounded;
+      auto* r = static_cast<float*>(aligned_scratch(rounded, size_t(T * W.in()) * sizeof(float)));
+      d->round(x, T * W.in(), r);
+      x = r;
+    }
   const GemmPath* own = W.quant ? nullptr : own_gemm(W);
   if (T > 1 && own) {  // adds the bias (and GELU) as it stores y
     const float* b = nullptr;

@@ -51,8 +51,8 @@ struct QuantWeight {
 };
 
 // A weight matrix as it sits in memory (mapped or owned), with its layout, and how this call may
-// multiply it: bf16_dot lets BF16 weights use bf16 dot products (see bf16_dot_available()); false
-// selects the exact path. The option travels with the call, not the process (layers::Options).
+// multiply it: bf16_dot lets BF16 and MXFP4 weights use bf16 dot products (see bf16_dot_available());
+// false selects the exact path. The option travels with the call, not the process (layers::Options).
 // An MXFP4 matrix (matrix.h) is its packed codes in `w` ([out, in/2] U8) with their block exponents
 // in `scales` ([out, in/32] U8), OutIn only, `in` a multiple of 32; `scales` is null otherwise.
 struct Weight {
@@ -95,9 +95,15 @@ bool linear_strided(const float* x, int64_t ldx, bool x_trans, int64_t T, const 
 // the two stay interchangeable; the price is a relative error of ~1.7e-3 per product (llama.cpp
 // rounds its activations the same way for bf16 weights, and PyTorch's bf16 matmul takes bf16
 // inputs). About twice the exact path's arithmetic rate in prefill (decode, bound by reading the
-// same bytes, runs at about the same speed either way). Whether this CPU can: AVX512_BF16, and
-// LINEAGE_ISA not forcing a lower ISA. Where it cannot, bf16_dot is ignored (the exact path runs).
+// same bytes, runs at about the same speed either way). MXFP4 weights with Weight::bf16_dot: each
+// code's value (exact in bf16) times x rounded to bf16 in vdpbf16ps, the block's power of two applied
+// to sums of 8 such products (exact): the same products, f32 sums, about twice the exact decode's
+// speed (the exact path's decoding to f32 bounds it below the memory's); prefill rounds x the same
+// way and runs the exact GEMM on it. Whether this CPU can: AVX512_BF16, and LINEAGE_ISA not forcing a
+// lower ISA. Where it cannot, bf16_dot is ignored (the exact path runs).
 bool bf16_dot_available();
+// Whether linear() multiplies W with bf16 dot products: bf16_dot set, the CPU able, BF16 or MXFP4 weights.
+bool runs_bf16_dot(const Weight& W);
 
 // Int4 and int8 codes with QuantWeight::int8_dot: x quantized to int8 per block of 32 columns (scale
 // d = max|x| / 127 in f32, codes nearbyint(x · (127 / max|x|)), ref::quantize_x_int8), and the

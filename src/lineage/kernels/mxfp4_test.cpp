@@ -232,7 +232,8 @@ TEST(Mxfp4, FewRowsAreEachRowAloneBitForBit) {
 }
 
 // MXFP4 members of a group (K3's routed expert gate and up projections) beside a BF16 one: each
-// output what linear() gives it alone, for one token (one shared region) and for several.
+// output what linear() gives it alone, for one token (one shared region) and for several, exact and
+// in the bf16 dot mode.
 TEST(Mxfp4, GroupEqualsOneCallEach) {
   constexpr int64_t in = 512;
   const Matrix gate = random_mxfp4(700, in, 11), up = random_mxfp4(300, in, 12);
@@ -242,25 +243,88 @@ TEST(Mxfp4, GroupEqualsOneCallEach) {
   const std::vector<float> dv = random_floats(90 * in, 13);
   for (int64_t i = 0; i < 90 * in; ++i) dense.data.data<uint16_t>()[i] = f32_to_bf16(dv[size_t(i)]);
   const Tensor bias = random_bias(300, 14);
-  for (int threads : {1, 2, 3}) {
-    set_threads(threads);
-    for (int64_t T : {1, 4, 12}) {
-      const std::vector<float> x = random_floats(T * in, uint64_t(T));
-      std::vector<float> yg(static_cast<size_t>(T * 700)), yu(static_cast<size_t>(T * 300)), yd(static_cast<size_t>(T * 90));
-      std::vector<float> wg(yg.size()), wu(yu.size()), wd(yd.size());
-      const LinearOut outs[] = {{gate.view(false), nullptr, yg.data(), Activation::Silu},
-                                {dense.view(false), nullptr, yd.data()},
-                                {up.view(false), &bias, yu.data()}};
-      linear_group(x.data(), T, outs);
-      linear(x.data(), T, gate, nullptr, wg.data(), Activation::Silu);
-      linear(x.data(), T, dense, nullptr, wd.data());
-      linear(x.data(), T, up, &bias, wu.data());
-      EXPECT_EQ(yg, wg) << "T " << T << " threads " << threads;
-      EXPECT_EQ(yd, wd) << "T " << T << " threads " << threads;
-      EXPECT_EQ(yu, wu) << "T " << T << " threads " << threads;
+  for (int threads : {1, 2, 3})
+    for (bool dot : {false, true}) {  // exact products, and the bf16 dot mode where it runs
+      set_threads(threads);
+      for (int64_t T : {1, 4, 12}) {
+        const std::vector<float> x = random_floats(T * in, uint64_t(T));
+        std::vector<float> yg(static_cast<size_t>(T * 700)), yu(static_cast<size_t>(T * 300)), yd(static_cast<size_t>(T * 90));
+        std::vector<float> wg(yg.size()), wu(yu.size()), wd(yd.size());
+        const LinearOut outs[] = {{gate.view(dot), nullptr, yg.data(), Activation::Silu},
+                                  {dense.view(dot), nullptr, yd.data()},
+                                  {up.view(dot), &bias, yu.data()}};
+        linear_group(x.data(), T, outs);
+        linear(x.data(), T, gate, nullptr, wg.data(), Activation::Silu, dot);
+        linear(x.data(), T, dense, nullptr, wd.data(), std::nullopt, dot);
+        linear(x.data(), T, up, &bias, wu.data(), std::nullopt, dot);
+        EXPECT_EQ(yg, wg) << "T " << T << " threads " << threads << " dot " << dot;
+        EXPECT_EQ(yd, wd) << "T " << T << " threads " << threads << " dot " << dot;
+        EXPECT_EQ(yu, wu) << "T " << T << " threads " << threads << " dot " << dot;
+      }
     }
-  }
   set_threads(0);
+}
+
+// The bf16 dot mode (Weight::bf16_dot where the CPU has AVX512_BF16) through every path linear()
+// takes (GEMV, rows GEMV, GEMM over rounded x), with a bias and an activation, 1 and 2 threads:
+// against ref::linear of the same mode (x rounded to bf16, products in double) to the f32 sums'
+// tolerance; against the exact products (x unrounded) an error of bf16's rounding of x (2^-7 over
+// √12 of a spread of octaves, ~1.6e-3 relative RMS: between 1e-4 and 2.5e-3, as the BF16 weights'
+// mode is held in linear_test); each row of 2-8 bit for bit its lone GEMV; exponents 0 and 255 as the
+// exact kernels take them (the subnormal factor, the NaN).
+TEST(Mxfp4, Bf16DotMatchesItsRefAndItsLoneRows) {
+  if (!bf16_dot_available()) GTEST_SKIP() << "CPU lacks AVX512_BF16 (or LINEAGE_ISA forced a lower ISA)";
+  for (auto [in, out] : {std::array<int64_t, 2>{32, 7}, {96, 130}, {128, 33}, {384, 256}, {3584, 70}})
+    for (int64_t T : {1, 2, 5, 8, 9, 40}) {
+      const Matrix m = random_mxfp4(out, in, uint64_t(in + 5 * out));
+      const Tensor bias = random_bias(out, uint64_t(out + 1));
+      const std::vector<float> x = random_floats(T * in, uint64_t(T * 3 + in));
+      std::vector<float> want(size_t(T * out)), exact(size_t(T * out)), got(size_t(T * out)), first, one(static_cast<size_t>(out));
+      ASSERT_TRUE(runs_bf16_dot(m.view(true)));
+      ref::linear(x.data(), T, m.view(true), &bias, want.data());
+      ref::linear(x.data(), T, m.view(false), &bias, exact.data());
+      for (int threads : {1, 2}) {
+        set_threads(threads);
+        linear(x.data(), T, m, &bias, got.data(), Activation::Silu, true);
+        for (int64_t t = 0; t < T; ++t)
+          if (T <= 8) {
+            linear(x.data() + t * in, 1, m, &bias, one.data(), Activation::Silu, true);
+            ASSERT_EQ(std::vector<float>(got.begin() + t * out, got.begin() + (t + 1) * out), one)
+                << out << "x" << in << " T " << T << " row " << t << " threads " << threads;
+          }
+        if (threads == 1) first = got;
+        else ASSERT_EQ(got, first) << out << "x" << in << " T " << T;
+      }
+      std::vector<float> w = want, e = exact;
+      activate(Activation::Silu, w.data(), T * out);
+      ASSERT_LE(rel_rms(got, w), tolerance(in)) << worst(got, w) << "; " << out << "x" << in << " T " << T;
+      // Before the activation: the mode's error against the exact products.
+      std::vector<float> raw(size_t(T * out));
+      linear(x.data(), T, m, &bias, raw.data(), std::nullopt, true);
+      const double err = rel_rms(raw, e);
+      EXPECT_LE(err, 2.5e-3) << worst(raw, e) << "; " << out << "x" << in << " T " << T;
+      EXPECT_GE(err, 1e-4) << "x was not rounded to bf16 (" << out << "x" << in << " T " << T << ")";
+    }
+  set_threads(0);
+  constexpr int64_t in = 512, out = 3;
+  Matrix m = random_mxfp4(out, in, 41);
+  uint8_t* s = m.scales.data<uint8_t>();
+  for (int64_t b = 0; b < in / 32; ++b) {
+    s[b] = 0;
+    s[in / 32 + b] = b % 3 ? 1 : 0;
+    s[2 * in / 32 + b] = b == 5 ? 255 : 127;
+  }
+  const std::vector<float> x = random_floats(9 * in, 42);
+  std::vector<float> want(9 * out), got(9 * out);
+  ref::linear(x.data(), 9, m.view(true), nullptr, want.data());
+  const auto near = [&](float v) { return 1e-6 * std::fabs(v) + double(in) * std::ldexp(1.0, -149); };
+  for (int64_t T : {1, 9})
+    for (int64_t t = 0; t < T; ++t) {
+      linear(x.data(), T, m, nullptr, got.data(), std::nullopt, true);
+      for (int64_t o = 0; o < 2; ++o)
+        EXPECT_NEAR(got[t * out + o], want[t * out + o], near(want[t * out + o])) << "T " << T << " row " << t;
+      EXPECT_TRUE(std::isnan(got[t * out + 2])) << "T " << T << " row " << t;
+    }
 }
 
 // The GEMM at K3's expert shape (slices of the reduction, many column blocks) against ref::, and a

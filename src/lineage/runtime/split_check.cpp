@@ -5,6 +5,7 @@
 
 #include "lineage/core/error.h"
 #include "lineage/core/rng.h"
+#include "lineage/layers/step.h"
 #include "lineage/runtime/session.h"
 
 namespace lineage::runtime {
@@ -24,9 +25,22 @@ double relative_rms(std::span<const float> got, std::span<const float> want) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+namespace {
+
+// Both runs take exact f32 products (split_check.h).
+void exact_products(Session& s) {
+  layers::Options o = s.options();
+  o.bf16_dot = false;
+  s.set_options(o);
+}
+
+}  // namespace
+
 double prefill_decode_rel_rms(const model::Model& m, std::span<const int32_t> tokens) {
   const size_t V = size_t(m.config.vocab_size);
   Session whole(m), step(m);
+  exact_products(whole);
+  exact_products(step);
   const auto all = whole.prefill(tokens, true);
   std::vector<float> decoded;
   decoded.reserve(tokens.size() * V);
@@ -43,6 +57,8 @@ Divergence first_divergence(const model::Model& m, std::span<const int32_t> toke
   std::vector<std::string> order;
   std::map<std::string, std::vector<float>> whole_out, step_out;
   Session whole(m), step(m);
+  exact_products(whole);
+  exact_products(step);
   const int64_t T = int64_t(tokens.size());
   whole.set_trace(layers::Trace{[&](const std::string& n, const float* d, const Shape& s) {
     if (s.size() != 2 || s[0] != T) return;

@@ -18,7 +18,10 @@ std::vector<int32_t> split_check_tokens(int64_t vocab, int64_t count = 48, uint6
 double relative_rms(std::span<const float> got, std::span<const float> want);
 
 // Relative RMS of the logits [T, vocab] of `tokens` decoded one at a time in one session against
-// those of a single prefill of all of them in another.
+// those of a single prefill of all of them in another. Both here and in first_divergence the two runs
+// take exact f32 products whatever the model's options: the check is of caches, states and positions,
+// and the bf16 dot mode's rounding of x to bf16 turns the two summation orders' last-bit differences
+// into a bf16 step (2^-8) now and then, past any tolerance that would still tell order from error.
 double prefill_decode_rel_rms(const model::Model& m, std::span<const int32_t> tokens);
 
 // Where the two first part: the first traced intermediate [T, ·] whose prefill and decode rows

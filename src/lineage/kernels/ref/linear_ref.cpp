@@ -109,6 +109,12 @@ void linear_mxfp4(const float* x, int64_t T, const Weight& W, const std::vector<
 
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y) {
   const int64_t in = W.in(), out = W.out();
+  std::vector<float> rounded;
+  if (kernels::runs_bf16_dot(W)) {  // the bf16 dot mode where it runs: x rounded to bf16, nearest even
+    rounded.resize(size_t(T * in));
+    for (int64_t i = 0; i < T * in; ++i) rounded[size_t(i)] = bf16_to_f32(f32_to_bf16(x[i]));
+    x = rounded.data();
+  }
   if (W.mxfp4() || W.quant) {
     std::vector<float> b(out, 0.0f);
     if (bias) widen_row(*bias, 0, out, b.data());

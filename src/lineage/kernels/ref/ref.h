@@ -11,7 +11,8 @@
 
 namespace lineage::kernels::ref {
 
-// Same contract as kernels::linear (MXFP4 weights included: each element dequantized in double).
+// Same contract as kernels::linear (MXFP4 weights included: each element dequantized in double; where
+// the bf16 dot mode runs for W, runs_bf16_dot, x rounded to bf16 first, and the products in double).
 void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y);
 
 // Element (o, c) of an MXFP4 matrix (matrix.h): codes [out, in/2] U8, exponents [out, in/32] U8;

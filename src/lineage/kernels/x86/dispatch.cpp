@@ -88,6 +88,10 @@ const GemvBf16Dot* gemv_bf16_dot() {
   return gemm_table().bf16_dot ? &gemv_bf16_dot_avx512bf16() : nullptr;
 }
 
+const GemvMxfp4Dot* gemv_mxfp4_dot() {
+  return gemm_table().bf16_dot ? &gemv_mxfp4_dot_avx512bf16() : nullptr;
+}
+
 const GemvTable& gemv_table() {
   static const GemvTable& table = detect();
   return table;

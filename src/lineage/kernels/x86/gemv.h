@@ -90,6 +90,30 @@ const GemvBf16Dot& gemv_bf16_dot_avx512bf16();
 // The bf16 dot GEMV where this CPU (and the chosen ISA) has the bf16 dot GEMM, else null.
 const GemvBf16Dot* gemv_bf16_dot();
 
+// MXFP4 weights in the bf16 dot mode (Weight::bf16_dot, linear.h; gemv_mxfp4_avx512bf16.cpp): x
+// rounded to bf16 (nearest even, as the bf16 GEMM's prepare rounds it), each code's e2m1 value (exact
+// in bf16) multiplied with it in vdpbf16ps, a block's power of two applied to a lane's sum of 8
+// products in f32 (exact, barring underflow): the products of x rounded to bf16 with the weights'
+// defined values, f32 sums. x is prepared as bf16, stride(in) values a row, in the kernels' order
+// over runs of `group` columns, zero-padded.
+struct GemvMxfp4Dot {
+  int64_t group;
+  int64_t stride(int64_t in) const { return (in + group - 1) / group * group; }
+  void (*prepare)(const float* x, int64_t in, uint16_t* xd);
+  // y[o] = Σ_c x[c]·W[o, c] for o in [o0, o1), x prepared.
+  void (*out_in)(const uint16_t* xd, const uint8_t* w, const uint8_t* s, int64_t in, int64_t o0, int64_t o1, float* y);
+  // The same for `rows` prepared rows of x (stride ldx) into rows of y (stride ldy), each weight row
+  // read from memory once for all of them; row r's results equal out_in's on that row alone, bit for bit.
+  void (*out_in_rows)(const uint16_t* xd, int64_t ldx, int64_t rows, const uint8_t* w, const uint8_t* s, int64_t in,
+                      int64_t o0, int64_t o1, float* y, int64_t ldy);
+  // r[i] = x[i] rounded to bf16 as prepare rounds it, in f32, for i < n: the x of the GEMM in this mode
+  // (the exact MXFP4 GEMM on it forms the same products; only the order of the additions differs).
+  void (*round)(const float* x, int64_t n, float* r);
+};
+const GemvMxfp4Dot& gemv_mxfp4_dot_avx512bf16();
+// The MXFP4 bf16 dot kernels where this CPU (and the chosen ISA) has the bf16 dot GEMM, else null.
+const GemvMxfp4Dot* gemv_mxfp4_dot();
+
 // The AVX-512 table's MXFP4 kernels.
 const GemvMxfp4& gemv_mxfp4_avx512();
 

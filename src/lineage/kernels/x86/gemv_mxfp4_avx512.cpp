@@ -3,6 +3,7 @@
 // of each of its 16 dwords (8 permutes, 7 shifts a line; widening 16 bytes a block to dwords first ran
 // at 2/3 the speed: one core, codes in L2, 30 vs 42 G codes/s). Lane j lies in block j / 4, so the
 // exponents scale each lane's sum of 8 products (exact: powers of two).
+// The codes and exponents of a line are read by mxfp4_avx512.h, shared with the bf16 dot kernels.
 // GCC 12 flags the _mm512_undefined_* placeholders inside _mm512_reduce_add_ps once inlined (GCC bug
 // 105593, fixed in GCC 13), as gemv_avx512.cpp says.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -10,9 +11,9 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "lineage/kernels/x86/gemv.h"
+#include "lineage/kernels/x86/mxfp4_avx512.h"
 
 namespace lineage::kernels {
 namespace {
@@ -34,41 +35,6 @@ void prepare(const float* x, int64_t in, float* xd) {
 inline __m512 code_values() {
   return _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f,
                         -4.0f, -6.0f);
-}
-
-// A step's codes and exponents: a whole line and four, or the `blocks` (1 to 3) of a row's tail,
-// the rest zero (code 0, whose value 0 meets x's zero padding).
-inline __m512i codes_line(const uint8_t* q, int blocks) {
-  return blocks == 4 ? _mm512_loadu_si512(q) : _mm512_maskz_loadu_epi8(__mmask64((1ull << (16 * blocks)) - 1), q);
-}
-inline uint32_t exponents4(const uint8_t* s, int blocks) {
-  uint32_t four = 0;
-  if (blocks == 4) std::memcpy(&four, s, 4);
-  else
-    for (int b = 0; b < blocks; ++b) four |= uint32_t(s[b]) << (8 * b);
-  return four;
-}
-
-// The step's four exponents (byte b for block b, `four` in a register, `at` in memory) as f32
-// factors 2^(s - 127), lane j holding block j / 4's: s << 23 is the factor's bits for 1 ≤ s ≤ 254 (a
-// byte shuffle and a shift); 0 (the subnormal 2^-127) and 255 (NaN) take two fixes more, in the rare
-// steps that hold one (found with scalar bit tricks off the vector pipes, which bound this loop).
-inline __m512 factors(uint32_t four, const uint8_t* at) {
-  const __m512i spread = _mm512_set_epi8(3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1,  //
-                                         2, -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1,  //
-                                         1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1,  //
-                                         0, -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1);
-  const __m512i bytes = at ? _mm512_broadcastd_epi32(_mm_loadu_si32(at)) : _mm512_set1_epi32(int(four));
-  __m512i bits = _mm512_srli_epi32(_mm512_shuffle_epi8(bytes, spread), 1);
-  const uint32_t flipped = ~four;
-  const uint32_t zero_or_ff = ((four - 0x01010101u) & ~four) | ((flipped - 0x01010101u) & ~flipped);
-  if (__builtin_expect((zero_or_ff & 0x80808080u) != 0, 0)) {
-    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(bits, _mm512_setzero_si512()),
-                                 _mm512_set1_epi32(0x00400000));
-    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(bits, _mm512_set1_epi32(0x7f800000)),
-                                 _mm512_set1_epi32(0x7fc00000));
-  }
-  return _mm512_castsi512_ps(bits);
 }
 
 // One step (128 columns at c) for G prepared rows of x (stride ldx): two sums of four products each
@@ -94,21 +60,26 @@ inline void step(const float* xd, int64_t ldx, int64_t c, __m512i line, __m512 f
 
 // y[g·ldy] = Σ_c x_g[c]·W[c] for one weight row and G prepared rows of x, each line of codes decoded
 // once for all G; the same operations for every G, so G = 1 (the lone GEMV) gives each row's bits.
-template <int G>
-inline void dot(const float* xd, int64_t ldx, const uint8_t* q, const uint8_t* s, int64_t in, float* y, int64_t ldy) {
+// Rare: the row holds an exponent 0 or 255 (rare_exponents).
+template <int G, bool Rare>
+inline void dot_row(const float* xd, int64_t ldx, const uint8_t* q, const uint8_t* s, int64_t in, float* y,
+                    int64_t ldy) {
   __m512 acc[G];
   for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
   int64_t c = 0;
-  for (; c + kGroup <= in; c += kGroup) {
-    uint32_t four;
-    std::memcpy(&four, s + c / 32, 4);
-    step<G>(xd, ldx, c, _mm512_loadu_si512(q + c / 2), factors(four, s + c / 32), acc);
-  }
+  for (; c + kGroup <= in; c += kGroup)
+    step<G>(xd, ldx, c, _mm512_loadu_si512(q + c / 2), factors<Rare>(exponents_at(s + c / 32)), acc);
   if (c < in) {
     const int blocks = int((in - c) / 32);
-    step<G>(xd, ldx, c, codes_line(q + c / 2, blocks), factors(exponents4(s + c / 32, blocks), nullptr), acc);
+    step<G>(xd, ldx, c, codes_line(q + c / 2, blocks), factors<Rare>(exponents_of(exponents4(s + c / 32, blocks))),
+            acc);
   }
   for (int g = 0; g < G; ++g) y[g * ldy] = _mm512_reduce_add_ps(acc[g]);
+}
+template <int G>
+inline void dot(const float* xd, int64_t ldx, const uint8_t* q, const uint8_t* s, int64_t in, float* y, int64_t ldy) {
+  if (rare_exponents(s, in / 32)) dot_row<G, true>(xd, ldx, q, s, in, y, ldy);
+  else dot_row<G, false>(xd, ldx, q, s, in, y, ldy);
 }
 
 void out_in(const float* xd, const uint8_t* w, const uint8_t* s, int64_t in, int64_t o0, int64_t o1, float* y) {
@@ -137,7 +108,7 @@ void decode(const uint8_t* w, const uint8_t* s, int64_t in, int64_t o0, int64_t 
     for (int64_t c = 0; c < padded; c += kGroup) {
       const int blocks = int(in - c >= kGroup ? 4 : (in - c) / 32);
       const __m512i line = codes_line(w + o * (in / 2) + c / 2, blocks);
-      const __m512 f = factors(exponents4(s + o * (in / 32) + c / 32, blocks), nullptr);
+      const __m512 f = factors<true>(exponents_of(exponents4(s + o * (in / 32) + c / 32, blocks)));
       for (int k = 0; k < 8; ++k) {
         const __m512 v = _mm512_permutexvar_ps(k ? _mm512_srli_epi32(line, unsigned(4 * k)) : line, table);
         _mm512_storeu_ps(dst + c + 16 * k, _mm512_mul_ps(v, f));
