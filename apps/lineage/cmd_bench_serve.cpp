@@ -1,6 +1,9 @@
 // lineage bench-serve: `lineage serve` on loopback in this process, and streaming clients over real
 // HTTP at each concurrency: aggregate generated tokens/s, time to first token and per-token latency
-// (p50 / p99), next to the batched-decode roofline measured in the same run (docs/serve.md).
+// (p50 / p99), next to a roofline of the round's work measured in the same run (every request's
+// prefill at the FLOP peak, then its decode at the batched-decode roofline), and the decode phase
+// apart: the engine's steps in which every sequence decoded, against the decode roofline at their
+// mean batch (docs/serve.md).
 #include <httplib.h>
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 #include "lineage/kernels/roofline.h"
 #include "lineage/core/parallel.h"
 #include "lineage/runtime/cost.h"
+#include "lineage/runtime/engine.h"
 #include "lineage/serve/server.h"
 
 namespace lineage::app {
@@ -92,14 +96,22 @@ double percentile(std::vector<double> v, double q) {
 struct BenchServeRow {
   int64_t clients = 0, requests = 0, tokens = 0, failed = 0;
   double seconds = 0, tokens_per_second = 0, roofline = 0;
+  double prefill_seconds = 0, decode_seconds = 0;  // the roofline's: the round's least time for each
+  // The decode phase: the engine's decode-only steps of the round (runtime::EngineStats).
+  int64_t decode_steps = 0, decode_tokens = 0;
+  double decode_step_seconds = 0, decode_roofline = 0;
+  double decode_tokens_per_second() const { return decode_step_seconds > 0 ? double(decode_tokens) / decode_step_seconds : 0; }
+  double decode_batch() const { return decode_steps ? double(decode_tokens) / double(decode_steps) : 0; }
   bool compute_bound = false;
   double ttft_p50 = 0, ttft_p99 = 0, tok_p50 = 0, tok_p99 = 0;
   std::string error;  // the first failure's
 };
 
-BenchServeRow run_clients(int port, const BenchServeOpts& o, int64_t clients, int32_t vocab, uint64_t seed) {
+BenchServeRow run_clients(const serve::Server& server, int port, const BenchServeOpts& o, int64_t clients,
+                          int32_t vocab, uint64_t seed) {
   std::vector<std::vector<Sample>> samples{size_t(clients)};
   std::vector<std::thread> threads;
+  const runtime::EngineStats before = server.engine().stats();
   const double t0 = steady_seconds();
   for (int64_t c = 0; c < clients; ++c)
     threads.emplace_back([&, c] {
@@ -115,6 +127,10 @@ BenchServeRow run_clients(int port, const BenchServeOpts& o, int64_t clients, in
   BenchServeRow row;
   row.clients = clients;
   row.seconds = steady_seconds() - t0;
+  const runtime::EngineStats after = server.engine().stats();
+  row.decode_steps = after.decode_steps - before.decode_steps;
+  row.decode_tokens = after.decode_step_tokens - before.decode_step_tokens;
+  row.decode_step_seconds = after.decode_step_seconds - before.decode_step_seconds;
   std::vector<double> ttft, tok;
   for (const auto& per_client : samples)
     for (const Sample& s : per_client) {
@@ -159,19 +175,27 @@ void run_bench_serve(BenchServeOpts& o) {
   one_request(port, std::vector<int32_t>(size_t(o.prompt), 0), std::min<int64_t>(o.gen, 4));  // warm-up: pages, caches
   std::vector<BenchServeRow> rows;
   for (int64_t c : o.clients) {
-    rows.push_back(run_clients(port, o, c, int32_t(m.model.config.vocab_size), 1000 * uint64_t(c)));
+    rows.push_back(run_clients(server, port, o, c, int32_t(m.model.config.vocab_size), 1000 * uint64_t(c)));
     if (isatty(2))
       std::fprintf(stderr, "lineage bench-serve: %lld clients: %.1f tok/s\n", (long long)c, rows.back().tokens_per_second);
   }
   // The ceilings again after the run; the higher of each is kept (another process can only lower them).
   bandwidth = std::max(bandwidth, kernels::measure_read_bandwidth(threads));
   peak = std::max(peak, kernels::measure_peak_flops(dtype, threads));
-  const double context = runtime::mean_decode_context(o.prompt, o.gen);
+  // The round's least time: each request's prefill (its first token comes from it) at the FLOP peak,
+  // and its gen - 1 decode steps at the batched roofline of min(clients, slots) sequences.
+  const double context = runtime::mean_decode_context(o.prompt, o.gen - 1);
+  const double prefill_flops = double(o.prompt) * runtime::prefill_flops_per_token(m.model, o.prompt, 0).total();
   for (BenchServeRow& r : rows) {
     const runtime::DecodeRoofline rf =
         runtime::decode_roofline(m.model, context, double(std::min(r.clients, so.engine.slots)), bandwidth, peak);
-    r.roofline = rf.tokens_per_second;
+    const double ok = double(r.requests - r.failed);
+    r.prefill_seconds = ok * prefill_flops / peak;
+    r.decode_seconds = ok * double(o.gen - 1) / rf.tokens_per_second;
+    r.roofline = ok * double(o.gen) / (r.prefill_seconds + r.decode_seconds);
     r.compute_bound = rf.compute_bound;
+    if (r.decode_steps)
+      r.decode_roofline = runtime::decode_roofline(m.model, context, r.decode_batch(), bandwidth, peak).tokens_per_second;
   }
   server.stop();
   http.join();
@@ -186,7 +210,15 @@ void run_bench_serve(BenchServeOpts& o) {
                      {"seconds", r.seconds},
                      {"tokens_per_second", r.tokens_per_second},
                      {"roofline_tokens_per_second", r.roofline},
+                     {"roofline_prefill_seconds", r.prefill_seconds},
+                     {"roofline_decode_seconds", r.decode_seconds},
                      {"roofline_bound", r.compute_bound ? "compute" : "bandwidth"},
+                     {"decode_steps", r.decode_steps},
+                     {"decode_tokens", r.decode_tokens},
+                     {"decode_seconds", r.decode_step_seconds},
+                     {"decode_mean_batch", r.decode_batch()},
+                     {"decode_tokens_per_second", r.decode_tokens_per_second()},
+                     {"decode_roofline_tokens_per_second", r.decode_roofline},
                      {"ttft_p50_ms", r.ttft_p50 * 1e3},
                      {"ttft_p99_ms", r.ttft_p99 * 1e3},
                      {"per_token_p50_ms", r.tok_p50 * 1e3},
@@ -204,19 +236,26 @@ void run_bench_serve(BenchServeOpts& o) {
               "%lld requests per client, %d threads, over HTTP on 127.0.0.1\n",
               (o.src.dir.empty() ? "preset " + o.src.preset : o.src.dir).c_str(), (long long)so.engine.slots, (long long)o.prompt, (long long)o.gen, (long long)o.requests,
               threads);
-  std::printf("roofline: read bandwidth %.2f GB/s, peak %.1f GFLOP/s (%s); batched decode at min(clients, slots) "
-              "sequences, mean context %.0f\n",
+  std::printf("roofline: read bandwidth %.2f GB/s, peak %.1f GFLOP/s (%s); each request's prefill at the peak, then "
+              "its decode batched at min(clients, slots) sequences, mean context %.0f\n",
               bandwidth / 1e9, peak / 1e9, std::string(dtype_name(dtype)).c_str(), context);
-  std::printf("| %7s | %8s | %9s | %12s | %10s | %9s | %9s | %11s | %11s |\n", "clients", "requests", "tok/s",
-              "roofline t/s", "% roofline", "TTFT p50", "TTFT p99", "per tok p50", "per tok p99");
-  std::printf("| ------: | -------: | --------: | -----------: | ---------: | --------: | --------: | ----------: | ----------: |\n");
+  std::printf("| %7s | %8s | %9s | %12s | %10s | %10s | %7s | %10s | %8s | %9s | %9s | %11s | %11s |\n", "clients",
+              "requests", "tok/s", "roofline t/s", "% roofline", "decode t/s", "batch", "roofline", "% decode",
+              "TTFT p50", "TTFT p99", "per tok p50", "per tok p99");
+  std::printf("| ------: | -------: | --------: | -----------: | ---------: | ---------: | ------: | ---------: | "
+              "-------: | --------: | --------: | ----------: | ----------: |\n");
   for (const BenchServeRow& r : rows)
-    std::printf("| %7lld | %8lld | %9.1f | %12.1f | %9.1f%% | %7.1f ms | %7.1f ms | %8.2f ms | %8.2f ms |%s\n",
+    std::printf("| %7lld | %8lld | %9.1f | %12.1f | %9.1f%% | %10.1f | %7.1f | %10.1f | %7.1f%% | %7.1f ms | %7.1f ms "
+                "| %8.2f ms | %8.2f ms |%s\n",
                 (long long)r.clients, (long long)r.requests, r.tokens_per_second, r.roofline,
-                100.0 * r.tokens_per_second / r.roofline, r.ttft_p50 * 1e3, r.ttft_p99 * 1e3, r.tok_p50 * 1e3,
-                r.tok_p99 * 1e3, r.failed ? cat(" ", r.failed, " failed, the first: ", r.error).c_str() : "");
-  std::printf("tok/s: generated tokens of all requests over the wall time of the round (prefill included); "
-              "roofline: decode only, %s-bound\n",
+                100.0 * r.tokens_per_second / r.roofline, r.decode_tokens_per_second(), r.decode_batch(),
+                r.decode_roofline, r.decode_roofline > 0 ? 100.0 * r.decode_tokens_per_second() / r.decode_roofline : 0.0,
+                r.ttft_p50 * 1e3, r.ttft_p99 * 1e3, r.tok_p50 * 1e3, r.tok_p99 * 1e3,
+                r.failed ? cat(" ", r.failed, " failed, the first: ", r.error).c_str() : "");
+  std::printf("tok/s: generated tokens of all requests over the wall time of the round; roofline: the same tokens "
+              "in the least time of the round's work (every prompt's prefill FLOPs at the peak, the decode steps "
+              "%s-bound). decode: the engine's steps in which every sequence decoded, their tokens over their time, "
+              "at their mean batch, against the decode roofline at that batch\n",
               rows.empty() || !rows.back().compute_bound ? "bandwidth" : "compute");
 }
 

@@ -240,6 +240,15 @@ def test_bench_serve_runs_every_concurrency(gpt2_dir):
         assert r["generated_tokens"] == 5 * r["requests"]
         assert r["roofline_tokens_per_second"] > 0 and r["bandwidth_bytes_per_s"] > 1e9
         assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] and 0 < r["per_token_p50_ms"] <= r["per_token_p99_ms"]
+        # The roofline counts the round's work: the prefills and the decode steps, each at its bound.
+        assert r["roofline_prefill_seconds"] > 0 and r["roofline_decode_seconds"] > 0
+        least = r["roofline_prefill_seconds"] + r["roofline_decode_seconds"]
+        assert abs(r["roofline_tokens_per_second"] * least - r["generated_tokens"]) < 1e-6 * r["generated_tokens"]
+        # The decode phase: steps in which every sequence decoded; at most gen - 1 tokens a request.
+        assert 0 < r["decode_tokens"] <= 4 * r["requests"] and r["decode_steps"] <= r["decode_tokens"]
+        assert r["decode_seconds"] > 0 and r["decode_tokens_per_second"] > 0 and r["decode_roofline_tokens_per_second"] > 0
+    # One client: its requests one after the other, each a prefill step then 4 steps of its one token.
+    assert rows[0]["decode_tokens"] == 4 * rows[0]["requests"] and rows[0]["decode_mean_batch"] == 1
 
 
 def test_api_key(gpt2_dir, tmp_path):

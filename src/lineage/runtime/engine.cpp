@@ -357,6 +357,11 @@ void Engine::step(std::vector<Live>& live) {
   ++stats_.steps;
   stats_.busy_seconds += dt;
   if (decoded > 0) stats_.decode_tokens_per_second = 0.8 * stats_.decode_tokens_per_second + 0.2 * (decoded / dt);
+  if (decoded > 0 && decoded == step_.n_seqs()) {
+    ++stats_.decode_steps;
+    stats_.decode_step_tokens += decoded;
+    stats_.decode_step_seconds += dt;
+  }
   stats_.most_together = std::max(stats_.most_together, step_.n_seqs());
   stats_.active = int64_t(live.size());
   stats_.state_bytes = pool_.bytes();

@@ -97,6 +97,10 @@ struct EngineStats {
   int64_t cache_lookups = 0, cache_hits = 0, cache_entries = 0;
   size_t cache_bytes = 0, state_bytes = 0;  // the prefix cache; the active sequences' states
   double busy_seconds = 0;                  // time spent in steps
+  // Steps in which every sequence decoded (none fed prompt tokens): how many, the tokens they made and
+  // their time: a load's decode phase apart from its prefills (lineage bench-serve).
+  int64_t decode_steps = 0, decode_step_tokens = 0;
+  double decode_step_seconds = 0;
   double decode_tokens_per_second = 0;      // the last steps' generated tokens over their time
 };
 
