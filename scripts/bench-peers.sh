@@ -2,14 +2,17 @@
 # Side-by-side benchmarks of lineage against peer engines, the engines alternating in one run
 # (lineage, llama.cpp, lineage, llama.cpp, ...) so that a machine whose speed drifts (a shared VM:
 # other processes, a memory bus shared beyond it) hurts both alike. The one script for peer
-# comparisons; today one comparison:
+# comparisons; today two, each lineage's bench preset against llama.cpp's architecture in the same
+# shape, the same weight dtype, random weights on both sides:
 #
-#   qwen3next   lineage's `qwen3-next-bench` preset against llama.cpp's `qwen3next` architecture
-#               in the same shape (4 layers of width 1024: GDN, GDN, GDN, gated attention; MoE of
-#               2 experts of 1024, top-1, + a gated shared expert of 512; vocab 1024), the same
-#               weight dtype, random weights on both sides.
+#   qwen3next     (default) `qwen3-next-bench` against `qwen3next`: 4 layers of width 1024: GDN, GDN,
+#                 GDN, gated attention; MoE of 2 experts of 1024, top-1, + a gated shared expert of
+#                 512; vocab 1024.
+#   kimi-linear   `kimi-linear-bench` against `kimi-linear`: 4 layers of width 1024: KDA, KDA, KDA,
+#                 MLA (8 heads, kv_lora_rank 512); layer 0 a dense SwiGLU of 1024, layers 1-3 MoE of 2
+#                 experts of 1024, top-1, + a shared expert of 1024; vocab 1024.
 #
-# usage: scripts/bench-peers.sh [qwen3next] [--rounds R] [--threads T] [--reps N] [--dtype f32|f16|bf16]
+# usage: scripts/bench-peers.sh [qwen3next|kimi-linear] [--rounds R] [--threads T] [--reps N] [--dtype f32|f16|bf16]
 #                               [--prompt N] [--gen N] [--depth D1,D2,...] [--out DIR]
 #   --rounds  rounds of (lineage, llama.cpp), default 3
 #   --threads threads of both engines, default 2
@@ -18,9 +21,9 @@
 #   --out     where the raw JSON, logs and summary.md go (default build/bench-peers/<UTC time>)
 #
 # What it does: (a) scripts/install-llama-cpp.sh (llama.cpp built once in ~/.cache/lineage),
-# (b) the qwen3next GGUF written once (bench/peers/make_qwen3next_gguf.cpp, into
+# (b) the comparison's GGUF written once (bench/peers/make_peer_gguf.cpp, into
 # ~/.cache/lineage/models/), (c) R rounds of
-#     build/lineage bench --preset qwen3-next-bench --weights-dtype D --prompt 512 --gen 32
+#     build/lineage bench --preset PRESET --weights-dtype D --prompt 512 --gen 32
 #                         --depth 128,2048 --threads 2 --repetitions 3 --json
 #     llama-bench -m GGUF -p 512 -n 0 -t 2 -r 3 -o json            (pp512 from an empty context)
 #     llama-bench -m GGUF -p 0 -n 32 -d 128,2048 -t 2 -r 3 -o json (tg32 after 128 / 2048 tokens)
@@ -46,7 +49,7 @@ depth=128,2048
 out=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    qwen3next) comparison=$1 ;;
+    qwen3next | kimi-linear) comparison=$1 ;;
     --rounds) rounds=${2:?}; shift ;;
     --threads) threads=${2:?}; shift ;;
     --reps) reps=${2:?}; shift ;;
@@ -77,8 +80,12 @@ if [ ! -x "$lineage" ]; then
   (or scripts/run-main.sh), or point LINEAGE_BIN at a lineage binary."
 fi
 "$lineage" bench --help >/dev/null 2>&1 || die "'$lineage bench --help' failed: is $lineage a lineage binary?"
-"$lineage" bench --help 2>&1 | grep -q 'qwen3-next-bench' ||
-  die "$lineage has no preset qwen3-next-bench (an older build?); rebuild it"
+case "$comparison" in
+  qwen3next) preset=qwen3-next-bench ;;
+  kimi-linear) preset=kimi-linear-bench ;;
+esac
+"$lineage" bench --help 2>&1 | grep -q "$preset" ||
+  die "$lineage has no preset $preset (an older build?); rebuild it"
 # A binary older than the sources it is built from is benchmarked anyway, with a warning.
 newest_src=$(git ls-files -z src apps 2>/dev/null | xargs -0 -r stat -c '%Y %n' 2>/dev/null | sort -n | tail -1 || true)
 if [ -n "$newest_src" ] && [ "${newest_src%% *}" -gt "$(stat -c %Y "$lineage")" ]; then
@@ -92,21 +99,21 @@ git diff --quiet HEAD -- src apps 2>/dev/null || lineage_commit="$lineage_commit
 install_out=$("$repo/scripts/install-llama-cpp.sh") || die "scripts/install-llama-cpp.sh failed"
 eval "$(printf '%s\n' "$install_out" | grep -E '^[A-Z_]+=')"
 [ -x "${LLAMA_BENCH:-}" ] || die "llama-bench not found after the install (${LLAMA_BENCH:-unset})"
-[ -x "${MAKE_GGUF:-}" ] || die "make-qwen3next-gguf not found after the install (${MAKE_GGUF:-unset})"
+[ -x "${MAKE_GGUF:-}" ] || die "make-peer-gguf not found after the install (${MAKE_GGUF:-unset})"
 
 cache=${LINEAGE_CACHE:-$HOME/.cache/lineage}
 seed=42
-gguf=$cache/models/qwen3next-bench-$dtype-seed$seed.gguf
+gguf=$cache/models/$comparison-bench-$dtype-seed$seed.gguf
 if [ ! -s "$gguf" ] || [ "$MAKE_GGUF" -nt "$gguf" ]; then
   mkdir -p "$(dirname "$gguf")"
-  "$MAKE_GGUF" "$gguf.tmp" --type "$dtype" --seed "$seed" >&2 || die "writing $gguf failed"
+  "$MAKE_GGUF" "$comparison" "$gguf.tmp" --type "$dtype" --seed "$seed" >&2 || die "writing $gguf failed"
   mv "$gguf.tmp" "$gguf"
 fi
 
 # --- the rounds ----------------------------------------------------------------------------------
 out=${out:-$repo/build/bench-peers/$(date -u +%Y%m%d-%H%M%S)-$comparison}
 mkdir -p "$out"
-lineage_cmd=("$lineage" bench --preset qwen3-next-bench --weights-dtype "$dtype" --prompt "$prompt" --gen "$gen"
+lineage_cmd=("$lineage" bench --preset "$preset" --weights-dtype "$dtype" --prompt "$prompt" --gen "$gen"
              --depth "$depth" --threads "$threads" --repetitions "$reps" --json)
 llama_pp_cmd=("$LLAMA_BENCH" -m "$gguf" -p "$prompt" -n 0 -t "$threads" -r "$reps" -o json)
 llama_tg_cmd=("$LLAMA_BENCH" -m "$gguf" -p 0 -n "$gen" -d "$depth" -t "$threads" -r "$reps" -o json)
@@ -116,6 +123,7 @@ llama_tg_cmd=("$LLAMA_BENCH" -m "$gguf" -p 0 -n "$gen" -d "$depth" -t "$threads"
   echo "lineage_commit=$lineage_commit"
   echo "lineage_binary=$lineage (sha256 $lineage_sha, built $(date -u -r "$lineage" '+%Y-%m-%d %H:%M'))"
   echo "llama_cpp=$LLAMA_CPP_RELEASE (commit ${LLAMA_CPP_COMMIT:0:12}, from node-llama-cpp's bundle; $LLAMA_CPP_SRC)"
+  echo "comparison=$comparison"
   echo "gguf=$gguf"
   echo "dtype=$dtype"
   echo "threads=$threads"
@@ -205,7 +213,7 @@ for r in range(1, rounds + 1):
         busy[engine].append((before, after))
 
 fmt = lambda v: "%.1f" % v if v is not None else "n/a"
-print("## lineage vs llama.cpp, qwen3next bench shape (%s, %s threads)\n" % (meta["dtype"], meta["threads"]))
+print("## lineage vs llama.cpp, %s bench shape (%s, %s threads)\n" % (meta["comparison"], meta["dtype"], meta["threads"]))
 print("- date (UTC): %s" % meta["date_utc"])
 print("- host: %s" % meta["host"])
 print("- lineage: commit %s; binary %s" % (meta["lineage_commit"], meta["lineage_binary"]))

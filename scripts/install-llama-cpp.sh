@@ -4,8 +4,8 @@
 #
 #   source   ~/.cache/lineage/llama.cpp/            (a git clone, the release checked out)
 #   build    ~/.cache/lineage/llama.cpp/build/      (bin/llama-bench)
-#   helper   ~/.cache/lineage/llama.cpp/build/lineage-peers/make-qwen3next-gguf
-#            (our own bench/peers/make_qwen3next_gguf.cpp, compiled against that build)
+#   helper   ~/.cache/lineage/llama.cpp/build/lineage-peers/make-peer-gguf
+#            (our own bench/peers/make_peer_gguf.cpp, compiled against that build)
 #   stamp    ~/.cache/lineage/llama.cpp/build/lineage-stamp.txt
 #
 # Where the source comes from: the npm package node-llama-cpp@3.21.1 ships llama.cpp's release
@@ -38,8 +38,8 @@ native=${LLAMA_CPP_NATIVE:-ON}
 jobs=${LLAMA_CPP_JOBS:-2}
 [ "$jobs" -gt 2 ] 2>/dev/null && jobs=2
 [ "$jobs" -ge 1 ] 2>/dev/null || jobs=1
-helper_src=$repo/bench/peers/make_qwen3next_gguf.cpp
-helper=$build/lineage-peers/make-qwen3next-gguf
+helper_src=$repo/bench/peers/make_peer_gguf.cpp
+helper=$build/lineage-peers/make-peer-gguf
 
 log() { echo "install-llama-cpp: $*" >&2; }
 die() { echo "install-llama-cpp: error: $*" >&2; exit 1; }
@@ -123,7 +123,7 @@ if [ ! -x "$helper" ] || [ "$helper_src" -nt "$helper" ] || [ "$stamp" -nt "$hel
   t0=$(date +%s)
   nice -n 10 g++ -std=c++17 -O2 -fopenmp -I"$src/ggml/include" "$helper_src" "$base_lib" -lpthread -lm -o "$helper" ||
     die "compiling $helper_src failed"
-  log "make-qwen3next-gguf built in $(($(date +%s) - t0)) s"
+  log "make-peer-gguf built in $(($(date +%s) - t0)) s"
 fi
 
 # KEY=VALUE lines, shell-quoted (scripts/bench-peers.sh evals them).

@@ -227,7 +227,8 @@ const std::vector<Preset>& presets() {
        k3_config({{"quantization_config", {{"format", "mxfp4-pack-quantized"}, {"quant_method", "compressed-tensors"}}}})},
       {"kimi-k3-seed", "the seeds' Kimi K3: 92 layers of 23 x (3 KDA + 1 MLA) at K3's widths (for info; 2.7T parameters)",
        k3_seed_config()},
-      // The shape of llama.cpp's own Kimi-Linear test models (test-llama-archs), for benchmarks.
+      // The bench shape of the Kimi-Linear comparison with llama.cpp (scripts/bench-peers.sh kimi-linear,
+      // whose GGUF of the same shape bench/peers/make_peer_gguf.cpp writes).
       {"kimi-linear-bench", "Kimi Linear bench shape: KDA, KDA, KDA, MLA at width 1024, MoE 2 x 1024 top-1 + shared",
        kimi_config({{"vocab_size", 1024},
                     {"hidden_size", 1024},
@@ -250,7 +251,7 @@ const std::vector<Preset>& presets() {
       {"qwen3-next", "Qwen3-Next: 3 Gated DeltaNet : 1 gated attention (GQA, partial RoPE), MoE 8 x 256 top-2 + gated shared",
        qwen3_next_config({}), true},
       // The bench shape of issue #36, run against llama.cpp by scripts/bench-peers.sh (whose GGUF of
-      // the same shape bench/peers/make_qwen3next_gguf.cpp writes).
+      // the same shape bench/peers/make_peer_gguf.cpp writes).
       {"qwen3-next-bench", "Qwen3-Next bench shape: GDN, GDN, GDN, attention at width 1024, MoE 2 x 1024 top-1 + gated shared 512",
        qwen3_next_config({{"vocab_size", 1024},
                           {"hidden_size", 1024},
