@@ -68,6 +68,21 @@ std::string key(const char* arch, const char* suffix) { return std::string(arch)
 void set_u32(gguf_context* g, const char* arch, const char* k, uint32_t v) { gguf_set_val_u32(g, key(arch, k).c_str(), v); }
 void set_f32(gguf_context* g, const char* arch, const char* k, float v) { gguf_set_val_f32(g, key(arch, k).c_str(), v); }
 
+// The keys every architecture has: vocabulary, context, width, depth and the (dense) MLP's width.
+void size_keys(gguf_context* g, const char* arch, uint32_t vocab, uint32_t embd, uint32_t layers, uint32_t ff) {
+  set_u32(g, arch, "vocab_size", vocab);
+  set_u32(g, arch, "context_length", 32768);
+  set_u32(g, arch, "embedding_length", embd);
+  set_u32(g, arch, "block_count", layers);
+  set_u32(g, arch, "feed_forward_length", ff);
+}
+
+// The embedding, the final norm and the LM head, untied.
+std::vector<Spec> io_specs(int64_t embd, int64_t vocab) {
+  return {{"token_embd.weight", {embd, vocab}, false}, {"output_norm.weight", {embd}, true},
+          {"output.weight", {embd, vocab}, false}};
+}
+
 // --- qwen3next ----------------------------------------------------------------------------------
 
 namespace qwen {
@@ -81,10 +96,7 @@ constexpr uint32_t kExperts = 2, kExpertsUsed = 1, kFfExp = 1024, kFfShexp = 512
 std::vector<Spec> specs() {
   const int64_t key_dim = int64_t(kGdnHeadDim) * kGdnKHeads, value_dim = int64_t(kGdnHeadDim) * kGdnVHeads;
   const int64_t conv_dim = 2 * key_dim + value_dim;
-  std::vector<Spec> s;
-  s.push_back({"token_embd.weight", {kEmbd, kVocab}, false});
-  s.push_back({"output_norm.weight", {kEmbd}, true});
-  s.push_back({"output.weight", {kEmbd, kVocab}, false});
+  std::vector<Spec> s = io_specs(kEmbd, kVocab);
   for (uint32_t il = 0; il < kLayers; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     s.push_back({b + "attn_norm.weight", {kEmbd}, true});
@@ -121,11 +133,7 @@ std::vector<Spec> specs() {
 
 void keys(gguf_context* g) {
   const char* a = kArch;
-  set_u32(g, a, "vocab_size", kVocab);
-  set_u32(g, a, "context_length", 32768);
-  set_u32(g, a, "embedding_length", kEmbd);
-  set_u32(g, a, "block_count", kLayers);
-  set_u32(g, a, "feed_forward_length", kFfExp);
+  size_keys(g, a, kVocab, kEmbd, kLayers, kFfExp);
   set_u32(g, a, "expert_feed_forward_length", kFfExp);
   set_u32(g, a, "expert_shared_feed_forward_length", kFfShexp);
   set_u32(g, a, "expert_count", kExperts);
@@ -158,10 +166,7 @@ constexpr float kRopeTheta = 10000.0f, kRmsEps = 1e-5f, kRoutedScale = 2.446f;
 
 std::vector<Spec> specs() {
   const int64_t d_inner = int64_t(kKdaHeadDim) * kHeads;
-  std::vector<Spec> s;
-  s.push_back({"token_embd.weight", {kEmbd, kVocab}, false});
-  s.push_back({"output_norm.weight", {kEmbd}, true});
-  s.push_back({"output.weight", {kEmbd, kVocab}, false});
+  std::vector<Spec> s = io_specs(kEmbd, kVocab);
   for (uint32_t il = 0; il < kLayers; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     s.push_back({b + "attn_norm.weight", {kEmbd}, true});
@@ -206,11 +211,7 @@ std::vector<Spec> specs() {
 
 void keys(gguf_context* g) {
   const char* a = kArch;
-  set_u32(g, a, "vocab_size", kVocab);
-  set_u32(g, a, "context_length", 32768);
-  set_u32(g, a, "embedding_length", kEmbd);
-  set_u32(g, a, "block_count", kLayers);
-  set_u32(g, a, "feed_forward_length", kFf);
+  size_keys(g, a, kVocab, kEmbd, kLayers, kFf);
   set_u32(g, a, "attention.head_count", kHeads);
   std::vector<uint32_t> kv(kLayers, 0);  // 0: a KDA layer; the MLA layer is MQA over its latent
   kv[kMlaLayer] = 1;
