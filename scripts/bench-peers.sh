@@ -11,13 +11,16 @@
 #   kimi-linear   `kimi-linear-bench` against `kimi-linear`: 4 layers of width 1024: KDA, KDA, KDA,
 #                 MLA (8 heads, kv_lora_rank 512); layer 0 a dense SwiGLU of 1024, layers 1-3 MoE of 2
 #                 experts of 1024, top-1, + a shared expert of 1024; vocab 1024.
+#   gpt2          `gpt2-124m` against `gpt2`: GPT-2 small, its 50,257-token vocabulary (depths
+#                 default to 128,512: its context is 1024).
 #
-# usage: scripts/bench-peers.sh [qwen3next|kimi-linear] [--rounds R] [--threads T] [--reps N] [--dtype f32|f16|bf16]
+# usage: scripts/bench-peers.sh [qwen3next|kimi-linear|gpt2] [--rounds R] [--threads T] [--reps N] [--dtype f32|f16|bf16]
 #                               [--prompt N] [--gen N] [--depth D1,D2,...] [--out DIR]
 #   --rounds  rounds of (lineage, llama.cpp), default 3
 #   --threads threads of both engines, default 2
 #   --reps    timed repetitions inside each engine's run (both engines), default 3
 #   --dtype   weights of both engines (default f32, the type llama.cpp's test-llama-archs gives)
+#   --depth   decode depths (default 128,2048; gpt2 128,512)
 #   --out     where the raw JSON, logs and summary.md go (default build/bench-peers/<UTC time>)
 #
 # What it does: (a) scripts/install-llama-cpp.sh (llama.cpp built once in ~/.cache/lineage),
@@ -45,11 +48,11 @@ reps=3
 dtype=f32
 prompt=512
 gen=32
-depth=128,2048
+depth=""
 out=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    qwen3next | kimi-linear) comparison=$1 ;;
+    qwen3next | kimi-linear | gpt2) comparison=$1 ;;
     --rounds) rounds=${2:?}; shift ;;
     --threads) threads=${2:?}; shift ;;
     --reps) reps=${2:?}; shift ;;
@@ -67,6 +70,9 @@ for n in "$rounds" "$threads" "$reps" "$prompt" "$gen"; do
   [[ "$n" =~ ^[0-9]+$ ]] || die "'$n' is not a non-negative integer"
 done
 [ "$rounds" -ge 1 ] || die "--rounds must be at least 1"
+if [ -z "$depth" ]; then
+  if [ "$comparison" = gpt2 ]; then depth=128,512; else depth=128,2048; fi
+fi
 [[ "$depth" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--depth takes comma-separated integers, got '$depth'"
 case "$dtype" in f32|f16|bf16) ;; *) die "--dtype is f32, f16 or bf16, got '$dtype'" ;; esac
 command -v python3 >/dev/null 2>&1 || die "python3 is missing (it reads the engines' JSON)"
@@ -83,6 +89,7 @@ fi
 case "$comparison" in
   qwen3next) preset=qwen3-next-bench ;;
   kimi-linear) preset=kimi-linear-bench ;;
+  gpt2) preset=gpt2-124m ;;
 esac
 "$lineage" bench --help 2>&1 | grep -q "$preset" ||
   die "$lineage has no preset $preset (an older build?); rebuild it"

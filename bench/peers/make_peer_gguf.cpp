@@ -3,6 +3,8 @@
 //
 //   qwen3next     lineage's `qwen3-next-bench`
 //   kimi-linear   lineage's `kimi-linear-bench`
+//   gpt2          lineage's `gpt2-124m` (GPT-2 small, its 50,257-token vocabulary; no tokenizer is
+//                 written: llama-bench feeds token ids)
 //
 // Not part of lineage's build: scripts/install-llama-cpp.sh compiles it against the llama.cpp
 // reference in ~/.cache/lineage (ggml's public gguf.h / ggml.h, linked with libggml-base.a).
@@ -33,7 +35,10 @@
 // [d_conv, 1, d_inner, 1], ssm_a [1, heads, 1, 1] (the stored -exp(A_log): random values as the
 // test draws them).
 //
-// usage: make-peer-gguf qwen3next|kimi-linear OUT.gguf [--type f32|f16|bf16] [--seed N]
+// gpt2 ("gpt2-124m"): 12 layers of width 768, 12 heads, MLP 3072, learned positions of 1024, LM
+// head tied to the embedding (no output.weight, as the converter writes GPT-2), LayerNorm eps 1e-5.
+//
+// usage: make-peer-gguf qwen3next|kimi-linear|gpt2 OUT.gguf [--type f32|f16|bf16] [--seed N]
 //   --type: the matrices' type (default f32, as test-llama-archs); 1-D tensors, the conv kernels,
 //   ssm_a and the routers stay f32, as the converters keep them.
 #include "ggml.h"
@@ -71,7 +76,7 @@ void set_f32(gguf_context* g, const char* arch, const char* k, float v) { gguf_s
 // The keys every architecture has: vocabulary, context, width, depth and the (dense) MLP's width.
 void size_keys(gguf_context* g, const char* arch, uint32_t vocab, uint32_t embd, uint32_t layers, uint32_t ff) {
   set_u32(g, arch, "vocab_size", vocab);
-  set_u32(g, arch, "context_length", 32768);
+  set_u32(g, arch, "context_length", 32768);  // a later set_u32 replaces it
   set_u32(g, arch, "embedding_length", embd);
   set_u32(g, arch, "block_count", layers);
   set_u32(g, arch, "feed_forward_length", ff);
@@ -239,8 +244,49 @@ void keys(gguf_context* g) {
 }
 }  // namespace kimi
 
+// --- gpt2 ---------------------------------------------------------------------------------------
+
+namespace gpt2 {
+constexpr const char* kArch = "gpt2";
+constexpr uint32_t kVocab = 50257, kCtx = 1024, kEmbd = 768, kLayers = 12, kHeads = 12, kFf = 3072;
+constexpr float kNormEps = 1e-5f;
+
+std::vector<Spec> specs() {
+  // Tied: no output.weight (llama.cpp then multiplies by token_embd), as the converter writes GPT-2.
+  std::vector<Spec> s = {{"token_embd.weight", {kEmbd, kVocab}, false},
+                         {"position_embd.weight", {kEmbd, kCtx}, false},
+                         {"output_norm.weight", {kEmbd}, true},
+                         {"output_norm.bias", {kEmbd}, true}};
+  for (uint32_t il = 0; il < kLayers; ++il) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    for (const char* n : {"attn_norm", "ffn_norm"}) {
+      s.push_back({b + n + ".weight", {kEmbd}, true});
+      s.push_back({b + n + ".bias", {kEmbd}, true});
+    }
+    s.push_back({b + "attn_qkv.weight", {kEmbd, 3 * int64_t(kEmbd)}, false});
+    s.push_back({b + "attn_qkv.bias", {3 * int64_t(kEmbd)}, true});
+    s.push_back({b + "attn_output.weight", {kEmbd, kEmbd}, false});
+    s.push_back({b + "attn_output.bias", {kEmbd}, true});
+    s.push_back({b + "ffn_up.weight", {kEmbd, kFf}, false});
+    s.push_back({b + "ffn_up.bias", {kFf}, true});
+    s.push_back({b + "ffn_down.weight", {kFf, kEmbd}, false});
+    s.push_back({b + "ffn_down.bias", {kEmbd}, true});
+  }
+  return s;
+}
+
+void keys(gguf_context* g) {
+  const char* a = kArch;
+  size_keys(g, a, kVocab, kEmbd, kLayers, kFf);
+  set_u32(g, a, "context_length", kCtx);
+  set_u32(g, a, "attention.head_count", kHeads);
+  set_f32(g, a, "attention.layer_norm_epsilon", kNormEps);
+}
+}  // namespace gpt2
+
 const Arch kArchs[] = {{qwen::kArch, "qwen3-next-bench", qwen::specs, qwen::keys},
-                       {kimi::kArch, "kimi-linear-bench", kimi::specs, kimi::keys}};
+                       {kimi::kArch, "kimi-linear-bench", kimi::specs, kimi::keys},
+                       {gpt2::kArch, "gpt2-124m", gpt2::specs, gpt2::keys}};
 
 // test-llama-archs.cpp's set_tensor_data: N(0, 0.01) from mt19937(seed ^ hash(name)).
 void fill(ggml_tensor* t, size_t seed) {
@@ -259,7 +305,7 @@ void fill(ggml_tensor* t, size_t seed) {
 }
 
 int usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s qwen3next|kimi-linear OUT.gguf [--type f32|f16|bf16] [--seed N]\n", argv0);
+  std::fprintf(stderr, "usage: %s qwen3next|kimi-linear|gpt2 OUT.gguf [--type f32|f16|bf16] [--seed N]\n", argv0);
   return 2;
 }
 
