@@ -15,12 +15,16 @@
 #                 default to 128,512: its context is 1024).
 #
 # usage: scripts/bench-peers.sh [qwen3next|kimi-linear|gpt2] [--rounds R] [--threads T] [--reps N] [--dtype f32|f16|bf16]
-#                               [--prompt N] [--gen N] [--depth D1,D2,...] [--out DIR]
+#                               [--prompt N] [--gen N] [--depth D1,D2,...] [--batch B1,B2,...] [--out DIR]
 #   --rounds  rounds of (lineage, llama.cpp), default 3
 #   --threads threads of both engines, default 2
 #   --reps    timed repetitions inside each engine's run (both engines), default 3
 #   --dtype   weights of both engines (default f32, the type llama.cpp's test-llama-archs gives)
 #   --depth   decode depths (default 128,2048; gpt2 128,512)
+#   --batch   sequences decoding together (default 1). Batches above 1 compare lineage's `bench
+#             --batch` (aggregate t/s of B sequences stepping together after D tokens each) with
+#             llama.cpp's llama-batched-bench (-npp D -ntg GEN -npl B: B sequences of D random prompt
+#             tokens each, then GEN steps of B tokens; its S_TG t/s)
 #   --out     where the raw JSON, logs and summary.md go (default build/bench-peers/<UTC time>)
 #
 # What it does: (a) scripts/install-llama-cpp.sh (llama.cpp built once in ~/.cache/lineage),
@@ -49,6 +53,7 @@ dtype=f32
 prompt=512
 gen=32
 depth=""
+batch=1
 out=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -60,6 +65,7 @@ while [ $# -gt 0 ]; do
     --prompt) prompt=${2:?}; shift ;;
     --gen) gen=${2:?}; shift ;;
     --depth) depth=${2:?}; shift ;;
+    --batch) batch=${2:?}; shift ;;
     --out) out=${2:?}; shift ;;
     -h|--help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (--help lists them)" ;;
@@ -73,6 +79,7 @@ done
 if [ -z "$depth" ]; then
   if [ "$comparison" = gpt2 ]; then depth=128,512; else depth=128,2048; fi
 fi
+[[ "$batch" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--batch takes comma-separated positive integers, got '$batch'"
 [[ "$depth" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--depth takes comma-separated integers, got '$depth'"
 case "$dtype" in f32|f16|bf16) ;; *) die "--dtype is f32, f16 or bf16, got '$dtype'" ;; esac
 command -v python3 >/dev/null 2>&1 || die "python3 is missing (it reads the engines' JSON)"
@@ -106,6 +113,7 @@ git diff --quiet HEAD -- src apps 2>/dev/null || lineage_commit="$lineage_commit
 install_out=$("$repo/scripts/install-llama-cpp.sh") || die "scripts/install-llama-cpp.sh failed"
 eval "$(printf '%s\n' "$install_out" | grep -E '^[A-Z_]+=')"
 [ -x "${LLAMA_BENCH:-}" ] || die "llama-bench not found after the install (${LLAMA_BENCH:-unset})"
+[ -x "${LLAMA_BATCHED_BENCH:-}" ] || die "llama-batched-bench not found after the install (${LLAMA_BATCHED_BENCH:-unset})"
 [ -x "${MAKE_GGUF:-}" ] || die "make-peer-gguf not found after the install (${MAKE_GGUF:-unset})"
 
 cache=${LINEAGE_CACHE:-$HOME/.cache/lineage}
@@ -121,7 +129,13 @@ fi
 out=${out:-$repo/build/bench-peers/$(date -u +%Y%m%d-%H%M%S)-$comparison}
 mkdir -p "$out"
 lineage_cmd=("$lineage" bench --preset "$preset" --weights-dtype "$dtype" --prompt "$prompt" --gen "$gen"
-             --depth "$depth" --threads "$threads" --repetitions "$reps" --json)
+             --depth "$depth" --batch "$batch" --threads "$threads" --repetitions "$reps" --json)
+# The batches above 1, and a context that holds the largest of them at the deepest depth.
+multi=$(tr ',' '\n' <<<"$batch" | awk '$1 > 1' | paste -sd, -)
+most_b=$(tr ',' '\n' <<<"$batch" | sort -n | tail -1)
+most_d=$(tr ',' '\n' <<<"$depth" | sort -n | tail -1)
+llama_batched_cmd=("$LLAMA_BATCHED_BENCH" -m "$gguf" -c "$((most_b * (most_d + gen) + 256))" -b 2048 -ub 512
+                   -npp "$depth" -ntg "$gen" -npl "${multi:-1}" -t "$threads" --output-format jsonl)
 llama_pp_cmd=("$LLAMA_BENCH" -m "$gguf" -p "$prompt" -n 0 -t "$threads" -r "$reps" -o json)
 llama_tg_cmd=("$LLAMA_BENCH" -m "$gguf" -p 0 -n "$gen" -d "$depth" -t "$threads" -r "$reps" -o json)
 {
@@ -138,6 +152,8 @@ llama_tg_cmd=("$LLAMA_BENCH" -m "$gguf" -p 0 -n "$gen" -d "$depth" -t "$threads"
   echo "cmd_lineage=${lineage_cmd[*]}"
   echo "cmd_llama_pp=$([ "$prompt" -gt 0 ] && echo "${llama_pp_cmd[*]}" || echo "(skipped, --prompt 0)")"
   echo "cmd_llama_tg=$([ "$gen" -gt 0 ] && echo "${llama_tg_cmd[*]}" || echo "(skipped, --gen 0)")"
+  echo "cmd_llama_batched=$([ -n "$multi" ] && [ "$gen" -gt 0 ] && echo "${llama_batched_cmd[*]}" || echo "(skipped: no --batch above 1)")"
+  echo "batch=$batch"
 } >"$out/meta.txt"
 
 # The processes that used >= 10 % of a CPU just before and just after a run (second frame of top:
@@ -169,6 +185,9 @@ for ((r = 1; r <= rounds; r++)); do
   snapshot_load "$out/r$r-llama.top"
   if [ "$prompt" -gt 0 ]; then run_logged llama-bench "$out/r$r-llama-pp.json" "${llama_pp_cmd[@]}"; fi
   if [ "$gen" -gt 0 ]; then run_logged llama-bench "$out/r$r-llama-tg.json" "${llama_tg_cmd[@]}"; fi
+  if [ -n "$multi" ] && [ "$gen" -gt 0 ]; then
+    run_logged llama-batched-bench "$out/r$r-llama-batched.jsonl" "${llama_batched_cmd[@]}"
+  fi
   snapshot_load "$out/r$r-llama.after.top"
 done
 
@@ -185,6 +204,7 @@ import json, os, statistics, sys
 out, rounds, prompt, gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 depths = [int(d) for d in sys.argv[5].split(",")]
 meta = dict(line.rstrip("\n").split("=", 1) for line in open(os.path.join(out, "meta.txt")))
+batches = [int(b) for b in meta["batch"].split(",")]
 
 def load(path):
     if not os.path.exists(path):
@@ -193,25 +213,32 @@ def load(path):
     start = text.find("[")  # tolerate anything printed before the JSON array
     return json.loads(text[start:]) if start >= 0 else []
 
-tests = ([("pp%d" % prompt, 0)] if prompt else []) + ([("tg%d" % gen, d) for d in depths] if gen else [])
-label = lambda t, d: t if t.startswith("pp") else "%s @ %d" % (t, d)
+tests = ([("pp%d" % prompt, 0, 1)] if prompt else []) + \
+        ([("tg%d" % gen, d, b) for b in batches for d in depths] if gen else [])
+label = lambda t, d, b: t if t.startswith("pp") else "%s @ %d" % (t, d) + (" × %d" % b if b > 1 else "")
 results = {"lineage": [], "llama.cpp": []}  # per round: {(test, depth): t/s}
 busy = {"lineage": [], "llama.cpp": []}
 llama_info = {}
 for r in range(1, rounds + 1):
     row = {}
     for o in load(os.path.join(out, "r%d-lineage.json" % r)):
-        if o.get("batch", 1) == 1:
-            row[(o["test"], o["depth"] if o["test"].startswith("tg") else 0)] = o["tokens_per_s"]
+        b = o.get("batch", 1)
+        if b == 1 or o["test"].startswith("tg"):
+            row[(o["test"], o["depth"] if o["test"].startswith("tg") else 0, b)] = o["tokens_per_s"]
     results["lineage"].append(row)
     row = {}
     for name in ("r%d-llama-pp.json" % r, "r%d-llama-tg.json" % r):
         for o in load(os.path.join(out, name)):
             llama_info = o
             if o["n_prompt"] > 0 and o["n_gen"] == 0:
-                row[("pp%d" % o["n_prompt"], 0)] = o["avg_ts"]
+                row[("pp%d" % o["n_prompt"], 0, 1)] = o["avg_ts"]
             elif o["n_gen"] > 0 and o["n_prompt"] == 0:
-                row[("tg%d" % o["n_gen"], o["n_depth"])] = o["avg_ts"]
+                row[("tg%d" % o["n_gen"], o["n_depth"], 1)] = o["avg_ts"]
+    path = os.path.join(out, "r%d-llama-batched.jsonl" % r)  # llama-batched-bench: one JSON object a line
+    for line in (open(path).read().splitlines() if os.path.exists(path) else []):
+        if line.startswith("{"):
+            o = json.loads(line)
+            row[("tg%d" % o["tg"], o["pp"], o["pl"])] = o["speed_tg"]
     results["llama.cpp"].append(row)
     for engine, tag in (("lineage", "lineage"), ("llama.cpp", "llama")):
         read = lambda p: open(p).read().strip() if os.path.exists(p) else ""
@@ -234,10 +261,10 @@ print("- GGUF: %s" % meta["gguf"])
 print("- rounds: %d, engines alternating (lineage first in each round); %s timed repetitions per engine run, "
       "the mean of each run is its figure" % (rounds, meta["reps"]))
 print("- commands:")
-for k in ("cmd_lineage", "cmd_llama_pp", "cmd_llama_tg"):
+for k in ("cmd_lineage", "cmd_llama_pp", "cmd_llama_tg", "cmd_llama_batched"):
     print("  - `%s`" % meta[k])
 print()
-cols = [label(t, d) for t, d in tests]
+cols = [label(*k) for k in tests]
 print("| round | engine | " + " | ".join(c + " t/s" for c in cols) + " | other processes >= 10 % CPU: just before / just after |")
 print("|---|---|" + "---:|" * len(cols) + "---|")
 for r in range(rounds):

@@ -3,7 +3,7 @@
 # the repository, once: nothing of llama.cpp is committed here.
 #
 #   source   ~/.cache/lineage/llama.cpp/            (a git clone, the release checked out)
-#   build    ~/.cache/lineage/llama.cpp/build/      (bin/llama-bench)
+#   build    ~/.cache/lineage/llama.cpp/build/      (bin/llama-bench, bin/llama-batched-bench)
 #   helper   ~/.cache/lineage/llama.cpp/build/lineage-peers/make-peer-gguf
 #            (our own bench/peers/make_peer_gguf.cpp, compiled against that build)
 #   stamp    ~/.cache/lineage/llama.cpp/build/lineage-stamp.txt
@@ -95,23 +95,25 @@ fi
 release=$(sed -n 's/^release=//p' "$src/.lineage-source.txt")
 commit=$(sed -n 's/^commit=//p' "$src/.lineage-source.txt")
 
-# --- 2. llama-bench --------------------------------------------------------------------------------
+# --- 2. llama-bench and llama-batched-bench (batched decode of independent sequences) -------------
+targets=(llama-bench llama-batched-bench)
 want_stamp=$(printf '%s\n' "package=$NPM_PACKAGE@$NPM_VERSION" "release=$release" "commit=$commit" \
-  "compiler=$(g++ -dumpfullversion 2>/dev/null || g++ -dumpversion)" "cmake_flags=${cmake_flags[*]}")
-if [ -x "$build/bin/llama-bench" ] && [ -f "$stamp" ] &&
+  "compiler=$(g++ -dumpfullversion 2>/dev/null || g++ -dumpversion)" "cmake_flags=${cmake_flags[*]}" \
+  "targets=${targets[*]}")
+if [ -x "$build/bin/llama-bench" ] && [ -x "$build/bin/llama-batched-bench" ] && [ -f "$stamp" ] &&
    [ "$(grep -v '^build_seconds=' "$stamp")" = "$want_stamp" ]; then
   log "llama.cpp $release already built ($build/bin/llama-bench)"
 else
-  log "building llama.cpp $release (llama-bench; GGML_NATIVE=$native, nice -n 10, -j$jobs)"
+  log "building llama.cpp $release (${targets[*]}; GGML_NATIVE=$native, nice -n 10, -j$jobs)"
   rm -f "$stamp"
   t0=$(date +%s)
   nice -n 10 cmake -S "$src" -B "$build" "${generator[@]}" "${cmake_flags[@]}" >"$src/cmake-configure.log" 2>&1 ||
     { tail -30 "$src/cmake-configure.log" >&2; die "CMake configure failed (log: $src/cmake-configure.log)"; }
-  nice -n 10 cmake --build "$build" --target llama-bench -j "$jobs" ||
-    die "building llama-bench failed"
+  nice -n 10 cmake --build "$build" --target "${targets[@]}" -j "$jobs" ||
+    die "building ${targets[*]} failed"
   t1=$(date +%s)
   printf '%s\nbuild_seconds=%s\n' "$want_stamp" "$((t1 - t0))" >"$stamp"
-  log "llama-bench built in $((t1 - t0)) s ($(((t1 - t0) / 60)) min $(((t1 - t0) % 60)) s)"
+  log "${targets[*]} built in $((t1 - t0)) s ($(((t1 - t0) / 60)) min $(((t1 - t0) % 60)) s)"
 fi
 
 # --- 3. our GGUF writer, against this build's ggml -----------------------------------------------
@@ -131,5 +133,6 @@ printf 'LLAMA_CPP_RELEASE=%q\n' "$release"
 printf 'LLAMA_CPP_COMMIT=%q\n' "$commit"
 printf 'LLAMA_CPP_SRC=%q\n' "$src"
 printf 'LLAMA_BENCH=%q\n' "$build/bin/llama-bench"
+printf 'LLAMA_BATCHED_BENCH=%q\n' "$build/bin/llama-batched-bench"
 printf 'MAKE_GGUF=%q\n' "$helper"
 printf 'LLAMA_CPP_BUILD_SECONDS=%q\n' "$(sed -n 's/^build_seconds=//p' "$stamp")"
