@@ -184,7 +184,7 @@ inline void dot_rows(const float* x, int64_t ldx, const void* w, int64_t in, int
 // requests the lines the later passes read.
 template <class S, int DT, int G, int O>
 inline void dot_block(const float* x, int64_t ldx, const void* w, int64_t in, int64_t o, int64_t head, float* y,
-                      int64_t ldy) {
+                      int64_t ldy, bool ahead) {
   constexpr int W = S::kWidth;
   constexpr int64_t kElem = DT == 0 ? 4 : 2;
   const int64_t unroll_end = head + (in - head) / (4 * W) * (4 * W), vec_end = head + (in - head) / W * W;
@@ -206,6 +206,8 @@ inline void dot_block(const float* x, int64_t ldx, const void* w, int64_t in, in
         for (int r = 0; r < O; ++r)
           for (int k = 1; k < 4; ++k)
             S::prefetch(static_cast<const char*>(w) + ((o + r) * in + i + k * W) * kElem);
+      if (ahead)  // the next block's rows, vector for vector: over the four passes, every line of them
+        for (int r = 0; r < O; ++r) S::prefetch(static_cast<const char*>(w) + ((o + O + r) * in + i) * kElem);
       typename S::Vec wv[O];
       for (int r = 0; r < O; ++r) wv[r] = load<S, DT>(w, (o + r) * in + i);
       for (int g = 0; g < G; ++g) {
@@ -249,7 +251,8 @@ void out_in_rows(const float* x, int64_t ldx, int64_t rows, const void* w, int64
     for (int r = 1; r < 4 && kPeel; ++r) same = same && std::min(in, to_line<S, DT>(w, (o + r) * in)) == head;
     int64_t g = 0;
     if (same)
-      for (; g + 4 <= rows; g += 4) dot_block<S, DT, 4, 4>(x + g * ldx, ldx, w, in, o, head, y + g * ldy + o, ldy);
+      for (; g + 4 <= rows; g += 4)
+        dot_block<S, DT, 4, 4>(x + g * ldx, ldx, w, in, o, head, y + g * ldy + o, ldy, g == 0 && o + 8 <= o1);
     for (int r = 0; r < 4; ++r)
       for (int64_t h = g; h < rows; ++h) dot_rows<S, DT, 1>(x + h * ldx, 0, w, in, o + r, y + h * ldy + o + r, 0);
   }
