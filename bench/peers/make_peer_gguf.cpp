@@ -74,9 +74,10 @@ void set_u32(gguf_context* g, const char* arch, const char* k, uint32_t v) { ggu
 void set_f32(gguf_context* g, const char* arch, const char* k, float v) { gguf_set_val_f32(g, key(arch, k).c_str(), v); }
 
 // The keys every architecture has: vocabulary, context, width, depth and the (dense) MLP's width.
-void size_keys(gguf_context* g, const char* arch, uint32_t vocab, uint32_t embd, uint32_t layers, uint32_t ff) {
+void size_keys(gguf_context* g, const char* arch, uint32_t vocab, uint32_t ctx, uint32_t embd, uint32_t layers,
+               uint32_t ff) {
   set_u32(g, arch, "vocab_size", vocab);
-  set_u32(g, arch, "context_length", 32768);  // a later set_u32 replaces it
+  set_u32(g, arch, "context_length", ctx);
   set_u32(g, arch, "embedding_length", embd);
   set_u32(g, arch, "block_count", layers);
   set_u32(g, arch, "feed_forward_length", ff);
@@ -138,7 +139,7 @@ std::vector<Spec> specs() {
 
 void keys(gguf_context* g) {
   const char* a = kArch;
-  size_keys(g, a, kVocab, kEmbd, kLayers, kFfExp);
+  size_keys(g, a, kVocab, 32768, kEmbd, kLayers, kFfExp);
   set_u32(g, a, "expert_feed_forward_length", kFfExp);
   set_u32(g, a, "expert_shared_feed_forward_length", kFfShexp);
   set_u32(g, a, "expert_count", kExperts);
@@ -216,7 +217,7 @@ std::vector<Spec> specs() {
 
 void keys(gguf_context* g) {
   const char* a = kArch;
-  size_keys(g, a, kVocab, kEmbd, kLayers, kFf);
+  size_keys(g, a, kVocab, 32768, kEmbd, kLayers, kFf);
   set_u32(g, a, "attention.head_count", kHeads);
   std::vector<uint32_t> kv(kLayers, 0);  // 0: a KDA layer; the MLA layer is MQA over its latent
   kv[kMlaLayer] = 1;
@@ -277,8 +278,7 @@ std::vector<Spec> specs() {
 
 void keys(gguf_context* g) {
   const char* a = kArch;
-  size_keys(g, a, kVocab, kEmbd, kLayers, kFf);
-  set_u32(g, a, "context_length", kCtx);
+  size_keys(g, a, kVocab, kCtx, kEmbd, kLayers, kFf);
   set_u32(g, a, "attention.head_count", kHeads);
   set_f32(g, a, "attention.layer_norm_epsilon", kNormEps);
 }

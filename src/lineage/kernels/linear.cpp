@@ -62,27 +62,18 @@ void check_mxfp4(const Weight& W) {
 const uint8_t* codes(const Weight& W) { return static_cast<const uint8_t*>(W.w->raw()); }
 const uint8_t* exponents(const Weight& W) { return static_cast<const uint8_t*>(W.scales->raw()); }
 
-// `rows` rows of x in the MXFP4 kernels' order (GemvMxfp4::prepare), k.mxfp4.stride(in) floats
-// apart, in per-thread scratch.
-const float* mxfp4_prepared(const GemvTable& k, const float* x, int64_t rows, int64_t in, std::vector<char>& buf) {
-  const int64_t ld = k.mxfp4.stride(in);
-  auto* xm = static_cast<float*>(aligned_scratch(buf, size_t(rows * ld) * sizeof(float)));
-  for (int64_t t = 0; t < rows; ++t) k.mxfp4.prepare(x + t * in, in, xm + t * ld);
+// `rows` rows of x in the order MXFP4 kernels K read it (GemvMxfp4, or GemvMxfp4Dot's rounded to
+// bf16: X its element), k.stride(in) values apart, in per-thread scratch.
+template <class X, class K>
+const X* mxfp4_prepared(const K& k, const float* x, int64_t rows, int64_t in, std::vector<char>& buf) {
+  const int64_t ld = k.stride(in);
+  auto* xm = static_cast<X*>(aligned_scratch(buf, size_t(rows * ld) * sizeof(X)));
+  for (int64_t t = 0; t < rows; ++t) k.prepare(x + t * in, in, xm + t * ld);
   return xm;
 }
 
 // The MXFP4 kernels of the bf16 dot mode where W asks for them and this CPU has them, else null.
 const GemvMxfp4Dot* mxfp4_dot(const Weight& W) { return W.mxfp4() && W.bf16_dot ? gemv_mxfp4_dot() : nullptr; }
-
-// `rows` rows of x rounded to bf16 in those kernels' order (GemvMxfp4Dot::prepare), d.stride(in)
-// values apart, in per-thread scratch.
-const uint16_t* mxfp4_dot_prepared(const GemvMxfp4Dot& d, const float* x, int64_t rows, int64_t in,
-                                   std::vector<char>& buf) {
-  const int64_t ld = d.stride(in);
-  auto* xd = static_cast<uint16_t*>(aligned_scratch(buf, size_t(rows * ld) * sizeof(uint16_t)));
-  for (int64_t t = 0; t < rows; ++t) d.prepare(x + t * in, in, xd + t * ld);
-  return xd;
-}
 
 // A quantized weight's contract (QuantWeight, linear.h); the loader checks what a file holds.
 void check_quant(const Weight& W) {
@@ -222,9 +213,9 @@ void gemv_group(const float* x, std::span<const LinearOut> outs) {
   for (const LinearOut& o : outs) {
     LINEAGE_CHECK(o.W.in() == outs[0].W.in(), "linear_group: weights of different input sizes");
     if (const GemvMxfp4Dot* d = mxfp4_dot(o.W)) {
-      if (!xmd) xmd = mxfp4_dot_prepared(*d, x, 1, o.W.in(), mxfp4_dot_x);
+      if (!xmd) xmd = mxfp4_prepared<uint16_t>(*d, x, 1, o.W.in(), mxfp4_dot_x);
     } else if (o.W.mxfp4() && !xm) {
-      xm = mxfp4_prepared(k, x, 1, o.W.in(), mxfp4_x);
+      xm = mxfp4_prepared<float>(k.mxfp4, x, 1, o.W.in(), mxfp4_x);
     }
     if (o.W.quant) {
       const int order = quant_kernels(k, *o.W.quant).order(*o.W.quant);
@@ -328,7 +319,7 @@ void gemv_rows(const float* x, int64_t T, const Weight& W, const Tensor* bias, f
     return;
   }
   if (const GemvMxfp4Dot* d = mxfp4_dot(W)) {
-    const uint16_t* xd = mxfp4_dot_prepared(*d, x, T, in, prepared);
+    const uint16_t* xd = mxfp4_prepared<uint16_t>(*d, x, T, in, prepared);
     parallel_chunks(out, gemv_chunk(in * T), [&](int64_t o0, int64_t o1) {
       d->out_in_rows(xd, d->stride(in), T, codes(W), exponents(W), in, o0, o1, y, out);
       for (int64_t t = 0; t < T; ++t) finish_rows(LinearOut{W, bias, y + t * out, act}, o0, o1);
@@ -336,7 +327,7 @@ void gemv_rows(const float* x, int64_t T, const Weight& W, const Tensor* bias, f
     return;
   }
   if (W.mxfp4()) {
-    const float* xm = mxfp4_prepared(k, x, T, in, prepared);
+    const float* xm = mxfp4_prepared<float>(k.mxfp4, x, T, in, prepared);
     parallel_chunks(out, gemv_chunk(in * T), [&](int64_t o0, int64_t o1) {
       k.mxfp4.out_in_rows(xm, k.mxfp4.stride(in), T, codes(W), exponents(W), in, o0, o1, y, out);
       for (int64_t t = 0; t < T; ++t) finish_rows(LinearOut{W, bias, y + t * out, act}, o0, o1);
@@ -412,7 +403,7 @@ void gemm_mxfp4_widened(const float* x, int64_t T, const Weight& W, float* y) {
   const int64_t in = W.in(), out = W.out(), ld = k.mxfp4.stride(in);
   constexpr int64_t kPanel = 64;
   thread_local std::vector<char> prepared;
-  const float* xm = mxfp4_prepared(k, x, T, in, prepared);
+  const float* xm = mxfp4_prepared<float>(k.mxfp4, x, T, in, prepared);
   parallel_for(ceil_div(out, kPanel), [&](int64_t p0, int64_t p1) {
     single_threaded_blas();
     thread_local std::vector<float> buf;
