@@ -308,7 +308,22 @@ void Engine::step(std::vector<Live>& live) {
     return;
   }
   const double dt = now() - t0;
-  int64_t decoded = 0;
+  // The step's figures go in before any of its tokens reaches a client (as finish() counts a request
+  // before waking its caller), so a client that has read a token sees the step that made it counted.
+  int64_t decoded = 0;  // sequences that decoded a token (not a prefill piece)
+  for (size_t b = 0; b < live.size(); ++b)
+    if (seq[b] >= 0 && live[b].fed >= int64_t(live[b].request.prompt.size()) && live[b].next) ++decoded;
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.steps;
+    stats_.busy_seconds += dt;
+    if (decoded > 0) stats_.decode_tokens_per_second = 0.8 * stats_.decode_tokens_per_second + 0.2 * (decoded / dt);
+    if (decoded > 0 && decoded == step_.n_seqs()) {
+      ++stats_.decode_steps;
+      stats_.decode_step_tokens += decoded;
+      stats_.decode_step_seconds += dt;
+    }
+  }
   for (size_t b = live.size(); b-- > 0;) {
     if (seq[b] < 0) continue;  // a follower: served after the loop, once its leader's prefill is done
     Live& l = live[b];
@@ -341,8 +356,6 @@ void Engine::step(std::vector<Live>& live) {
         finish(live, b, "length");
         continue;
       }
-    } else {
-      ++decoded;
     }
     emit(live, b, logits_.data() + last_row * V);
   }
@@ -354,14 +367,6 @@ void Engine::step(std::vector<Live>& live) {
       emit(live, b, row.data());
     }
   std::lock_guard lock(mu_);
-  ++stats_.steps;
-  stats_.busy_seconds += dt;
-  if (decoded > 0) stats_.decode_tokens_per_second = 0.8 * stats_.decode_tokens_per_second + 0.2 * (decoded / dt);
-  if (decoded > 0 && decoded == step_.n_seqs()) {
-    ++stats_.decode_steps;
-    stats_.decode_step_tokens += decoded;
-    stats_.decode_step_seconds += dt;
-  }
   stats_.most_together = std::max(stats_.most_together, step_.n_seqs());
   stats_.active = int64_t(live.size());
   stats_.state_bytes = pool_.bytes();
