@@ -3,9 +3,11 @@
 # the repository, once: nothing of llama.cpp is committed here.
 #
 #   source   ~/.cache/lineage/llama.cpp/            (a git clone, the release checked out)
-#   build    ~/.cache/lineage/llama.cpp/build/      (bin/llama-bench, bin/llama-batched-bench)
-#   helper   ~/.cache/lineage/llama.cpp/build/lineage-peers/make-peer-gguf
-#            (our own bench/peers/make_peer_gguf.cpp, compiled against that build)
+#   build    ~/.cache/lineage/llama.cpp/build/      (bin/llama-bench, bin/llama-batched-bench,
+#                                                   bin/llama-server)
+#   helpers  ~/.cache/lineage/llama.cpp/build/lineage-peers/make-peer-gguf and llama-logits
+#            (our own bench/peers/make_peer_gguf.cpp and tools/llama_logits.cpp, compiled against
+#            that build)
 #   stamp    ~/.cache/lineage/llama.cpp/build/lineage-stamp.txt
 #
 # Where the source comes from: the npm package node-llama-cpp@3.21.1 ships llama.cpp's release
@@ -50,9 +52,11 @@ generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
 
 cmake_flags=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE="$native" -DBUILD_SHARED_LIBS=OFF
-             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
              -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_LLGUIDANCE=OFF
-             -DGGML_RPC=OFF)
+             -DGGML_RPC=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF)
+# llama-server is built without its web page: the page is fetched from a Hugging Face bucket or built
+# with npm at configure time, and the benchmarks drive only its OpenAI API.
 # (LLAMA_CURL, named in older llama.cpp, no longer exists in this release: HTTPS is LLAMA_OPENSSL.)
 
 # --- 1. the source -------------------------------------------------------------------------------
@@ -95,12 +99,13 @@ fi
 release=$(sed -n 's/^release=//p' "$src/.lineage-source.txt")
 commit=$(sed -n 's/^commit=//p' "$src/.lineage-source.txt")
 
-# --- 2. llama-bench and llama-batched-bench (batched decode of independent sequences) -------------
-targets=(llama-bench llama-batched-bench)
+# --- 2. llama-bench, llama-batched-bench (batched decode of independent sequences), llama-server --
+targets=(llama-bench llama-batched-bench llama-server)
 want_stamp=$(printf '%s\n' "package=$NPM_PACKAGE@$NPM_VERSION" "release=$release" "commit=$commit" \
   "compiler=$(g++ -dumpfullversion 2>/dev/null || g++ -dumpversion)" "cmake_flags=${cmake_flags[*]}" \
   "targets=${targets[*]}")
-if [ -x "$build/bin/llama-bench" ] && [ -x "$build/bin/llama-batched-bench" ] && [ -f "$stamp" ] &&
+if [ -x "$build/bin/llama-bench" ] && [ -x "$build/bin/llama-batched-bench" ] &&
+   [ -x "$build/bin/llama-server" ] && [ -f "$stamp" ] &&
    [ "$(grep -v '^build_seconds=' "$stamp")" = "$want_stamp" ]; then
   log "llama.cpp $release already built ($build/bin/llama-bench)"
 else
@@ -128,11 +133,30 @@ if [ ! -x "$helper" ] || [ "$helper_src" -nt "$helper" ] || [ "$stamp" -nt "$hel
   log "make-peer-gguf built in $(($(date +%s) - t0)) s"
 fi
 
+# --- 4. llama.cpp's logits of a GGUF (our tools/llama_logits.cpp, against this build's llama.h) ----
+logits_src=$repo/tools/llama_logits.cpp
+logits_bin=$build/lineage-peers/llama-logits
+[ -f "$logits_src" ] || die "$logits_src is missing"
+if [ ! -x "$logits_bin" ] || [ "$logits_src" -nt "$logits_bin" ] || [ "$stamp" -nt "$logits_bin" ]; then
+  libs=()
+  for lib in src/libllama.a ggml/src/libggml.a ggml/src/libggml-cpu.a ggml/src/libggml-base.a; do
+    [ -f "$build/$lib" ] || die "$build/$lib not found"
+    libs+=("$build/$lib")
+  done
+  mkdir -p "$(dirname "$logits_bin")"
+  t0=$(date +%s)
+  nice -n 10 g++ -std=c++17 -O2 -fopenmp -I"$src/include" -I"$src/ggml/include" "$logits_src" "${libs[@]}" \
+    -lpthread -ldl -lm -o "$logits_bin" || die "compiling $logits_src failed"
+  log "llama-logits built in $(($(date +%s) - t0)) s"
+fi
+
 # KEY=VALUE lines, shell-quoted (scripts/bench-peers.sh evals them).
 printf 'LLAMA_CPP_RELEASE=%q\n' "$release"
 printf 'LLAMA_CPP_COMMIT=%q\n' "$commit"
 printf 'LLAMA_CPP_SRC=%q\n' "$src"
 printf 'LLAMA_BENCH=%q\n' "$build/bin/llama-bench"
 printf 'LLAMA_BATCHED_BENCH=%q\n' "$build/bin/llama-batched-bench"
+printf 'LLAMA_SERVER=%q\n' "$build/bin/llama-server"
 printf 'MAKE_GGUF=%q\n' "$helper"
+printf 'LLAMA_LOGITS=%q\n' "$logits_bin"
 printf 'LLAMA_CPP_BUILD_SECONDS=%q\n' "$(sed -n 's/^build_seconds=//p' "$stamp")"

@@ -3,15 +3,19 @@
 // (p50 / p99), next to a roofline of the round's work measured in the same run (every request's
 // prefill at the FLOP peak, then its decode at the batched-decode roofline), and the decode phase
 // apart: the engine's steps in which every sequence decoded, against the decode roofline at their
-// mean batch (docs/serve.md).
+// mean batch (docs/serve.md). With --url the same clients drive another OpenAI-compatible server
+// (llama-server in scripts/bench-peers.sh) serving the same model, against the same roofline.
 #include <httplib.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdarg>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "common.h"
@@ -31,7 +35,32 @@ struct BenchServeOpts {
   std::vector<int64_t> clients = {1, 4, 16, 64};
   int64_t requests = 4, prompt = 64, gen = 32, slots = 0;
   bool json = false;
+  std::string url;  // another server's http://HOST:PORT; empty: lineage serve in this process
 };
+
+struct Endpoint {
+  std::string host = "127.0.0.1";
+  int port = 0;
+};
+
+// --url's http://HOST:PORT (a trailing slash allowed; no path, no TLS).
+Endpoint parse_url(const std::string& url) {
+  const std::string scheme = "http://";
+  Endpoint e;
+  std::string rest = url.rfind(scheme, 0) == 0 ? url.substr(scheme.size()) : "";
+  if (!rest.empty() && rest.back() == '/') rest.pop_back();
+  const size_t colon = rest.rfind(':');
+  bool ok = colon != std::string::npos && colon > 0 && colon + 1 < rest.size() && rest.size() - colon <= 6 &&
+            rest.find('/') == std::string::npos;
+  if (ok) {
+    e.host = rest.substr(0, colon);
+    for (char c : rest.substr(colon + 1)) ok = ok && c >= '0' && c <= '9';
+    if (ok) e.port = std::stoi(rest.substr(colon + 1));
+    ok = ok && e.port >= 1 && e.port <= 65535;
+  }
+  if (!ok) throw Error(cat("--url: expected http://HOST:PORT (a port in 1..65535), found '", url, "'"));
+  return e;
+}
 
 struct Sample {
   double ttft = 0, per_token = 0;
@@ -41,8 +70,8 @@ struct Sample {
 };
 
 // One streamed completion of `prompt` (token ids) for `gen` tokens; times from the request's start.
-Sample one_request(int port, const std::vector<int32_t>& prompt, int64_t gen) {
-  httplib::Client cli("127.0.0.1", port);
+Sample one_request(const Endpoint& at, const std::vector<int32_t>& prompt, int64_t gen) {
+  httplib::Client cli(at.host, at.port);
   cli.set_read_timeout(3600, 0);
   httplib::Request req;
   req.method = "POST";
@@ -87,6 +116,16 @@ Sample one_request(int port, const std::vector<int32_t>& prompt, int64_t gen) {
   return s;
 }
 
+std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
+std::string printf_string(const char* format, ...) {
+  char buf[256];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buf, sizeof buf, format, args);
+  va_end(args);
+  return buf;
+}
+
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -107,11 +146,12 @@ struct BenchServeRow {
   std::string error;  // the first failure's
 };
 
-BenchServeRow run_clients(const serve::Server& server, int port, const BenchServeOpts& o, int64_t clients,
+// `server`: lineage's, whose engine counts the decode phase; nullptr for another server at `at`.
+BenchServeRow run_clients(const serve::Server* server, const Endpoint& at, const BenchServeOpts& o, int64_t clients,
                           int32_t vocab, uint64_t seed) {
   std::vector<std::vector<Sample>> samples{size_t(clients)};
   std::vector<std::thread> threads;
-  const runtime::EngineStats before = server.engine().stats();
+  const runtime::EngineStats before = server ? server->engine().stats() : runtime::EngineStats{};
   const double t0 = steady_seconds();
   for (int64_t c = 0; c < clients; ++c)
     threads.emplace_back([&, c] {
@@ -120,14 +160,14 @@ BenchServeRow run_clients(const serve::Server& server, int port, const BenchServ
         // Distinct random prompts: no prefix is shared, so the cache serves none of them.
         std::vector<int32_t> prompt(size_t(o.prompt));
         for (auto& t : prompt) t = int32_t(rng() % uint64_t(std::max(1, vocab - 1)));
-        samples[size_t(c)].push_back(one_request(port, prompt, o.gen));
+        samples[size_t(c)].push_back(one_request(at, prompt, o.gen));
       }
     });
   for (auto& t : threads) t.join();
   BenchServeRow row;
   row.clients = clients;
   row.seconds = steady_seconds() - t0;
-  const runtime::EngineStats after = server.engine().stats();
+  const runtime::EngineStats after = server ? server->engine().stats() : runtime::EngineStats{};
   row.decode_steps = after.decode_steps - before.decode_steps;
   row.decode_tokens = after.decode_step_tokens - before.decode_step_tokens;
   row.decode_step_seconds = after.decode_step_seconds - before.decode_step_seconds;
@@ -154,7 +194,9 @@ void run_bench_serve(BenchServeOpts& o) {
   for (int64_t c : o.clients)
     if (c < 1 || c > 4096) throw Error(cat("--clients: expected counts in [1, 4096], found ", c));
   io::LoadedModel m = load(o.src, true);
-  require_tokenizer(m, "bench-serve");
+  const bool peer = !o.url.empty();
+  Endpoint at = peer ? parse_url(o.url) : Endpoint{};
+  if (!peer) require_tokenizer(m, "bench-serve");
   const int64_t most = *std::max_element(o.clients.begin(), o.clients.end());
   serve::ServerOptions so;
   so.port = 0;
@@ -165,17 +207,22 @@ void run_bench_serve(BenchServeOpts& o) {
   if (ctx > 0 && o.prompt + o.gen > ctx)
     throw Error(cat("--prompt ", o.prompt, " + --gen ", o.gen, " exceed the model's context of ", ctx));
   so.engine.ctx = o.prompt + o.gen;
-  serve::Server server(m, so);
-  const int port = server.bind();
-  std::thread http([&] { server.listen(); });
+  std::unique_ptr<serve::Server> server;
+  std::thread http;
+  if (!peer) {
+    server = std::make_unique<serve::Server>(m, so);
+    at.port = server->bind();
+    http = std::thread([&] { server->listen(); });
+  }
 
   const int threads = num_threads();
   const DType dtype = main_dtype(m.model);
   double bandwidth = kernels::measure_read_bandwidth(threads), peak = kernels::measure_peak_flops(dtype, threads);
-  one_request(port, std::vector<int32_t>(size_t(o.prompt), 0), std::min<int64_t>(o.gen, 4));  // warm-up: pages, caches
+  const Sample warm = one_request(at, std::vector<int32_t>(size_t(o.prompt), 0), std::min<int64_t>(o.gen, 4));  // pages, caches
+  if (peer && !warm.ok) throw Error(cat("--url ", o.url, ": the warm-up completion failed: ", warm.error));
   std::vector<BenchServeRow> rows;
   for (int64_t c : o.clients) {
-    rows.push_back(run_clients(server, port, o, c, int32_t(m.model.config.vocab_size), 1000 * uint64_t(c)));
+    rows.push_back(run_clients(server.get(), at, o, c, int32_t(m.model.config.vocab_size), 1000 * uint64_t(c)));
     if (isatty(2))
       std::fprintf(stderr, "lineage bench-serve: %lld clients: %.1f tok/s\n", (long long)c, rows.back().tokens_per_second);
   }
@@ -197,8 +244,10 @@ void run_bench_serve(BenchServeOpts& o) {
     if (r.decode_steps)
       r.decode_roofline = runtime::decode_roofline(m.model, context, r.decode_batch(), bandwidth, peak).tokens_per_second;
   }
-  server.stop();
-  http.join();
+  if (server) {
+    server->stop();
+    http.join();
+  }
 
   if (o.json) {
     nlohmann::json all = nlohmann::json::array();
@@ -232,10 +281,12 @@ void run_bench_serve(BenchServeOpts& o) {
     std::printf("%s\n", all.dump(2).c_str());
     return;
   }
-  std::printf("lineage bench-serve: %s, %lld slots, prompts of %lld random tokens, %lld generated each, "
-              "%lld requests per client, %d threads, over HTTP on 127.0.0.1\n",
-              (o.src.dir.empty() ? "preset " + o.src.preset : o.src.dir).c_str(), (long long)so.engine.slots, (long long)o.prompt, (long long)o.gen, (long long)o.requests,
-              threads);
+  const std::string what = o.src.dir.empty() ? "preset " + o.src.preset : o.src.dir;
+  std::printf("lineage bench-serve: %s%s, %lld slots, prompts of %lld random tokens, %lld generated each, "
+              "%lld requests per client, %d threads, over HTTP on %s\n",
+              peer ? cat("the server at ", o.url, ", against the roofline of ").c_str() : "", what.c_str(),
+              (long long)so.engine.slots, (long long)o.prompt, (long long)o.gen, (long long)o.requests, threads,
+              peer ? cat(at.host, ":", at.port).c_str() : "127.0.0.1");
   std::printf("roofline: read bandwidth %.2f GB/s, peak %.1f GFLOP/s (%s); each request's prefill at the peak, then "
               "its decode batched at min(clients, slots) sequences, mean context %.0f\n",
               bandwidth / 1e9, peak / 1e9, std::string(dtype_name(dtype)).c_str(), context);
@@ -244,14 +295,20 @@ void run_bench_serve(BenchServeOpts& o) {
               "TTFT p50", "TTFT p99", "per tok p50", "per tok p99");
   std::printf("| ------: | -------: | --------: | -----------: | ---------: | ---------: | ------: | ---------: | "
               "-------: | --------: | --------: | ----------: | ----------: |\n");
-  for (const BenchServeRow& r : rows)
-    std::printf("| %7lld | %8lld | %9.1f | %12.1f | %9.1f%% | %10.1f | %7.1f | %10.1f | %7.1f%% | %7.1f ms | %7.1f ms "
+  for (const BenchServeRow& r : rows) {
+    // The decode phase's columns: lineage's engine counts them; another server's are "-".
+    const std::string decode =
+        r.decode_steps ? printf_string("%10.1f | %7.1f | %10.1f | %7.1f%%", r.decode_tokens_per_second(), r.decode_batch(),
+                                    r.decode_roofline,
+                                    r.decode_roofline > 0 ? 100.0 * r.decode_tokens_per_second() / r.decode_roofline : 0.0)
+                       : printf_string("%10s | %7s | %10s | %8s", "-", "-", "-", "-");
+    std::printf("| %7lld | %8lld | %9.1f | %12.1f | %9.1f%% | %s | %7.1f ms | %7.1f ms "
                 "| %8.2f ms | %8.2f ms |%s\n",
                 (long long)r.clients, (long long)r.requests, r.tokens_per_second, r.roofline,
-                100.0 * r.tokens_per_second / r.roofline, r.decode_tokens_per_second(), r.decode_batch(),
-                r.decode_roofline, r.decode_roofline > 0 ? 100.0 * r.decode_tokens_per_second() / r.decode_roofline : 0.0,
+                100.0 * r.tokens_per_second / r.roofline, decode.c_str(),
                 r.ttft_p50 * 1e3, r.ttft_p99 * 1e3, r.tok_p50 * 1e3, r.tok_p99 * 1e3,
                 r.failed ? cat(" ", r.failed, " failed, the first: ", r.error).c_str() : "");
+  }
   std::printf("tok/s: generated tokens of all requests over the wall time of the round; roofline: the same tokens "
               "in the least time of the round's work (every prompt's prefill FLOPs at the peak, the decode steps "
               "%s-bound). decode: the engine's steps in which every sequence decoded, their tokens over their time, "
@@ -276,6 +333,9 @@ void add_bench_serve(CLI::App& app) {
   cmd->add_option("--slots", o.slots, "the server's slots (default: the largest --clients)")
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   cmd->add_flag("--json", o.json, "one JSON object per concurrency instead of the table");
+  cmd->add_option("--url", o.url, "drive another OpenAI-compatible server at http://HOST:PORT serving the same model "
+                                  "(e.g. llama-server) instead of lineage serve; --model/--preset give the roofline "
+                                  "and the vocabulary, --slots that server's parallel slots; no decode-phase columns");
   cmd->callback([] { run_bench_serve(o); });
 }
 
