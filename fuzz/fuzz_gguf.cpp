@@ -2,12 +2,18 @@
 // the tensor infos and the aligned data section. A file the parser accepts must have version 2 or 3,
 // each key and tensor name once, a power-of-two alignment, every tensor's bytes (whole blocks of its
 // ggml type) inside the data section at an aligned offset, no two overlapping, and readable end to end.
+// An accepted file then goes through io::load_gguf (the architecture's map, the binding, the
+// tokenizer from tokenizer.ggml.*): an Error naming the file, or a model whose every tensor is bound
+// and a tokenizer that encodes and decodes (seed: a 1-layer GPT-2 with a 260-token vocabulary).
 #include <cstring>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "fuzz_support.h"
 #include "lineage/core/error.h"
 #include "lineage/io/gguf.h"
+#include "lineage/io/gguf_model.h"
 
 using namespace lineage;
 
@@ -42,8 +48,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto path = fuzz::scratch_dir() / "model.gguf";
   fuzz::write_file(path, data, size);
   try {
-    const io::GgufFile f(path);
-    check_accepted(f, size);
+    {
+      const io::GgufFile f(path);
+      check_accepted(f, size);
+    }
+    io::LoadedModel m = io::load_gguf(path);
+    if (m.model.blocks.empty()) fuzz::violated("a model without layers");
+    m.model.for_each_tensor([](const std::string& name, Tensor& t, const Shape& want, layers::Init) {
+      if (t.shape() != want) fuzz::violated(cat("tensor ", name, " bound with another shape"));
+    });
+    if (m.tokenizer) {
+      const std::vector<int32_t> ids = m.tokenizer->encode("Hello, the world!<|endoftext|>");
+      for (int32_t id : ids)
+        if (id < 0 || id >= m.tokenizer->vocab_size()) fuzz::violated(cat("token id ", id, " outside the vocabulary"));
+      (void)m.tokenizer->decode(ids);
+    }
   } catch (const Error& e) {
     fuzz::rejected(e);
   }

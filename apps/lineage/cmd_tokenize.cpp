@@ -15,7 +15,7 @@ void add_tokenize(CLI::App& app) {
   };
   static Opts o;
   auto* enc = app.add_subcommand("tokenize", "print the token ids of a text, separated by spaces");
-  enc->add_option("--model", o.dir, "model directory with tokenizer files")->required();
+  enc->add_option("--model", o.dir, "model directory with tokenizer files, or a GGUF file")->required();
   auto* text = enc->add_option("--text", o.text, "text to tokenize");
   auto* file = enc->add_option("--file", o.file, "tokenize this file's UTF-8 text instead");
   text->excludes(file);
@@ -26,7 +26,7 @@ void add_tokenize(CLI::App& app) {
   add_threads_option(*enc);
   enc->callback([] {
     if (o.text.empty() && o.file.empty()) throw Error("tokenize: one of --text or --file is required");
-    const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load(o.dir);
+    const tokenizer::Tokenizer tok = load_tokenizer(o.dir);
     const auto ids = tok.encode(o.file.empty() ? o.text : read_file_text(o.file), !o.no_special);
     if (o.out.empty()) {
       for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? " " : "", ids[i]);
@@ -43,11 +43,11 @@ void add_tokenize(CLI::App& app) {
     std::fprintf(stderr, "%zu tokens -> %s (uint%zu)\n", ids.size(), o.out.c_str(), 8 * width);
   });
   auto* dec = app.add_subcommand("detokenize", "print the text of token ids");
-  dec->add_option("--model", o.dir, "model directory with tokenizer files")->required();
+  dec->add_option("--model", o.dir, "model directory with tokenizer files, or a GGUF file")->required();
   dec->add_option("--tokens", o.tokens, "token ids separated by spaces")->required();
   add_threads_option(*dec);
   dec->callback([] {
-    const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load(o.dir);
+    const tokenizer::Tokenizer tok = load_tokenizer(o.dir);
     const std::string text = tok.decode(parse_ids(o.tokens, "--tokens"));
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::printf("\n");

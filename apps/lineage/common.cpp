@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "lineage/core/error.h"
 #include "lineage/core/rng.h"
+#include "lineage/io/gguf_model.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/threads.h"
 #include "lineage/model/archs/presets.h"
@@ -45,7 +47,7 @@ std::string default_model_dir() {
 void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset) {
   model_sources()[&cmd] = &src;
   auto* model = cmd.add_option("--model", src.dir,
-                               "Hugging Face model directory (config.json + safetensors); default: the model lineage "
+                               "Hugging Face model directory (config.json + safetensors) or a GGUF file; default: the model lineage "
                                "ships (models/kjv-gpt2, or $LINEAGE_MODEL)");
   cmd.add_flag("--no-mmap", src.no_mmap,
                "copy the checkpoint's weights into the engine's own memory (huge pages; GPT-2's Conv1D matrices "
@@ -128,6 +130,13 @@ void apply_options(const ModelSource& src, model::Model& m) {
   model::set_int8_dot(m, src.int8_dot && kernels::int8_dot_available());
 }
 
+tokenizer::Tokenizer load_tokenizer(const std::filesystem::path& dir_or_gguf) {
+  if (!io::is_gguf(dir_or_gguf)) return tokenizer::Tokenizer::load(dir_or_gguf);
+  std::optional<tokenizer::Tokenizer> t = io::gguf_tokenizer(io::GgufFile(dir_or_gguf));
+  if (!t) throw Error(cat(dir_or_gguf.string(), ": no vocabulary (tokenizer.ggml.model is absent or no_vocab)"));
+  return std::move(*t);
+}
+
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
   if (src.dir.empty() && src.preset.empty())
     throw Error("one of --model DIR or --preset NAME is required (the default model, models/kjv-gpt2, is not there)");
@@ -136,7 +145,7 @@ io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
     m = io::load_model(src.dir, need_tokenizer, src.no_mmap ? io::WeightStorage::Owned : io::WeightStorage::Mapped);
   } else {
     m.model = model::make_preset(src.preset, src.seed, *dtype_from_user(src.weights_dtype));
-    if (!src.tokenizer_dir.empty()) m.tokenizer = tokenizer::Tokenizer::load(src.tokenizer_dir);
+    if (!src.tokenizer_dir.empty()) m.tokenizer = load_tokenizer(src.tokenizer_dir);
   }
   if (src.check_tensors) model::check_tensors_finite(m.model, src.dir.empty() ? "--preset " + src.preset : src.dir);
   apply_options(src, m.model);

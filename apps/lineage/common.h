@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -70,6 +71,9 @@ size_t parse_bytes(const std::string& text, const std::string& flag);
 // "12 5 7" → ids; a non-integer is an Error naming the flag.
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag);
 const tokenizer::Tokenizer& require_tokenizer(const io::LoadedModel& m, const std::string& why);
+// The tokenizer of a model directory's files or of a GGUF file's metadata (an Error naming the file
+// when it has none).
+tokenizer::Tokenizer load_tokenizer(const std::filesystem::path& dir_or_gguf);
 
 // The dtype that holds most of the model's parameter bytes (the one its roofline peak is taken for).
 DType main_dtype(model::Model& m);

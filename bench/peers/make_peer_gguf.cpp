@@ -3,8 +3,10 @@
 //
 //   qwen3next     lineage's `qwen3-next-bench`
 //   kimi-linear   lineage's `kimi-linear-bench`
-//   gpt2          lineage's `gpt2-124m` (GPT-2 small, its 50,257-token vocabulary; no tokenizer is
-//                 written: llama-bench feeds token ids)
+//   gpt2          lineage's `gpt2-124m` (GPT-2 small, its 50,257-token vocabulary; with `--vocab DIR`
+//                 (encoder.json / vocab.json and vocab.bpe / merges.txt, GPT-2's own files) the file
+//                 carries GPT-2's tokenizer as convert_hf_to_gguf.py writes it, so that llama-server
+//                 can answer in text; without, `no_vocab`: llama-bench feeds token ids)
 //
 // Not part of lineage's build: scripts/install-llama-cpp.sh compiles it against the llama.cpp
 // reference in ~/.cache/lineage (ggml's public gguf.h / ggml.h, linked with libggml-base.a).
@@ -48,7 +50,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -305,19 +309,65 @@ void fill(ggml_tensor* t, size_t seed) {
 }
 
 int usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s qwen3next|kimi-linear|gpt2 OUT.gguf [--type f32|f16|bf16] [--seed N]\n", argv0);
+  std::fprintf(stderr, "usage: %s qwen3next|kimi-linear|gpt2 OUT.gguf [--type f32|f16|bf16] [--seed N] [--vocab DIR]\n",
+               argv0);
   return 2;
+}
+
+std::string first_file(const std::string& dir, const char* a, const char* b) {
+  for (const char* name : {a, b}) {
+    const std::string p = dir + "/" + name;
+    if (std::ifstream(p).good()) return p;
+  }
+  std::fprintf(stderr, "%s: neither %s nor %s\n", dir.c_str(), a, b);
+  std::exit(1);
+}
+
+// GPT-2's byte-level BPE as convert_hf_to_gguf.py writes it (model "gpt2", pre-tokenizer "gpt-2"):
+// the tokens by id, their types (<|endoftext|> a control token, the rest normal), the merges as
+// "a b" strings, and <|endoftext|> as BOS, EOS and EOT.
+bool write_gpt2_vocab(gguf_context* g, const std::string& dir, uint32_t vocab_size) {
+  const nlohmann::json enc = nlohmann::json::parse(std::ifstream(first_file(dir, "encoder.json", "vocab.json")));
+  std::vector<std::string> tokens(enc.size());
+  for (const auto& [piece, id] : enc.items()) {
+    const size_t i = id.get<size_t>();
+    if (i >= tokens.size() || !tokens[i].empty()) return std::fprintf(stderr, "bad id %zu in the vocabulary\n", i), false;
+    tokens[i] = piece;
+  }
+  if (tokens.size() != vocab_size)
+    return std::fprintf(stderr, "the vocabulary has %zu tokens, the model %u\n", tokens.size(), vocab_size), false;
+  std::vector<std::string> merges;
+  std::ifstream bpe(first_file(dir, "vocab.bpe", "merges.txt"));
+  for (std::string line; std::getline(bpe, line);)
+    if (!line.empty() && line.rfind("#version", 0) != 0) merges.push_back(line);
+  std::vector<const char*> tp, mp;
+  for (const auto& t : tokens) tp.push_back(t.c_str());
+  for (const auto& m : merges) mp.push_back(m.c_str());
+  std::vector<int32_t> types(tokens.size(), 1);  // LLAMA_TOKEN_TYPE_NORMAL
+  const uint32_t eot = uint32_t(tokens.size() - 1);
+  if (tokens[eot] != "<|endoftext|>") return std::fprintf(stderr, "the last token is not <|endoftext|>\n"), false;
+  types[eot] = 3;  // LLAMA_TOKEN_TYPE_CONTROL
+  gguf_set_val_str(g, "tokenizer.ggml.model", "gpt2");
+  gguf_set_val_str(g, "tokenizer.ggml.pre", "gpt-2");
+  gguf_set_arr_str(g, "tokenizer.ggml.tokens", tp.data(), tp.size());
+  gguf_set_arr_data(g, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types.data(), types.size());
+  gguf_set_arr_str(g, "tokenizer.ggml.merges", mp.data(), mp.size());
+  gguf_set_val_u32(g, "tokenizer.ggml.bos_token_id", eot);
+  gguf_set_val_u32(g, "tokenizer.ggml.eos_token_id", eot);
+  gguf_set_val_u32(g, "tokenizer.ggml.eot_token_id", eot);
+  return true;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string arch_name, out, type_name = "f32";
+  std::string arch_name, out, type_name = "f32", vocab_dir;
   size_t seed = 42;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if ((a == "--type" || a == "-t") && i + 1 < argc) type_name = argv[++i];
     else if ((a == "--seed" || a == "-s") && i + 1 < argc) seed = std::stoull(argv[++i]);
+    else if (a == "--vocab" && i + 1 < argc) vocab_dir = argv[++i];
     else if (a == "-h" || a == "--help") return usage(argv[0]), 0;
     else if (!a.empty() && a[0] != '-' && arch_name.empty()) arch_name = a;
     else if (!a.empty() && a[0] != '-' && out.empty()) out = a;
@@ -351,7 +401,13 @@ int main(int argc, char** argv) {
   gguf_set_val_str(g, "general.name", (std::string("lineage ") + arch->preset + " (random weights)").c_str());
   gguf_set_val_u32(g, "general.file_type", file_type);
   arch->keys(g);
-  gguf_set_val_str(g, "tokenizer.ggml.model", "no_vocab");  // as test-llama-archs: vocab_size dummy tokens
+  if (vocab_dir.empty()) {
+    gguf_set_val_str(g, "tokenizer.ggml.model", "no_vocab");  // as test-llama-archs: vocab_size dummy tokens
+  } else {
+    if (arch->name != std::string(gpt2::kArch))
+      return std::fprintf(stderr, "--vocab: only gpt2 has a tokenizer here\n"), 2;
+    if (!write_gpt2_vocab(g, vocab_dir, gpt2::kVocab)) return 1;
+  }
 
   for (const Spec& s : specs) {
     const ggml_type t = s.keep_f32 ? GGML_TYPE_F32 : wtype;

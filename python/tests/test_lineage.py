@@ -3,7 +3,9 @@
 # the engine's own invariants seen from Python (decode = prefill, save/load continues bit for bit,
 # generate = an argmax loop).
 import json
+import subprocess
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -394,3 +396,16 @@ def test_the_gil_is_released_during_forwards():
             seen_busy = True
     worker.join()
     assert seen_busy
+
+
+def test_a_gguf_file_loads_as_its_directory_does(tmp_path):
+    # reference/gguf_mirror.py writes the checkpoint as llama.cpp's converter lays it out; copied
+    # (mmap=False) both hold GPT-2's matrices [out, in]: the same logits, bit for bit.
+    mirror = Path(__file__).resolve().parents[2] / "reference" / "gguf_mirror.py"
+    g = Golden("gpt2/f32_gpt2_shapes")
+    gguf = tmp_path / "gpt2.gguf"
+    subprocess.run(["/usr/bin/python3", str(mirror), str(data_root() / "gpt2/f32_gpt2_shapes"), str(gguf)], check=True)
+    from_gguf = lineage.Session(lineage.Model.load(gguf, mmap=False)).prefill(g.tokens, all_positions=True)
+    from_dir = lineage.Session(model("gpt2/f32_gpt2_shapes", mmap=False)).prefill(g.tokens, all_positions=True)
+    assert np.array_equal(from_gguf, from_dir)
+    assert_close_to_golden(from_gguf, g, "logits")

@@ -59,6 +59,8 @@ class GgufFile {
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   // The bytes of a tensor (tensors()[i]), inside the mapping.
   const uint8_t* data(const GgufTensor& t) const { return base_ + data_offset_ + t.offset; }
+  // What keeps the mapping alive (a tensor borrowed from data() holds it).
+  const std::shared_ptr<const void>& mapping() const { return map_; }
 
  private:
   std::filesystem::path path_;

@@ -16,6 +16,7 @@
 #include "lineage/core/error.h"
 #include "lineage/core/hash.h"
 #include "lineage/core/json_read.h"
+#include "lineage/io/gguf_model.h"
 #include "lineage/kernels/matrix.h"
 #include "lineage/model/archs/arch.h"
 #include "lineage/model/binding.h"
@@ -380,7 +381,7 @@ model::Model build_from_config(const nlohmann::json& cfg, const std::string& cfg
 }  // namespace
 
 bool has_weights(const fs::path& dir) {
-  return fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json");
+  return is_gguf(dir) || fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json");
 }
 
 model::Model checkpoint_skeleton(const fs::path& dir, const Checkpoint& ckpt) {
@@ -409,21 +410,33 @@ Skeleton load_skeleton(const fs::path& dir) {
 }
 
 LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage storage) {
+  if (is_gguf(dir)) return load_gguf(dir, with_tokenizer, storage);
   const nlohmann::json cfg = read_config(dir);
-  const std::string cfg_path = (dir / "config.json").string();
   auto ckpt = std::make_shared<Checkpoint>(Checkpoint::open(dir));
+  LoadedModel out = load_checkpoint(cfg, (dir / "config.json").string(), ckpt, dir.string(), storage);
+  out.dir = dir;
+  if (with_tokenizer && (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json") ||
+                         fs::exists(dir / "tiktoken.model")))
+    out.tokenizer = lineage::tokenizer::Tokenizer::load(dir);
+  return out;
+}
+
+LoadedModel load_checkpoint(const nlohmann::json& cfg, const std::string& cfg_path, std::shared_ptr<Checkpoint> ckpt,
+                            const std::string& where, WeightStorage storage,
+                            const std::function<void(model::Model&)>& adjust) {
   LoadedModel out;
   out.model = build_from_config(
       cfg, cfg_path, [&](const std::string& n) { return ckpt->has(n); },
       [&](const std::string& n) { return ckpt->has(n) ? ckpt->entry(n).shape : Shape{}; });
+  if (adjust) adjust(out.model);
   const int64_t held = checkpoint_layers(*ckpt, out.model.names.layer_prefix);
   if (held != out.model.n_layers())
     throw Error(cat(cfg_path, ": field \"", out.model.config.layers_field, "\": expected ", held, " (the checkpoint holds ",
                     held ? cat("layers ", out.model.names.layer_prefix, "0 .. ", out.model.names.layer_prefix, held - 1)
                          : cat("no tensor named ", out.model.names.layer_prefix, "N.*"),
                     "), found ", out.model.n_layers()));
-  bind_weights(out.model, *ckpt, dir.string());
-  check_mxfp4_scales(out.model, dir.string());
+  bind_weights(out.model, *ckpt, where);
+  check_mxfp4_scales(out.model, where);
   // Owned: every tensor copied (Conv1D matrices then transposed for decode), and the mappings go
   // with `ckpt`, their last owner, at the return.
   if (storage == WeightStorage::Owned) {
@@ -437,17 +450,13 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
       const uintptr_t first = begin / page * page, last = (begin + mapped.nbytes() + page - 1) / page * page;
       madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
     });
-    model::prepare_quantized(out.model, dir.string());
+    model::prepare_quantized(out.model, where);
     model::prepare(out.model, true);
   } else {
-    model::prepare_quantized(out.model, dir.string());
+    model::prepare_quantized(out.model, where);
     model::prepare(out.model, false);
     out.checkpoint = ckpt;
   }
-  out.dir = dir;
-  if (with_tokenizer && (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json") ||
-                         fs::exists(dir / "tiktoken.model")))
-    out.tokenizer = lineage::tokenizer::Tokenizer::load(dir);
   return out;
 }
 

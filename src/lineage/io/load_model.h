@@ -9,8 +9,11 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
 
 #include "lineage/io/safetensors.h"
 #include "lineage/tokenizer/tokenizer.h"
@@ -36,11 +39,20 @@ struct LoadedModel {
 //     preset's.
 enum class WeightStorage : uint8_t { Mapped, Owned };
 
+// A GGUF file in place of the directory is read by load_gguf (gguf_model.h).
 // Throws Error naming the file and field for a missing/malformed config.json, an unknown
 // model_type, and (in one message) every missing tensor, every unexpected tensor and every tensor
 // whose dtype or shape is wrong.
 LoadedModel load_model(const std::filesystem::path& dir, bool with_tokenizer = true,
                        WeightStorage storage = WeightStorage::Mapped);
+
+// The part of load_model after reading the files: the model `config` (a config.json's content;
+// `config_where` names it in messages) describes, built against the checkpoint's tensors, changed by
+// `adjust` (may be empty) before binding, bound (`where` names the checkpoint) and prepared for
+// `storage`. dir and tokenizer are left for the caller.
+LoadedModel load_checkpoint(const nlohmann::json& config, const std::string& config_where,
+                            std::shared_ptr<Checkpoint> ckpt, const std::string& where, WeightStorage storage,
+                            const std::function<void(model::Model&)>& adjust = {});
 
 // The model a directory's config.json describes, without weights (`lineage info` on a directory that
 // holds only config.json): shapes and names, tensors empty. dtype: the config's "dtype" (or
@@ -53,7 +65,8 @@ Skeleton load_skeleton(const std::filesystem::path& dir);
 // The model the directory's config.json describes, its family's choices made against the tensors
 // `ckpt` holds (prefixes, a tied head), without binding them (lineage quantize reads the names).
 model::Model checkpoint_skeleton(const std::filesystem::path& dir, const Checkpoint& ckpt);
-// Whether the directory holds safetensors weights (model.safetensors or its sharded index).
+// Whether the directory holds safetensors weights (model.safetensors or its sharded index), or is a
+// GGUF file.
 bool has_weights(const std::filesystem::path& dir);
 
 // Binds a model skeleton's tensors to a checkpoint (the part of load_model after the config).

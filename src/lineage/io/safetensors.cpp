@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "lineage/core/checked.h"
 #include "lineage/core/error.h"
@@ -159,21 +160,38 @@ Checkpoint Checkpoint::open(const fs::path& dir) {
   return c;
 }
 
+Checkpoint Checkpoint::of_tensors(std::map<std::string, std::pair<TensorEntry, Tensor>> tensors) {
+  Checkpoint c;
+  c.held_ = std::move(tensors);
+  return c;
+}
+
 const TensorEntry& Checkpoint::entry(const std::string& name) const {
+  if (const auto it = held_.find(name); it != held_.end()) return it->second.first;
   return files_[where_.at(name)]->entries().at(name);
 }
 
-Tensor Checkpoint::tensor(const std::string& name) const { return files_[where_.at(name)]->tensor(name); }
+Tensor Checkpoint::tensor(const std::string& name) const {
+  if (const auto it = held_.find(name); it != held_.end()) return it->second.second;
+  return files_[where_.at(name)]->tensor(name);
+}
 
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> n;
   for (const auto& [k, v] : where_) n.push_back(k);
+  for (const auto& [k, v] : held_) n.push_back(k);
   return n;
 }
 
 size_t Checkpoint::file_bytes() const {
   size_t n = 0;
+  std::set<std::string> held_files;
+  for (const auto& [k, v] : held_) held_files.insert(v.first.file);
   std::error_code ec;
+  for (const auto& f : held_files) {
+    const auto size = fs::file_size(f, ec);
+    if (!ec) n += size;
+  }
   for (const auto& f : files_) {
     const auto size = fs::file_size(f->path(), ec);
     if (!ec) n += size;

@@ -43,7 +43,10 @@ class SafetensorsFile {
 class Checkpoint {
  public:
   static Checkpoint open(const std::filesystem::path& dir);
-  bool has(const std::string& name) const { return where_.count(name) > 0; }
+  // A checkpoint of tensors held elsewhere under the names a directory's would have (a GGUF file's
+  // tensors, mapped back: io/gguf_model.h). Each entry's file and byte range say where it came from.
+  static Checkpoint of_tensors(std::map<std::string, std::pair<TensorEntry, Tensor>> tensors);
+  bool has(const std::string& name) const { return where_.count(name) > 0 || held_.count(name) > 0; }
   const TensorEntry& entry(const std::string& name) const;
   Tensor tensor(const std::string& name) const;
   std::vector<std::string> names() const;
@@ -52,6 +55,7 @@ class Checkpoint {
  private:
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t> where_;  // tensor name → index into files_
+  std::map<std::string, std::pair<TensorEntry, Tensor>> held_;  // of_tensors: no files
 };
 
 // One .safetensors file written a tensor at a time (a checkpoint larger than memory, lineage quantize):

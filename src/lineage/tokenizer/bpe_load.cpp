@@ -12,6 +12,7 @@
 #include "lineage/core/error.h"
 #include "lineage/core/json_read.h"
 #include "lineage/tokenizer/bpe_model.h"
+#include "lineage/tokenizer/tokenizer.h"
 
 namespace lineage::tokenizer {
 namespace {
@@ -501,6 +502,56 @@ std::shared_ptr<BpeModel> load_tokenizer_json(const fs::path& tokenizer_json) {
   set_added_tokens(*m, parse_added_tokens(root, file, !m->normalizer.empty()));
   parse_post_processor(*m, root, file);
   guess_eos_bos(*m);
+  return m;
+}
+
+std::shared_ptr<BpeModel> load_vocab_tables(const VocabTables& v) {
+  const std::string& file = v.source;
+  if (v.model != "gpt2")
+    fail(file, "tokenizer.ggml.model", cat("\"", v.model, "\""), "\"gpt2\" (byte-level BPE; other models are not supported)");
+  auto m = std::make_shared<BpeModel>();
+  m->source = file;
+  m->mode = SymbolMode::kByteLevel;
+  if (v.pre == "gpt-2") m->split = BpeModel::Split::kGpt2;
+  else if (v.pre == "qwen2") m->split = BpeModel::Split::kQwen2;
+  else if (v.pre == "qwen35") m->split = BpeModel::Split::kQwen35;
+  else fail(file, "tokenizer.ggml.pre", cat("\"", v.pre, "\""), "one of \"gpt-2\", \"qwen2\", \"qwen35\"");
+  if (v.tokens.empty()) fail(file, "tokenizer.ggml.tokens", "an empty vocabulary", "at least one token");
+  if (int64_t(v.tokens.size()) > kMaxTokenId + 1)
+    fail(file, "tokenizer.ggml.tokens", cat(v.tokens.size(), " tokens"), cat("at most ", kMaxTokenId + 1));
+  if (!v.types.empty() && v.types.size() != v.tokens.size())
+    fail(file, "tokenizer.ggml.token_type", cat(v.types.size(), " types"), cat("one per token (", v.tokens.size(), ")"));
+  ensure_id(*m, int32_t(v.tokens.size() - 1));
+  std::vector<AddedToken> added;
+  for (size_t i = 0; i < v.tokens.size(); ++i) {
+    const int32_t id = int32_t(i);
+    m->has_token[i] = 1;
+    m->token_bytes[i] = v.tokens[i];
+    m->symbol_ids.try_emplace(v.tokens[i], id);  // a repeated spelling keeps its first id, as llama.cpp's map
+    const int32_t type = v.types.empty() ? 1 : v.types[i];
+    if ((type == 3 || type == 4) && !v.tokens[i].empty()) added.push_back(AddedToken{v.tokens[i], id, type == 3, false, false});
+  }
+  setup_byte_level(*m, file, "tokenizer.ggml.tokens");
+  m->merges.reserve(v.merges.size());
+  for (size_t r = 0; r < v.merges.size(); ++r) {
+    const std::string& line = v.merges[r];
+    const std::string field = cat("tokenizer.ggml.merges[", r, "]");
+    const size_t space = line.find(' ');
+    if (space == 0 || space == std::string::npos || space + 1 == line.size() ||
+        line.find(' ', space + 1) != std::string::npos)
+      fail(file, field, cat("\"", line, "\""), "two tokens separated by one space");
+    add_merge(*m, std::string_view(line).substr(0, space), std::string_view(line).substr(space + 1), int32_t(r), file, field);
+  }
+  set_added_tokens(*m, std::move(added));
+  const auto id = [&](const std::optional<int32_t>& t, const char* key) -> std::optional<int32_t> {
+    if (t && (*t < 0 || *t >= m->vocab_size()))
+      fail(file, key, cat(*t), cat("a token id in [0, ", m->vocab_size(), ")"));
+    return t;
+  };
+  m->bos_id = id(v.bos, "tokenizer.ggml.bos_token_id");
+  m->eos_id = id(v.eos, "tokenizer.ggml.eos_token_id");
+  m->pad_id = id(v.pad, "tokenizer.ggml.padding_token_id");
+  m->adds_bos = v.add_bos && m->bos_id.has_value();
   return m;
 }
 

@@ -182,6 +182,8 @@ void set_added_tokens(BpeModel& model, std::vector<AddedToken> tokens);
 std::shared_ptr<BpeModel> load_vocab_merges(const std::filesystem::path& vocab_json,
                                              const std::filesystem::path& merges_txt);
 std::shared_ptr<BpeModel> load_tokenizer_json(const std::filesystem::path& tokenizer_json);
+struct VocabTables;  // tokenizer.h
+std::shared_ptr<BpeModel> load_vocab_tables(const VocabTables& tables);
 // Reads eos_token / bos_token / add_bos_token from a Hugging Face tokenizer_config.json.
 void apply_tokenizer_config(BpeModel& model, const std::filesystem::path& config_json);
 

@@ -241,6 +241,8 @@ Tokenizer Tokenizer::from_vocab_merges(const fs::path& vocab_json, const fs::pat
   return Tokenizer(load_vocab_merges(vocab_json, merges_txt));
 }
 
+Tokenizer Tokenizer::from_tables(const VocabTables& tables) { return Tokenizer(load_vocab_tables(tables)); }
+
 Tokenizer Tokenizer::from_tokenizer_json(const fs::path& tokenizer_json) {
   return Tokenizer(load_tokenizer_json(tokenizer_json));
 }

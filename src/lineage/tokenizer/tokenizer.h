@@ -20,6 +20,18 @@
 namespace lineage::tokenizer {
 
 struct BpeModel;  // bpe_model.h
+
+// A vocabulary given as tables, as a GGUF file's tokenizer.ggml.* keys hold it (io/ reads the file).
+struct VocabTables {
+  std::string source;               // for messages, e.g. "model.gguf"
+  std::string model;                // tokenizer.ggml.model: "gpt2" (byte-level BPE)
+  std::string pre;                  // tokenizer.ggml.pre: "gpt-2", "qwen2", "qwen35"
+  std::vector<std::string> tokens;  // by id, as spelled in the vocabulary ("Ġthe")
+  std::vector<int32_t> types;       // llama.cpp's token types by id (3 control, 4 user-defined); may be empty
+  std::vector<std::string> merges;  // "a b", highest priority first
+  std::optional<int32_t> bos, eos, pad;
+  bool add_bos = false;
+};
 struct BpeCache;
 
 class Tokenizer {
@@ -31,6 +43,10 @@ class Tokenizer {
   // GPT-2 layout: byte-level BPE with GPT-2's pre-tokenizer; <|endoftext|> (if in the vocab) is special.
   static Tokenizer from_vocab_merges(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt);
   static Tokenizer from_tokenizer_json(const std::filesystem::path& tokenizer_json);
+  // Control tokens (type 3) become special added tokens, user-defined ones (4) non-special ones, as
+  // llama.cpp's converter wrote them from tokenizer.json. An unknown model or pre-tokenizer, a merge
+  // of tokens not in the vocabulary, or an id out of range is an Error naming the source and key.
+  static Tokenizer from_tables(const VocabTables& tables);
 
   // allow_special: when true, special added tokens such as <|endoftext|> in the text map to their id;
   // when false they are tokenized as ordinary text. Non-special added tokens always map to their id.

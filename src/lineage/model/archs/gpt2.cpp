@@ -2,6 +2,7 @@
 // Spec: shared/spec/attention-mla-moe-attnres.md §1; reference/gpt2.py.
 #include "lineage/core/error.h"
 #include "lineage/model/archs/arch.h"
+#include "lineage/model/archs/gguf_map.h"
 
 namespace lineage::model {
 
@@ -65,6 +66,52 @@ Model build_gpt2(const ArchInput& in) {
   b.mixer = std::move(a);
   b.ffn = std::move(mlp);
   m.blocks.assign(size_t(L), b);
+  return m;
+}
+
+// llama.cpp's `gpt2` (convert_hf_to_gguf.py's GPT2Model, llama.cpp's src/models/gpt2.cpp): the
+// hyper-parameters in gpt2.* keys, the tensors renamed, the four Conv1D matrices transposed to
+// [out, in] (bound so here: no copy), the causal-mask buffers dropped; a tied head has no
+// output.weight (llama.cpp then multiplies by token_embd).
+GgufMapped gguf_gpt2(const GgufSource& in) {
+  GgufMapped m;
+  const int64_t D = in.integer("embedding_length", limits::kWidth);
+  const int64_t L = in.integer("block_count", limits::kLayers);
+  m.config = {{"model_type", "gpt2"},
+              {"n_embd", D},
+              {"n_layer", L},
+              {"n_head", in.integer("attention.head_count", limits::kHeads)},
+              {"n_positions", in.integer("context_length", limits::kPositions)},
+              {"n_inner", in.integer("feed_forward_length", 4 * D, limits::kWidth)},
+              {"layer_norm_epsilon", in.number("attention.layer_norm_epsilon", 1e-5)},
+              {"activation_function", "gelu_new"},
+              {"tie_word_embeddings", !in.tensors.count("output.weight")}};
+  const auto it = in.tensors.find("token_embd.weight");
+  if (it != in.tensors.end() && it->second.size() == 2) m.config["vocab_size"] = it->second[0];
+  auto& t = m.tensors;
+  t.push_back({"wte.weight", "token_embd.weight", {}});
+  t.push_back({"wpe.weight", "position_embd.weight", {}});
+  for (const char* w : {".weight", ".bias"}) t.push_back({cat("ln_f", w), cat("output_norm", w), {}});
+  if (in.tensors.count("output.weight")) t.push_back({"lm_head.weight", "output.weight", {}});
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string h = cat("h.", l, "."), b = cat("blk.", l, ".");
+    for (const char* w : {".weight", ".bias"}) {
+      t.push_back({cat(h, "ln_1", w), cat(b, "attn_norm", w), {}});
+      t.push_back({cat(h, "ln_2", w), cat(b, "ffn_norm", w), {}});
+      t.push_back({cat(h, "attn.c_attn", w), cat(b, "attn_qkv", w), {}});
+      t.push_back({cat(h, "attn.c_proj", w), cat(b, "attn_output", w), {}});
+      t.push_back({cat(h, "mlp.c_fc", w), cat(b, "ffn_up", w), {}});
+      t.push_back({cat(h, "mlp.c_proj", w), cat(b, "ffn_down", w), {}});
+    }
+  }
+  m.adjust = [](Model& model) {
+    for (Block& b : model.blocks) {
+      auto& a = std::get<layers::Attention>(b.mixer);
+      auto& mlp = std::get<layers::Mlp>(b.ffn);
+      for (kernels::Matrix* w : {&a.weights.c_attn, &a.weights.c_proj, &mlp.weights.c_fc, &mlp.weights.c_proj})
+        w->layout = kernels::Layout::OutIn;
+    }
+  };
   return m;
 }
 

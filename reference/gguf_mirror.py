@@ -1,0 +1,155 @@
+"""A Hugging Face GPT-2 directory written as the GGUF llama.cpp's converter makes of it (convert_hf_to_gguf.py's
+GPT2Model, as shared/spec/quantized-formats.md §3 describes it), from the format's definition: the model's
+hyper-parameters in gpt2.* keys, the tensors renamed, the Conv1D matrices transposed to [out, in], the causal-mask
+buffers left out, the matrices' and embeddings' stored dtypes kept (F32, F16, BF16; 1-D tensors F32), and, when the directory has vocab.json + merges.txt, its
+vocabulary as tokenizer.ggml.* keys (byte-level BPE, pre-tokenizer "gpt-2", <|endoftext|> a control token).
+Usage:
+  /usr/bin/python3 reference/gguf_mirror.py HF_DIR OUT.gguf [--extra-tensor NAME] [--arch NAME] [--pre NAME]
+                                                           [--type-of TENSOR=GGML_ID] [--drop-key KEY]
+                                                           [--alignment N]
+The options damage the mirror one way each, for the bad-input tests: a tensor no map reads, another
+general.architecture, another tokenizer.ggml.pre, a tensor's type id changed (its bytes re-sized), a key left out. --alignment: general.alignment (default 32, llama.cpp's; then not written). Several mirrors in
+one run: their argument lists separated by --next."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gguf_writer as gw  # noqa: E402
+from safetensors_io import read_checkpoint  # noqa: E402
+
+GGML_OF = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+RENAME = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
+          "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+
+
+def raw(t: torch.Tensor) -> bytes:
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().tobytes()
+    return t.numpy().tobytes()
+
+
+def gguf_name(name: str):
+    """The GGUF name of an HF GPT-2 tensor, or None for the buffers the converter drops."""
+    name = name.removeprefix("transformer.")
+    if name.endswith((".attn.bias", ".attn.masked_bias")):
+        return None
+    top = {"wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight", "ln_f.weight": "output_norm.weight",
+           "ln_f.bias": "output_norm.bias", "lm_head.weight": "output.weight"}
+    if name in top:
+        return top[name]
+    parts = name.split(".")
+    assert parts[0] == "h", name
+    layer, rest = parts[1], ".".join(parts[2:])
+    for hf, gg in RENAME.items():
+        if rest.startswith(hf + "."):
+            return f"blk.{layer}.{gg}{rest[len(hf):]}"
+    raise ValueError(f"unknown GPT-2 tensor {name}")
+
+
+def mirror(src: str, out: str, extra_tensor=None, arch="gpt2", pre="gpt-2", type_of=None, drop_key=None, alignment=32):
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    tensors = read_checkpoint(src)
+    # llama.cpp's gpt2 has no keys for these: it always runs GELU's tanh form, scaled attention, no convolution.
+    if cfg.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        raise SystemExit(f"{src}: activation {cfg['activation_function']}: llama.cpp's gpt2 runs only GELU (tanh)")
+    if not cfg.get("scale_attn_weights", True) or cfg.get("conv_size"):
+        raise SystemExit(f"{src}: llama.cpp's gpt2 has no unscaled attention and no convolution")
+    tied = cfg.get("tie_word_embeddings", True)
+    d = cfg.get("n_embd", 768)
+    kvs = [("general.architecture", gw.STRING, arch, None), ("general.name", gw.STRING, os.path.basename(src), None),
+           ("gpt2.vocab_size", gw.U32, cfg.get("vocab_size", 50257), None),
+           ("gpt2.context_length", gw.U32, cfg.get("n_positions", 1024), None),
+           ("gpt2.embedding_length", gw.U32, d, None),
+           ("gpt2.feed_forward_length", gw.U32, cfg.get("n_inner") or 4 * d, None),
+           ("gpt2.block_count", gw.U32, cfg.get("n_layer", 12), None),
+           ("gpt2.attention.head_count", gw.U32, cfg.get("n_head", 12), None),
+           ("gpt2.attention.layer_norm_epsilon", gw.F32, cfg.get("layer_norm_epsilon", 1e-5), None)]
+    vocab, merges = os.path.join(src, "vocab.json"), os.path.join(src, "merges.txt")
+    if os.path.exists(vocab) and os.path.exists(merges):
+        ids = json.load(open(vocab, encoding="utf-8"))
+        tokens = [None] * len(ids)
+        for piece, i in ids.items():
+            tokens[i] = piece
+        lines = [ln for ln in open(merges, encoding="utf-8").read().split("\n") if ln and not ln.startswith("#version")]
+        eot = ids.get("<|endoftext|>")
+        types = [3 if i == eot else 1 for i in range(len(tokens))]
+        kvs += [("tokenizer.ggml.model", gw.STRING, "gpt2", None), ("tokenizer.ggml.pre", gw.STRING, pre, None),
+                ("tokenizer.ggml.tokens", gw.ARRAY, None, (gw.STRING, tokens)),
+                ("tokenizer.ggml.token_type", gw.ARRAY, None, (gw.I32, types)),
+                ("tokenizer.ggml.merges", gw.ARRAY, None, (gw.STRING, lines))]
+        if eot is not None:
+            kvs += [(f"tokenizer.ggml.{k}_token_id", gw.U32, eot, None) for k in ("bos", "eos")]
+    else:
+        kvs.append(("tokenizer.ggml.model", gw.STRING, "no_vocab", None))
+    if alignment != 32:
+        kvs.append(("general.alignment", gw.U32, alignment, None))
+    kvs = [kv for kv in kvs if kv[0] != drop_key]
+    out_tensors = []
+    for name, t in tensors.items():
+        g = gguf_name(name)
+        if g is None or (g == "output.weight" and tied):
+            continue
+        if name.endswith(CONV1D):
+            t = t.t()  # Conv1D's [in, out] -> [out, in]
+        if t.dim() == 1:
+            t = t.float()  # the converter writes 1-D tensors (norms, biases) as F32 whatever the file type
+        gt = GGML_OF[t.dtype]
+        blob = raw(t)
+        if type_of and type_of[0] == g:
+            gt = type_of[1]
+            block, nbytes = gw.GGML[gt]
+            blob = bytes(t.numel() // block * nbytes)
+        out_tensors.append((g, list(reversed(t.shape)), gt, blob))
+    if extra_tensor:
+        out_tensors.append((extra_tensor, [d], 0, np.zeros(d, dtype=np.float32).tobytes()))
+    gw.write(out, kvs, out_tensors, alignment=alignment)
+
+
+def parse(args):
+    src, out = args[0], args[1]
+    kw = {}
+    i = 2
+    while i < len(args):
+        k, v = args[i], args[i + 1]
+        if k == "--extra-tensor":
+            kw["extra_tensor"] = v
+        elif k == "--arch":
+            kw["arch"] = v
+        elif k == "--pre":
+            kw["pre"] = v
+        elif k == "--type-of":
+            name, gid = v.split("=")
+            kw["type_of"] = (name, int(gid))
+        elif k == "--alignment":
+            kw["alignment"] = int(v)
+        elif k == "--drop-key":
+            kw["drop_key"] = v
+        else:
+            raise SystemExit(f"unknown option {k}")
+        i += 2
+    return src, out, kw
+
+
+def main() -> int:
+    # Several mirrors in one run (one interpreter start): their argument lists separated by "--next".
+    job = []
+    for a in sys.argv[1:] + ["--next"]:
+        if a != "--next":
+            job.append(a)
+            continue
+        if job:
+            src, out, kw = parse(job)
+            mirror(src, out, **kw)
+        job = []
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+#include "lineage/model/archs/gguf_map.h"
+
+#include <cmath>
+
+#include "lineage/core/error.h"
+
+namespace lineage::model {
+
+namespace {
+const std::map<std::string, GgufArchMap>& registry() {
+  static const std::map<std::string, GgufArchMap> r = {
+      {"gpt2", gguf_gpt2},
+  };
+  return r;
+}
+}  // namespace
+
+const GgufArchMap* find_gguf_arch(const std::string& arch) {
+  const auto it = registry().find(arch);
+  return it == registry().end() ? nullptr : &it->second;
+}
+
+std::string known_gguf_archs() {
+  std::string s;
+  for (const auto& [k, v] : registry()) s += (s.empty() ? "" : ", ") + k;
+  return s;
+}
+
+void GgufSource::fail(const std::string& key, const std::string& expected) const {
+  const auto it = metadata->find(key);
+  throw Error(cat(file, ": key ", key, ": expected ", expected,
+                  it == metadata->end() ? std::string(", found no such key") : cat(", found ", it->dump())));
+}
+
+int64_t GgufSource::integer(const std::string& name, int64_t max) const {
+  if (!has(arch + "." + name)) fail(arch + "." + name, cat("a whole number in [1, ", max, "]"));
+  return integer(name, 0, max);
+}
+
+int64_t GgufSource::integer(const std::string& name, int64_t fallback, int64_t max) const {
+  const std::string key = arch + "." + name;
+  const auto it = metadata->find(key);
+  if (it == metadata->end()) return fallback;
+  if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > max)
+    fail(key, cat("a whole number in [1, ", max, "]"));
+  return it->get<int64_t>();
+}
+
+double GgufSource::number(const std::string& name, double fallback) const {
+  const std::string key = arch + "." + name;
+  const auto it = metadata->find(key);
+  if (it == metadata->end()) return fallback;
+  if (!it->is_number() || !std::isfinite(it->get<double>())) fail(key, "a finite number");
+  return it->get<double>();
+}
+
+}  // namespace lineage::model

@@ -1,0 +1,169 @@
+// GGUF files as models, through the real entry points: a Hugging Face GPT-2 directory and the GGUF that
+// mirrors it (written from the format's definition by reference/gguf_mirror.py, as llama.cpp's converter
+// lays it out) give the same logits bit for bit, mapped and copied, and the same tokens; the tokenizer
+// comes from the metadata. Damaged or foreign files are errors naming the file and the key or tensor.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "lineage/core/error.h"
+#include "lineage/core/tensor.h"
+#include "lineage/io/npy.h"
+#include "test_support.h"
+
+namespace lineage {
+namespace gguf_model_test {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_lineage;
+using test::shell_quote;
+
+// reference/gguf_mirror.py, once for all the mirrors (src, file name in the test's temp dir, options);
+// the test fails when it does. Returns the files.
+struct Mirror {
+  fs::path src;
+  std::string name, options;
+};
+std::vector<fs::path> mirror(const std::vector<Mirror>& jobs) {
+  std::string cmd = "/usr/bin/python3 " + shell_quote((test::source_dir() / "reference" / "gguf_mirror.py").string());
+  std::vector<fs::path> out;
+  for (const Mirror& m : jobs) {
+    out.push_back(test::temp_dir() / m.name);
+    cmd += (out.size() > 1 ? " --next " : " ") + shell_quote(m.src.string()) + " " + shell_quote(out.back().string()) +
+           " " + m.options;
+  }
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  return out;
+}
+
+Tensor logits(const fs::path& model, const std::string& tokens, const std::string& options) {
+  const fs::path out = test::temp_dir() / "logits.npy";
+  const auto r = run_lineage("logits --model " + shell_quote(model.string()) + " --tokens '" + tokens + "' --out " +
+                             shell_quote(out.string()) + " --threads 2 " + options);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return r.exit_code == 0 ? io::load_npy(out) : Tensor();
+}
+
+void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  ASSERT_GT(a.numel(), 0) << what;
+  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), size_t(a.nbytes())), 0) << what << ": not bit for bit";
+}
+
+fs::path shipped() { return test::source_dir() / "models" / "kjv-gpt2"; }
+
+// f32 with the reference's goldens (tied and untied heads), f16 (sharded) and the shipped
+// bf16 model; whole, token by token and in chunks, both product modes. The GGUF holds GPT-2's matrices
+// [out, in], as a directory's Conv1D ones are once copied (--no-mmap transposes them), and against that
+// the logits are the same bits: copied, and mapped from a file whose tensors lie on 64-byte lines
+// (general.alignment 64). The kernels start their vector loops on a cache line, so a mapped file of
+// llama.cpp's 32-byte alignment sums in another order (to 1e-5 with exact products), as does a mapped
+// directory (its [in, out] matrices take other kernels).
+TEST(GgufModel, Gpt2MirrorGivesTheDirectorysLogitsBitForBit) {
+  const std::vector<std::string> names = {"f32_gpt2_shapes", "f32_untied_lm_head", "f16_sharded", "kjv-gpt2"};
+  std::vector<Mirror> jobs;
+  const auto dir_of = [](const std::string& name) {
+    return name == "kjv-gpt2" ? shipped() : test::testdata() / "gpt2" / name;
+  };
+  for (const std::string& name : names) {
+    jobs.push_back({dir_of(name), name + ".gguf", ""});
+    jobs.push_back({dir_of(name), name + "-64.gguf", "--alignment 64"});
+  }
+  const std::vector<fs::path> files = mirror(jobs);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    SCOPED_TRACE(name);
+    const bool ours = name == "kjv-gpt2", full = ours || i == 0;
+    const fs::path dir = dir_of(name), gguf32 = files[2 * i], gguf64 = files[2 * i + 1];
+    const std::string tokens = ours ? "11348 400 17 2036 2999 5 1001 77 9 11000 3" : test::golden_tokens_arg(dir);
+    // Every option on the first checkpoint and the shipped one; the whole sequence on the others.
+    const std::vector<std::string> option_sets =
+        full ? std::vector<std::string>{"", "--chunk 1", "--bf16-exact --chunk 3"} : std::vector<std::string>{""};
+    for (const std::string& options : option_sets) {
+      SCOPED_TRACE(options);
+      const Tensor want = logits(dir, tokens, options + " --no-mmap");
+      expect_same_bits(logits(gguf32, tokens, options + " --no-mmap"), want, cat(name, " ", options, " --no-mmap"));
+      expect_same_bits(logits(gguf64, tokens, options), want, cat(name, " ", options, " 64-byte alignment"));
+      // (In the bf16 dot mode x is rounded to bf16: sums a last bit apart can round to a bf16 step apart.)
+      if (ours && options.find("exact") == std::string::npos) continue;
+      for (const fs::path& other : {gguf32, dir}) {
+        const Tensor near = logits(other, tokens, options);
+        ASSERT_EQ(near.shape(), want.shape());
+        EXPECT_LE(test::rel_rms(near.data<float>(), want.data<float>(), want.numel()), 1e-5) << other;
+      }
+    }
+    if (ours) continue;
+    const Tensor golden = io::load_npy(dir / "golden" / "logits.npy");
+    const Tensor exact = logits(gguf32, tokens, "--bf16-exact");
+    ASSERT_EQ(exact.shape(), golden.shape());
+    EXPECT_LE(test::rel_rms(exact.data<float>(), golden.data<float>(), golden.numel()), 1e-5);
+  }
+}
+
+// The shipped model (bf16, its own 11,349-token BPE vocabulary) as a GGUF: the tokenizer read from
+// tokenizer.ggml.* encodes and decodes as the directory's vocab.json + merges.txt do, and
+// generation from a text prompt gives the same text.
+TEST(GgufModel, ShippedModelsTokenizerAndGenerationFromTheMetadata) {
+  const fs::path gguf = mirror({{shipped(), "kjv.gguf", ""}})[0];
+  const std::string text = "In the beginning God created the heaven and the earth.\n\nAnd the earth was without "
+                           "form, and void; <|endoftext|> Ünïcödé 12345 it's   spaced\ttabs";
+  const auto dir_ids = run_lineage("tokenize --model " + shell_quote(shipped().string()) + " --text " + shell_quote(text));
+  const auto gguf_ids = run_lineage("tokenize --model " + shell_quote(gguf.string()) + " --text " + shell_quote(text));
+  ASSERT_EQ(dir_ids.exit_code, 0) << dir_ids.err;
+  ASSERT_EQ(gguf_ids.exit_code, 0) << gguf_ids.err;
+  EXPECT_EQ(gguf_ids.out, dir_ids.out);
+  EXPECT_NE(dir_ids.out.find(" 11348 "), std::string::npos) << "<|endoftext|> is one special token: " << dir_ids.out;
+  const auto back = run_lineage("detokenize --model " + shell_quote(gguf.string()) + " --tokens " + shell_quote(dir_ids.out));
+  ASSERT_EQ(back.exit_code, 0) << back.err;
+  EXPECT_EQ(back.out, text + "\n");
+  const std::string gen = " --prompt 'And God said' --max-tokens 12 --temperature 0 --threads 2";
+  const auto a = run_lineage("generate --model " + shell_quote(shipped().string()) + gen);
+  const auto b = run_lineage("generate --model " + shell_quote(gguf.string()) + gen);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_EQ(b.out, a.out);
+  EXPECT_GT(a.out.size(), std::string("And God said").size());
+}
+
+// Each damaged or foreign file: a non-zero exit and a message naming the file and what is wrong.
+TEST(GgufModel, BadFilesNameTheKeyOrTensor) {
+  const fs::path dir = test::testdata() / "gpt2" / "f32_gpt2_shapes";
+  struct Case {
+    std::string name, options;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {"arch", "--arch llama", {"general.architecture", "\"llama\"", "gpt2"}},
+      {"extra", "--extra-tensor blk.0.attn_q_norm.weight", {"blk.0.attn_q_norm.weight", "not one lineage's gpt2 reads"}},
+      {"q8", "--type-of blk.0.ffn_up.weight=8", {"blk.0.ffn_up.weight", "Q8_0", "F32, F16 and BF16"}},
+      {"no_layers", "--drop-key gpt2.block_count", {"gpt2.block_count", "no such key"}},
+  };
+  std::vector<Mirror> jobs;
+  for (const Case& c : cases) jobs.push_back({dir, c.name + ".gguf", c.options});
+  jobs.push_back({shipped(), "pre.gguf", "--pre llama-bpe"});
+  const std::vector<fs::path> files = mirror(jobs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(c.name);
+    const fs::path& gguf = files[i];
+    const auto r = run_lineage("logits --model " + shell_quote(gguf.string()) + " --tokens '1 2 3' --out " +
+                               shell_quote((test::temp_dir() / "x.npy").string()));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find(gguf.string()), std::string::npos) << r.err;
+    for (const std::string& s : c.says) EXPECT_NE(r.err.find(s), std::string::npos) << s << " in: " << r.err;
+  }
+  // An unknown pre-tokenizer, on the shipped model's vocabulary.
+  const fs::path& pre = files.back();
+  const auto r = run_lineage("tokenize --model " + shell_quote(pre.string()) + " --text hi");
+  EXPECT_NE(r.exit_code, 0);
+  for (const char* s : {"tokenizer.ggml.pre", "llama-bpe", "gpt-2"}) EXPECT_NE(r.err.find(s), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace gguf_model_test
+}  // namespace lineage
