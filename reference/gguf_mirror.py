@@ -2,13 +2,15 @@
 GPT2Model, as shared/spec/quantized-formats.md §3 describes it), from the format's definition: the model's
 hyper-parameters in gpt2.* keys, the tensors renamed, the Conv1D matrices transposed to [out, in], the causal-mask
 buffers left out, the matrices' and embeddings' stored dtypes kept (F32, F16, BF16; 1-D tensors F32), and, when the directory has vocab.json + merges.txt, its
-vocabulary as tokenizer.ggml.* keys (byte-level BPE, pre-tokenizer "gpt-2", <|endoftext|> a control token).
+vocabulary as tokenizer.ggml.* keys (byte-level BPE, pre-tokenizer "gpt-2", <|endoftext|> a control token) and its
+chat template (chat_template.jinja or tokenizer_config.json's) as tokenizer.chat_template.
 Usage:
   /usr/bin/python3 reference/gguf_mirror.py HF_DIR OUT.gguf [--extra-tensor NAME] [--arch NAME] [--pre NAME]
                                                            [--type-of TENSOR=GGML_ID] [--drop-key KEY]
-                                                           [--alignment N]
+                                                           [--alignment N] [--split N]
 The options damage the mirror one way each, for the bad-input tests: a tensor no map reads, another
-general.architecture, another tokenizer.ggml.pre, a tensor's type id changed (its bytes re-sized), a key left out. --alignment: general.alignment (default 32, llama.cpp's; then not written). Several mirrors in
+general.architecture, another tokenizer.ggml.pre, a tensor's type id changed (its bytes re-sized), a key left out. --alignment: general.alignment (default 32, llama.cpp's; then not written). --split N: N files
+as llama.cpp's gguf-split writes them (OUT's name gets -0000k-of-0000N). Several mirrors in
 one run: their argument lists separated by --next."""
 
 import json
@@ -53,7 +55,8 @@ def gguf_name(name: str):
     raise ValueError(f"unknown GPT-2 tensor {name}")
 
 
-def mirror(src: str, out: str, extra_tensor=None, arch="gpt2", pre="gpt-2", type_of=None, drop_key=None, alignment=32):
+def mirror(src: str, out: str, extra_tensor=None, arch="gpt2", pre="gpt-2", type_of=None, drop_key=None, alignment=32,
+           split=1):
     cfg = json.load(open(os.path.join(src, "config.json")))
     tensors = read_checkpoint(src)
     # llama.cpp's gpt2 has no keys for these: it always runs GELU's tanh form, scaled attention, no convolution.
@@ -88,6 +91,12 @@ def mirror(src: str, out: str, extra_tensor=None, arch="gpt2", pre="gpt-2", type
             kvs += [(f"tokenizer.ggml.{k}_token_id", gw.U32, eot, None) for k in ("bos", "eos")]
     else:
         kvs.append(("tokenizer.ggml.model", gw.STRING, "no_vocab", None))
+    # The chat template, as the converter copies it: chat_template.jinja, else tokenizer_config.json's.
+    jinja, tok_cfg = os.path.join(src, "chat_template.jinja"), os.path.join(src, "tokenizer_config.json")
+    template = open(jinja, encoding="utf-8").read() if os.path.exists(jinja) else \
+        json.load(open(tok_cfg, encoding="utf-8")).get("chat_template") if os.path.exists(tok_cfg) else None
+    if isinstance(template, str):
+        kvs.append(("tokenizer.chat_template", gw.STRING, template, None))
     if alignment != 32:
         kvs.append(("general.alignment", gw.U32, alignment, None))
     kvs = [kv for kv in kvs if kv[0] != drop_key]
@@ -109,7 +118,21 @@ def mirror(src: str, out: str, extra_tensor=None, arch="gpt2", pre="gpt-2", type
         out_tensors.append((g, list(reversed(t.shape)), gt, blob))
     if extra_tensor:
         out_tensors.append((extra_tensor, [d], 0, np.zeros(d, dtype=np.float32).tobytes()))
-    gw.write(out, kvs, out_tensors, alignment=alignment)
+    if split == 1:
+        gw.write(out, kvs, out_tensors, alignment=alignment)
+        return
+    # As llama.cpp's gguf-split writes a model in `split` files: PREFIX-0000k-of-0000N.gguf, the tensors in order,
+    # the metadata in the first, and split.no / split.count / split.tensors.count in each.
+    assert out.endswith(".gguf")
+    prefix = out[:-len(".gguf")]
+    per = -(-len(out_tensors) // split)
+    for k in range(split):
+        keys = [("split.no", gw.U16, k, None), ("split.count", gw.U16, split, None),
+                ("split.tensors.count", gw.I32, len(out_tensors), None)]
+        if alignment != 32 and k > 0:  # (the first file has it among kvs)
+            keys.append(("general.alignment", gw.U32, alignment, None))
+        gw.write(f"{prefix}-{k + 1:05d}-of-{split:05d}.gguf", (kvs if k == 0 else []) + keys,
+                 out_tensors[k * per:(k + 1) * per], alignment=alignment)
 
 
 def parse(args):
@@ -129,6 +152,8 @@ def parse(args):
             kw["type_of"] = (name, int(gid))
         elif k == "--alignment":
             kw["alignment"] = int(v)
+        elif k == "--split":
+            kw["split"] = int(v)
         elif k == "--drop-key":
             kw["drop_key"] = v
         else:

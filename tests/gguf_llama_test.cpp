@@ -87,6 +87,32 @@ TEST(GgufLlama, Gpt2LogitsNextToLlamaCppsOnTheSameFile) {
   }
 }
 
+// reference/gguf_mirror.py's split files (as gguf-split writes them) are what llama.cpp reads too:
+// its logits on the three files equal its logits on the one.
+TEST(GgufLlama, LlamaCppReadsTheMirrorsSplitFiles) {
+  const fs::path tool = llama_logits();
+  if (!fs::exists(tool))
+    GTEST_SKIP() << tool << " is not built: scripts/install-llama-cpp.sh builds llama.cpp and it (about 5 minutes)";
+  const fs::path dir = test::testdata() / "gpt2" / "f32_gpt2_shapes", out = test::temp_dir();
+  const std::string mirror = "/usr/bin/python3 " +
+                             shell_quote((test::source_dir() / "reference" / "gguf_mirror.py").string()) + " " +
+                             shell_quote(dir.string()) + " " + shell_quote((out / "whole.gguf").string()) + " --next " +
+                             shell_quote(dir.string()) + " " + shell_quote((out / "parts.gguf").string()) + " --split 3";
+  ASSERT_EQ(std::system(mirror.c_str()), 0) << mirror;
+  const std::string tokens = test::golden_tokens_arg(dir);
+  Tensor got[2];
+  const char* files[2] = {"whole.gguf", "parts-00001-of-00003.gguf"};
+  for (int i = 0; i < 2; ++i) {
+    const fs::path npy = out / (std::to_string(i) + ".npy");
+    const std::string cmd = shell_quote(tool.string()) + " " + shell_quote((out / files[i]).string()) + " " +
+                            shell_quote(npy.string()) + " " + tokens + " --threads 2";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    got[i] = io::load_npy(npy);
+  }
+  ASSERT_EQ(got[0].shape(), got[1].shape());
+  EXPECT_EQ(test::rel_rms(got[1].data<float>(), got[0].data<float>(), got[0].numel()), 0.0);
+}
+
 }  // namespace
 }  // namespace gguf_llama_test
 }  // namespace lineage

@@ -130,6 +130,30 @@ TEST(GgufModel, ShippedModelsTokenizerAndGenerationFromTheMetadata) {
   EXPECT_GT(a.out.size(), std::string("And God said").size());
 }
 
+// A model in three files as llama.cpp's gguf-split writes it (the first named): the logits of the one
+// file, bit for bit (64-byte alignment in both, so that every tensor lies on a line). A missing split,
+// or a later split passed first, is an error naming it.
+TEST(GgufModel, SplitFilesLoadAsOne) {
+  const fs::path dir = test::testdata() / "gpt2" / "f32_gpt2_shapes";
+  const std::vector<fs::path> files =
+      mirror({{dir, "whole.gguf", "--alignment 64"}, {dir, "parts.gguf", "--alignment 64 --split 3"}});
+  const fs::path first = files[1].parent_path() / "parts-00001-of-00003.gguf";
+  const fs::path second = files[1].parent_path() / "parts-00002-of-00003.gguf";
+  ASSERT_TRUE(fs::exists(first) && fs::exists(second));
+  const std::string tokens = test::golden_tokens_arg(dir);
+  for (const char* options : {"", "--chunk 1"})
+    expect_same_bits(logits(first, tokens, options), logits(files[0], tokens, options), cat("split ", options));
+  const auto later = run_lineage("logits --model " + shell_quote(second.string()) + " --tokens '1 2' --out " +
+                                 shell_quote((test::temp_dir() / "x.npy").string()));
+  EXPECT_NE(later.exit_code, 0);
+  EXPECT_NE(later.err.find("split.no: 1; expected 0"), std::string::npos) << later.err;
+  fs::remove(second);
+  const auto missing = run_lineage("logits --model " + shell_quote(first.string()) + " --tokens '1 2' --out " +
+                                   shell_quote((test::temp_dir() / "x.npy").string()));
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find(second.string() + ", does not exist"), std::string::npos) << missing.err;
+}
+
 // Each damaged or foreign file: a non-zero exit and a message naming the file and what is wrong.
 TEST(GgufModel, BadFilesNameTheKeyOrTensor) {
   const fs::path dir = test::testdata() / "gpt2" / "f32_gpt2_shapes";

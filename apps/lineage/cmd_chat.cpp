@@ -15,6 +15,7 @@
 #include "lineage/chat/chat_template.h"
 #include "lineage/model/state_pool.h"
 #include "lineage/runtime/generate.h"
+#include "lineage/serve/server.h"
 #include "lineage/runtime/prefix_cache.h"
 #include "lineage/runtime/state_file.h"
 #include "lineage/serve/openai.h"
@@ -51,7 +52,7 @@ class Chat {
       : m_(m),
         o_(o),
         tok_(require_tokenizer(m, "chat")),
-        template_(m.dir.empty() ? std::nullopt : chat::ChatTemplate::from_model_dir(m.dir)),
+        template_(serve::model_chat_template(m)),
         session_(m.model),
         cache_(m.model, {.budget_bytes = parse_bytes(o.cache_bytes, "--cache-bytes"), .checkpoint_every = o.checkpoint_every}),
         rng_(Rng(o.src.seed).snapshot()) {

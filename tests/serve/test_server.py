@@ -489,3 +489,39 @@ def test_n_samples(gpt2_server):
     status, chat = gpt2_server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "n": 2,
                                                              "max_tokens": 4, "temperature": 1.0, "seed": 3})
     assert status == 200 and len(chat["choices"]) == 2 and chat["choices"][1]["index"] == 1, chat
+
+
+def test_a_gguf_file_serves_as_its_directory_does(gpt2_dir, tmp_path):
+    """The same model served from its directory (with a ChatML template) and from the GGUF that
+    reference/gguf_mirror.py writes of it (tokenizer and template in the metadata): the template
+    comes from the file's tokenizer.chat_template, and a chat and a completion give the same
+    prompt tokens and the same greedy text."""
+    import shutil
+    source = Path(__file__).resolve().parents[2]
+    model = tmp_path / "chatml"
+    shutil.copytree(gpt2_dir, model)
+    (model / "chat_template.jinja").write_text(
+        (source / "tests" / "chat_template" / "templates" / "qwen1.5-chat.jinja").read_text())
+    gguf = tmp_path / "chatml.gguf"
+    subprocess.run(["/usr/bin/python3", str(source / "reference" / "gguf_mirror.py"), str(model), str(gguf)], check=True)
+    chat = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there!"}],
+            "max_tokens": 6, "temperature": 0}
+    completion = {"prompt": "In the beginning", "max_tokens": 6, "temperature": 0}
+    answers = []
+    for path in (model, gguf):
+        s = Server(path, "--ctx", "64", "--slots", "2")
+        try:
+            meta = s.get_json("/v1/models")["data"][0]["meta"]
+            status, c = s.post("/v1/chat/completions", chat)
+            assert status == 200, c
+            status, p = s.post("/v1/completions", completion)
+            assert status == 200, p
+            answers.append((meta["chat_template"], c["choices"][0]["message"]["content"], c["usage"],
+                            p["choices"][0]["text"], p["usage"]))
+        finally:
+            s.stop()
+    (dir_template, *dir_rest), (gguf_template, *gguf_rest) = answers
+    assert dir_template.endswith("chat_template.jinja"), dir_template
+    assert gguf_template.endswith("key tokenizer.chat_template"), gguf_template
+    assert gguf_rest == dir_rest
+    assert dir_rest[1]["prompt_tokens"] > 10  # the rendered ChatML, not "role: content"

@@ -79,6 +79,12 @@ std::optional<ChatTemplate> ChatTemplate::from_model_dir(const fs::path& dir) {
 ChatTemplate::ChatTemplate(std::string source, std::string where)
     : source_(std::move(source)), where_(std::move(where)), program_(jinja::parse_program(source_, where_)) {}
 
+ChatTemplate::ChatTemplate(std::string source, std::string where, std::string bos_token, std::string eos_token)
+    : ChatTemplate(std::move(source), std::move(where)) {
+  bos_token_ = std::move(bos_token);
+  eos_token_ = std::move(eos_token);
+}
+
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                  const std::string& bos, const std::string& eos) const {
   nlohmann::ordered_json variables = variables_;  // the extra ones first: the conversation's own win

@@ -50,6 +50,8 @@ class ChatTemplate {
 
   // Parses `source`; syntax outside the subset is an Error naming `where`, the line and the construct.
   ChatTemplate(std::string source, std::string where);
+  // The same with the bos / eos token strings render() passes (a GGUF file's template and tokens).
+  ChatTemplate(std::string source, std::string where, std::string bos_token, std::string eos_token);
 
   // Renders with messages = [{role, content}], add_generation_prompt, bos_token and eos_token (the
   // tokenizer's special-token strings); `tools` is left undefined.

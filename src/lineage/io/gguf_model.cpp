@@ -1,5 +1,6 @@
 #include "lineage/io/gguf_model.h"
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -72,6 +73,51 @@ std::optional<int32_t> token_id(const GgufFile& f, const std::string& name) {
   return int32_t(v->get<int64_t>());
 }
 
+// The files of a split model (llama.cpp's gguf-split: PREFIX-00001-of-0000N.gguf, the first holding
+// the metadata, each split.no, split.count and split.tensors.count): the first's, then the others in
+// order; a single file alone. A missing or mismatched split is an Error naming it.
+std::vector<std::shared_ptr<GgufFile>> open_splits(const fs::path& path) {
+  std::vector<std::shared_ptr<GgufFile>> files{std::make_shared<GgufFile>(path)};
+  const GgufFile& first = *files[0];
+  const json* count = key(first, "split.count");
+  if (!count) return files;
+  if (!count->is_number_integer() || count->get<int64_t>() < 1 || count->get<int64_t>() > 9999)
+    bad_key(first, "split.count", "a count of split files in [1, 9999]");
+  const int64_t n = count->get<int64_t>();
+  const auto number = [](const GgufFile& f) -> int64_t {
+    const json* no = key(f, "split.no");
+    if (!no || !no->is_number_integer()) bad_key(f, "split.no", "the file's index among the splits, from 0");
+    return no->get<int64_t>();
+  };
+  if (number(first) != 0)
+    throw Error(cat(path.string(), ": key split.no: ", number(first), "; expected 0 (pass the first split, -00001-of-",
+                    n, ".gguf)"));
+  if (n == 1) return files;
+  const auto part = [n](int64_t i) {  // "-00002-of-00003.gguf" for the second of three
+    char s[64];
+    std::snprintf(s, sizeof s, "-%05lld-of-%05lld.gguf", (long long)(i + 1), (long long)n);
+    return std::string(s);
+  };
+  const std::string name = path.filename().string(), tail = part(0);
+  if (name.size() <= tail.size() || name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
+    throw Error(cat(path.string(), ": key split.count says ", n, " files; expected the first to be named PREFIX", tail));
+  const std::string prefix = name.substr(0, name.size() - tail.size());
+  int64_t tensors = int64_t(first.tensors().size());
+  for (int64_t i = 1; i < n; ++i) {
+    const fs::path next = path.parent_path() / (prefix + part(i));
+    std::error_code ec;
+    if (!fs::is_regular_file(next, ec))
+      throw Error(cat(path.string(), ": split ", i + 1, " of ", n, ", ", next.string(), ", does not exist"));
+    files.push_back(std::make_shared<GgufFile>(next));
+    if (number(*files.back()) != i)
+      throw Error(cat(next.string(), ": key split.no: ", number(*files.back()), "; expected ", i));
+    tensors += int64_t(files.back()->tensors().size());
+  }
+  if (const json* total = key(first, "split.tensors.count"); total && (!total->is_number_integer() || total->get<int64_t>() != tensors))
+    bad_key(first, "split.tensors.count", cat(tensors, ", the tensors the ", n, " files hold"));
+  return files;
+}
+
 }  // namespace
 
 std::optional<tokenizer::Tokenizer> gguf_tokenizer(const GgufFile& f) {
@@ -105,7 +151,8 @@ std::optional<tokenizer::Tokenizer> gguf_tokenizer(const GgufFile& f) {
 }
 
 LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage storage) {
-  auto file = std::make_shared<GgufFile>(path);
+  const std::vector<std::shared_ptr<GgufFile>> files = open_splits(path);
+  const std::shared_ptr<GgufFile>& file = files[0];
   const std::string where = path.string();
   const json* arch_value = key(*file, "general.architecture");
   if (!arch_value || !arch_value->is_string()) bad_key(*file, "general.architecture", "a string naming the architecture");
@@ -121,11 +168,13 @@ LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage s
   src.file = where;
   src.arch = arch;
   src.metadata = &metadata;
-  std::map<std::string, const GgufTensor*> by_name;
-  for (const GgufTensor& t : file->tensors()) {
-    by_name[t.name] = &t;
-    src.tensors[t.name] = torch_shape(t);
-  }
+  std::map<std::string, std::pair<const GgufTensor*, std::shared_ptr<GgufFile>>> by_name;  // and its file
+  for (const auto& f : files)
+    for (const GgufTensor& t : f->tensors()) {
+      if (!by_name.emplace(t.name, std::make_pair(&t, f)).second)
+        throw Error(cat(f->path().string(), ": tensor ", t.name, " is also in ", by_name[t.name].second->path().string()));
+      src.tensors[t.name] = torch_shape(t);
+    }
   const model::GgufMapped mapped = (*map)(src);
 
   std::map<std::string, std::pair<TensorEntry, Tensor>> held;
@@ -134,26 +183,27 @@ LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage s
     const auto it = by_name.find(m.gguf);
     if (it == by_name.end())
       throw Error(cat(where, ": tensor ", m.gguf, " is missing (", arch, " needs it for ", m.hf, ")"));
-    const GgufTensor& t = *it->second;
+    const GgufTensor& t = *it->second.first;
+    const std::shared_ptr<GgufFile>& in = it->second.second;
     const std::optional<DType> dtype = plain_dtype(t.type);
     if (!dtype) {
       const GgmlType* type = ggml_type(t.type);
       throw Error(cat(where, ": tensor ", t.name, ": type ", type ? type->name : cat("#", t.type),
                       ", which lineage does not compute on yet; it reads F32, F16 and BF16 tensors"));
     }
-    const uint8_t* data = file->data(t);
-    Tensor view = Tensor::borrow(*dtype, torch_shape(t), data, std::shared_ptr<const void>(file, data));
+    const uint8_t* data = in->data(t);
+    Tensor view = Tensor::borrow(*dtype, torch_shape(t), data, std::shared_ptr<const void>(in, data));
     if (reinterpret_cast<uintptr_t>(data) % dtype_size(*dtype) != 0) view = view.clone();
     if (m.convert) view = m.convert(view);
-    TensorEntry e{view.dtype(), view.shape(), size_t(file->data_offset() + t.offset),
-                  size_t(file->data_offset() + t.offset + t.bytes), where};
+    TensorEntry e{view.dtype(), view.shape(), size_t(in->data_offset() + t.offset),
+                  size_t(in->data_offset() + t.offset + t.bytes), in->path().string()};
     if (!held.emplace(m.hf, std::make_pair(e, view)).second)
       throw Error(cat(where, ": ", arch, "'s map names ", m.hf, " twice"));
     read.insert(m.gguf);
   }
-  for (const GgufTensor& t : file->tensors())
-    if (!read.count(t.name))
-      throw Error(cat(where, ": tensor ", t.name, " is not one lineage's ", arch,
+  for (const auto& entry : by_name)
+    if (!read.count(entry.first))
+      throw Error(cat(where, ": tensor ", entry.first, " is not one lineage's ", arch,
                       " reads (llama.cpp's optional tensors are applied or refused by name; this one is unknown)"));
 
   auto ckpt = std::make_shared<Checkpoint>(Checkpoint::of_tensors(std::move(held)));
@@ -161,6 +211,15 @@ LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage s
                                     mapped.adjust);
   out.dir = path;
   if (with_tokenizer) out.tokenizer = gguf_tokenizer(*file);
+  if (const json* t = key(*file, "tokenizer.chat_template")) {
+    if (!t->is_string()) bad_key(*file, "tokenizer.chat_template", "a string (a Jinja template)");
+    EmbeddedChatTemplate c{t->get<std::string>(), cat(where, " key tokenizer.chat_template"), "", ""};
+    if (out.tokenizer) {
+      if (const auto bos = out.tokenizer->bos_id()) c.bos_token = out.tokenizer->token_bytes(*bos);
+      if (const auto eos = out.tokenizer->eos_id()) c.eos_token = out.tokenizer->token_bytes(*eos);
+    }
+    out.chat_template = std::move(c);
+  }
   return out;
 }
 

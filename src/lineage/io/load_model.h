@@ -21,11 +21,18 @@
 
 namespace lineage::io {
 
+// A GGUF file's tokenizer.chat_template and the text of its bos / eos tokens (a directory's template
+// is read by chat::ChatTemplate::from_model_dir).
+struct EmbeddedChatTemplate {
+  std::string source, where, bos_token, eos_token;
+};
+
 struct LoadedModel {
   model::Model model;
   std::shared_ptr<Checkpoint> checkpoint;   // keeps the mappings alive (null with owned weights)
   std::optional<lineage::tokenizer::Tokenizer> tokenizer;       // absent when the directory has no tokenizer files
-  std::filesystem::path dir;
+  std::filesystem::path dir;  // the directory, or the GGUF file
+  std::optional<EmbeddedChatTemplate> chat_template;  // a GGUF file's
 };
 
 // Where the weights of a loaded model live.

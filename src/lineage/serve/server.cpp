@@ -138,11 +138,20 @@ json choice(bool chat, bool stream, const std::string& text, const json& finish)
 
 }  // namespace
 
+std::optional<chat::ChatTemplate> model_chat_template(const io::LoadedModel& m) {
+  if (m.chat_template) {
+    const io::EmbeddedChatTemplate& t = *m.chat_template;
+    return chat::ChatTemplate(t.source, t.where, t.bos_token, t.eos_token);
+  }
+  if (m.dir.empty()) return std::nullopt;
+  return chat::ChatTemplate::from_model_dir(m.dir);
+}
+
 Server::Server(const io::LoadedModel& model, ServerOptions options) : model_(model), options_(std::move(options)) {
   if (!model_.tokenizer)
     throw Error(cat(model_.dir.empty() ? std::string("the model") : model_.dir.string(),
                     ": serve needs the model's tokenizer files (tokenizer.json, or vocab.json and merges.txt)"));
-  if (!model_.dir.empty()) template_ = chat::ChatTemplate::from_model_dir(model_.dir);
+  template_ = model_chat_template(model_);
   if (template_ && !options_.template_kwargs.is_null()) template_->set_variables(options_.template_kwargs);
   if (options_.model_name.empty()) {
     std::filesystem::path p = model_.dir;

@@ -53,6 +53,10 @@ struct ServerOptions {
 // the time taken depends on the key's length only.
 bool bearer_matches(const std::string& header, const std::string& key);
 
+// The model's chat template: a GGUF file's tokenizer.chat_template, else a directory's
+// (chat_template.jinja or tokenizer_config.json), else none.
+std::optional<chat::ChatTemplate> model_chat_template(const io::LoadedModel& m);
+
 class Server {
  public:
   // The model (with its tokenizer) must outlive the server.
