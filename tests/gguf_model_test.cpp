@@ -105,6 +105,40 @@ TEST(GgufModel, Gpt2MirrorGivesTheDirectorysLogitsBitForBit) {
   }
 }
 
+// Qwen3-Next (qwen3next): the reference's checkpoints (f32: dk 8 != dv 12, MoE everywhere; the shape
+// llama.cpp loads, dk = dv; bf16 with a dense layer 1) and their mirrors. What the converter changed comes
+// back: the RMSNorm multipliers exactly (x − 1, then 1 + that, gives x), in_proj_qkvz's groups as the flat
+// attn_qkv / attn_gate, the stacked experts; A_log only to within an ulp (stored as −exp(A_log)), so the
+// logits match the directory's (copied) to 1e-6 rather than bit for bit, and the reference's golden to
+// the tolerance the directory is held to.
+TEST(GgufModel, Qwen3NextMirrorGivesTheDirectorysLogits) {
+  const std::vector<std::string> names = {"f32_sharded", "f32_dk_eq_dv", "bf16_sharded"};
+  std::vector<Mirror> jobs;
+  for (const std::string& name : names) jobs.push_back({test::testdata() / "qwen3_next" / name, name + ".gguf", ""});
+  const std::vector<fs::path> files = mirror(jobs);
+  for (size_t i = 0; i < names.size(); ++i) {
+    SCOPED_TRACE(names[i]);
+    const fs::path dir = test::testdata() / "qwen3_next" / names[i];
+    const std::string tokens = test::golden_tokens_arg(dir);
+    for (const char* options : {"--bf16-exact", "--bf16-exact --chunk 1", "--chunk 5"}) {
+      SCOPED_TRACE(options);
+      // The converter stores 1-D tensors F32, the shared expert's gate [1, D] too: in the bf16 dot mode
+      // that gate's products are then exact where the directory's bf16 gate rounds x (6e-3 apart).
+      if (names[i] == "bf16_sharded" && std::string(options).find("exact") == std::string::npos) continue;
+      const Tensor want = logits(dir, tokens, cat(options, " --no-mmap"));
+      for (const char* storage : {"", " --no-mmap"}) {
+        const Tensor got = logits(files[i], tokens, cat(options, storage));
+        ASSERT_EQ(got.shape(), want.shape());
+        EXPECT_LE(test::rel_rms(got.data<float>(), want.data<float>(), want.numel()), 1e-6) << storage;
+      }
+    }
+    const Tensor golden = io::load_npy(dir / "golden" / "logits.npy");
+    const Tensor exact = logits(files[i], tokens, "--bf16-exact");
+    ASSERT_EQ(exact.shape(), golden.shape());
+    EXPECT_LE(test::rel_rms(exact.data<float>(), golden.data<float>(), golden.numel()), 1e-5);
+  }
+}
+
 // The shipped model (bf16, its own 11,349-token BPE vocabulary) as a GGUF: the tokenizer read from
 // tokenizer.ggml.* encodes and decodes as the directory's vocab.json + merges.txt do, and
 // generation from a text prompt gives the same text.

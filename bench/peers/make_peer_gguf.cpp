@@ -17,8 +17,11 @@
 // saves them (llama_model_save_to_file), but only in its own fixed shape (qwen3next: width 256,
 // 2 layers, 2 heads, SSM inner 256; kimi-linear: width 128, 1 head). This writes the bench shapes
 // instead, with the tensor sets llama.cpp's converters write for the published checkpoints and the
-// values drawn exactly as test-llama-archs draws them. llama.cpp's loader checks every name, shape
-// and the tensor count when llama-bench loads the file.
+// values drawn as test-llama-archs draws them, with two changes that make the model a healthy one
+// (lineage reads the same file, and refuses what no converter writes): every norm weight is
+// 1 + N(0, 0.01) (the converters store RMSNorm and LayerNorm multipliers, near 1, not near 0), and
+// ssm_a is −exp(N(0, 0.01)) (stored as −exp(A_log): negative). llama.cpp's loader checks every name,
+// shape and the tensor count when llama-bench loads the file.
 //
 // qwen3next (src/lineage/model/archs/presets.cpp, "qwen3-next-bench"): 4 layers of width 1024,
 // layers 0-2 Gated DeltaNet (8 key and 8 value heads of 128, conv 4), layer 3 gated full attention
@@ -46,6 +49,7 @@
 #include "ggml.h"
 #include "gguf.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -292,7 +296,8 @@ const Arch kArchs[] = {{qwen::kArch, "qwen3-next-bench", qwen::specs, qwen::keys
                        {kimi::kArch, "kimi-linear-bench", kimi::specs, kimi::keys},
                        {gpt2::kArch, "gpt2-124m", gpt2::specs, gpt2::keys}};
 
-// test-llama-archs.cpp's set_tensor_data: N(0, 0.01) from mt19937(seed ^ hash(name)).
+// test-llama-archs.cpp's set_tensor_data: N(0, 0.01) from mt19937(seed ^ hash(name)); then norm weights
+// moved to 1 + that and ssm_a to −exp of it (a healthy model: see the top of the file).
 void fill(ggml_tensor* t, size_t seed) {
   seed ^= std::hash<std::string>{}(t->name);
   std::mt19937 gen(seed);
@@ -300,6 +305,12 @@ void fill(ggml_tensor* t, size_t seed) {
   const int64_t n = ggml_nelements(t);
   std::vector<float> tmp(n);
   for (int64_t i = 0; i < n; ++i) tmp[i] = dis(gen);
+  const std::string name = t->name;
+  const auto ends = [&](const char* s) { return name.size() >= std::strlen(s) && name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0; };
+  if (ends("norm.weight"))
+    for (float& v : tmp) v += 1.0f;
+  else if (ends("ssm_a"))
+    for (float& v : tmp) v = -std::exp(v);
   switch (t->type) {
     case GGML_TYPE_F32: std::memcpy(t->data, tmp.data(), n * sizeof(float)); break;
     case GGML_TYPE_F16: ggml_fp32_to_fp16_row(tmp.data(), static_cast<ggml_fp16_t*>(t->data), n); break;

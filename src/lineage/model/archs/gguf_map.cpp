@@ -10,6 +10,7 @@ namespace {
 const std::map<std::string, GgufArchMap>& registry() {
   static const std::map<std::string, GgufArchMap> r = {
       {"gpt2", gguf_gpt2},
+      {"qwen3next", gguf_qwen3_next},
   };
   return r;
 }

@@ -55,5 +55,6 @@ const GgufArchMap* find_gguf_arch(const std::string& arch);  // general.architec
 std::string known_gguf_archs();                              // "gpt2, ..." for error messages
 
 GgufMapped gguf_gpt2(const GgufSource& in);
+GgufMapped gguf_qwen3_next(const GgufSource& in);
 
 }  // namespace lineage::model

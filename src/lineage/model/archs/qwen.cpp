@@ -12,12 +12,14 @@
 // counts the MTP head apart. Qwen's own names bind through the table here: the delta rule's
 // projections are gathered into the layout the other delta-rule rows use, so nothing outside this
 // file knows either naming. Spec: shared/spec/qwen3-next-and-qwen3.5.md; reference/qwen.py.
+#include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "lineage/core/error.h"
 #include "lineage/model/archs/arch.h"
+#include "lineage/model/archs/gguf_map.h"
 
 namespace lineage::model {
 
@@ -317,5 +319,151 @@ Model build_qwen35(const ArchInput& in, Flavour f) {
 Model build_qwen3_next(const ArchInput& in) { return build_qwen(in.config, Source{in, "model.", Flavour::Next}, "num_hidden_layers"); }
 Model build_qwen3_5(const ArchInput& in) { return build_qwen35(in, Flavour::Dense35); }
 Model build_qwen3_5_moe(const ArchInput& in) { return build_qwen35(in, Flavour::Moe35); }
+
+namespace {
+
+// Qwen's zero-centred RMSNorm weight w from the multiplier 1 + w the converter stores: exact, as
+// x − 1 is for every x in [0.5, 2], and 1 + (x − 1) gives back x.
+Tensor zero_centred(const Tensor& t) {
+  Tensor out = t.clone();
+  float* w = out.data<float>();
+  for (int64_t i = 0; i < out.numel(); ++i) w[i] -= 1.0f;
+  return out;
+}
+
+Tensor as_f32(const Tensor& t, const std::string& file, const std::string& name) {
+  if (t.dtype() != DType::F32)
+    throw Error(cat(file, ": tensor ", name, ": ", dtype_name(t.dtype()), "; expected F32 (as the converter writes it)"));
+  return t;
+}
+
+}  // namespace
+
+// llama.cpp's `qwen3next` (conversion/qwen.py's Qwen3NextModel, src/models/qwen3next.cpp). What the
+// converter changed, undone: A_log stored as −exp(A_log) (A_log = log(−a): −exp of it is a within an
+// ulp); dt_bias as ssm_dt.bias; the conv [C, 1, K] squeezed; every RMSNorm weight but the delta
+// rule's output norm stored as 1 + w; in_proj_qkvz's per-key-head [q, k, v, z] groups regrouped into
+// attn_qkv ([q | k | v], every head's) and attn_gate (z), bound here as Qwen3.5's flat in_proj_qkv and
+// in_proj_z (views, no copy); the experts stacked [E, out, in] (each expert a view of its slice). No
+// MTP layers. Dense layers (ffn_gate / ffn_up / ffn_down, which llama.cpp's qwen3next does not load)
+// are read as mlp_only_layers.
+GgufMapped gguf_qwen3_next(const GgufSource& in) {
+  GgufMapped m;
+  const std::string& f = in.file;
+  const int64_t D = in.integer("embedding_length", limits::kWidth), L = in.integer("block_count", limits::kLayers);
+  const int64_t H = in.integer("attention.head_count", limits::kHeads);
+  const int64_t hd = in.integer("attention.key_length", D / H, limits::kWidth);
+  const int64_t Hk = in.integer("ssm.group_count", limits::kHeads), Hv = in.integer("ssm.time_step_rank", limits::kHeads);
+  const int64_t dk = in.integer("ssm.state_size", limits::kWidth), inner = in.integer("ssm.inner_size", limits::kWidth);
+  if (inner % Hv) in.fail(in.arch + ".ssm.inner_size", cat("a multiple of ssm.time_step_rank = ", Hv));
+  const int64_t rope = in.integer("rope.dimension_count", hd, limits::kWidth);
+  const auto has = [&](const std::string& t) { return in.tensors.count(t) > 0; };
+  nlohmann::json types = nlohmann::json::array(), dense = nlohmann::json::array();
+  for (int64_t l = 0; l < L; ++l) {
+    types.push_back(has(cat("blk.", l, ".ssm_a")) ? "linear_attention" : "full_attention");
+    if (!has(cat("blk.", l, ".ffn_gate_inp.weight"))) dense.push_back(l);
+  }
+  const auto vocab = in.tensors.find("token_embd.weight");
+  m.config = {{"model_type", "qwen3_next"},
+              {"hidden_size", D},
+              {"num_hidden_layers", L},
+              {"vocab_size", vocab != in.tensors.end() && vocab->second.size() == 2 ? vocab->second[0]
+                                                                                        : in.integer("vocab_size", limits::kVocab)},
+              {"max_position_embeddings", in.integer("context_length", 4096, limits::kPositions)},
+              {"num_attention_heads", H},
+              {"num_key_value_heads", in.integer("attention.head_count_kv", H, limits::kHeads)},
+              {"head_dim", hd},
+              {"rms_norm_eps", in.number("attention.layer_norm_rms_epsilon", 1e-6)},
+              {"rope_theta", in.number("rope.freq_base", 1e4)},
+              {"partial_rotary_factor", double(rope) / double(hd)},
+              {"linear_conv_kernel_dim", in.integer("ssm.conv_kernel", limits::kConvSize)},
+              {"linear_key_head_dim", dk},
+              {"linear_value_head_dim", inner / Hv},
+              {"linear_num_key_heads", Hk},
+              {"linear_num_value_heads", Hv},
+              {"layer_types", types},
+              {"hidden_act", "silu"},
+              {"tie_word_embeddings", !has("output.weight")},
+              {"norm_topk_prob", true},
+              {"decoder_sparse_step", 1},
+              {"mlp_only_layers", dense}};
+  const int64_t E = in.integer("expert_count", 0, limits::kWidth);
+  if (E > 0) {
+    m.config["num_experts"] = E;
+    m.config["num_experts_per_tok"] = in.integer("expert_used_count", limits::kWidth);
+    m.config["moe_intermediate_size"] = in.integer("expert_feed_forward_length", limits::kWidth);
+    m.config["shared_expert_intermediate_size"] = in.integer("expert_shared_feed_forward_length", 0, limits::kWidth);
+  }
+  if (!dense.empty() || E == 0) m.config["intermediate_size"] = in.integer("feed_forward_length", limits::kWidth);
+
+  auto& t = m.tensors;
+  const auto norm = [&](const std::string& hf, const std::string& gguf) {
+    t.push_back({hf, gguf, [f, gguf](const Tensor& x) { return zero_centred(as_f32(x, f, gguf)); }});
+  };
+  t.push_back({"model.embed_tokens.weight", "token_embd.weight", {}});
+  norm("model.norm.weight", "output_norm.weight");
+  if (has("output.weight")) t.push_back({"lm_head.weight", "output.weight", {}});
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string h = cat("model.layers.", l, "."), b = cat("blk.", l, ".");
+    norm(h + "input_layernorm.weight", b + "attn_norm.weight");
+    norm(h + "post_attention_layernorm.weight", b + "post_attention_norm.weight");
+    if (types[size_t(l)] == "linear_attention") {
+      const std::string a = h + "linear_attn.";
+      t.push_back({a + "in_proj_qkv.weight", b + "attn_qkv.weight", {}});
+      t.push_back({a + "in_proj_z.weight", b + "attn_gate.weight", {}});
+      t.push_back({a + "in_proj_ba.weight", b + "ssm_ba.weight", {}});
+      t.push_back({a + "conv1d.weight", b + "ssm_conv1d.weight",
+                   [](const Tensor& x) { return x.reshaped({x.dim(0), 1, x.dim(x.ndim() - 1)}); }});
+      t.push_back({a + "dt_bias", b + "ssm_dt.bias", {}});
+      const std::string name = b + "ssm_a";
+      t.push_back({a + "A_log", name, [f, name](const Tensor& x) {
+                     Tensor out = as_f32(x, f, name).clone();
+                     float* v = out.data<float>();
+                     for (int64_t i = 0; i < out.numel(); ++i) {
+                       if (!(v[i] < 0.0f))
+                         throw Error(cat(f, ": tensor ", name, "[", i, "] = ", v[i],
+                                         "; expected −exp(A_log), a negative number"));
+                       v[i] = std::log(-v[i]);
+                     }
+                     return out;
+                   }});
+      t.push_back({a + "norm.weight", b + "ssm_norm.weight", {}});
+      t.push_back({a + "out_proj.weight", b + "ssm_out.weight", {}});
+    } else {
+      const std::string a = h + "self_attn.";
+      for (const char* p : {"q", "k", "v"}) t.push_back({cat(a, p, "_proj.weight"), cat(b, "attn_", p, ".weight"), {}});
+      t.push_back({a + "o_proj.weight", b + "attn_output.weight", {}});
+      norm(a + "q_norm.weight", b + "attn_q_norm.weight");
+      norm(a + "k_norm.weight", b + "attn_k_norm.weight");
+    }
+    const std::string mlp = h + "mlp.";
+    if (!has(b + "ffn_gate_inp.weight")) {
+      for (const char* p : {"gate", "up", "down"}) t.push_back({cat(mlp, p, "_proj.weight"), cat(b, "ffn_", p, ".weight"), {}});
+      continue;
+    }
+    t.push_back({mlp + "gate.weight", b + "ffn_gate_inp.weight", {}});
+    for (int64_t e = 0; e < E; ++e)
+      for (const char* p : {"gate", "up", "down"})
+        t.push_back({cat(mlp, "experts.", e, ".", p, "_proj.weight"), cat(b, "ffn_", p, "_exps.weight"),
+                     [e](const Tensor& x) { return x.rows(e, e + 1).reshaped({x.dim(1), x.dim(2)}); }});
+    if (has(b + "ffn_gate_inp_shexp.weight")) {
+      t.push_back({mlp + "shared_expert_gate.weight", b + "ffn_gate_inp_shexp.weight",
+                   [](const Tensor& x) { return x.reshaped({1, x.numel()}); }});
+      for (const char* p : {"gate", "up", "down"})
+        t.push_back({cat(mlp, "shared_expert.", p, "_proj.weight"), cat(b, "ffn_", p, "_shexp.weight"), {}});
+    }
+  }
+  // attn_qkv and attn_gate are Qwen3.5's flat in_proj_qkv and in_proj_z: bind them so.
+  const int64_t dv = inner / Hv;
+  m.adjust = [Hk, Hv, dk, dv](Model& model) {
+    const std::string p = ".linear_attn.";
+    auto& splits = model.binding.splits;
+    std::erase_if(splits, [&](const BindingTable::Split& s) { return s.stored == p + "in_proj_qkvz.weight"; });
+    splits.push_back({p + "in_proj_qkv.weight",
+                      {{p + "q_proj.weight", Hk * dk}, {p + "k_proj.weight", Hk * dk}, {p + "v_proj.weight", Hv * dv}}, 1});
+    model.binding.renames.push_back({p + "g_proj.weight", p + "in_proj_z.weight"});
+  };
+  return m;
+}
 
 }  // namespace lineage::model
