@@ -1,4 +1,4 @@
-"""A Hugging Face GPT-2 (or Qwen3-Next: qwen3_next() below) directory written as the GGUF llama.cpp's converter makes of it (convert_hf_to_gguf.py's
+"""A Hugging Face GPT-2 (or Qwen3-Next, Qwen3.5, Qwen3.5-MoE: qwen3_next() and qwen3_5() below) directory written as the GGUF llama.cpp's converter makes of it (convert_hf_to_gguf.py's
 GPT2Model, as shared/spec/quantized-formats.md §3 describes it), from the format's definition: the model's
 hyper-parameters in gpt2.* keys, the tensors renamed, the Conv1D matrices transposed to [out, in], the causal-mask
 buffers left out, the matrices' and embeddings' stored dtypes kept (F32, F16, BF16; 1-D tensors F32), and, when the directory has vocab.json + merges.txt, its
@@ -55,18 +55,24 @@ def gguf_name(name: str):
     raise ValueError(f"unknown GPT-2 tensor {name}")
 
 
+def gdn_shape(t: dict):
+    """What both Qwen converters read of a (text) config: head width, rotary share and base, key and value heads
+    and widths."""
+    rope = t.get("rope_parameters") or {}
+    hd = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
+    partial = rope.get("partial_rotary_factor", t.get("partial_rotary_factor", 0.25))
+    theta = rope.get("rope_theta", t.get("rope_theta", 10000.0))
+    return (hd, partial, theta, t["linear_num_key_heads"], t["linear_num_value_heads"], t["linear_key_head_dim"],
+            t["linear_value_head_dim"])
+
+
 def qwen3_next(cfg: dict, tensors: dict, arch: str):
     """Qwen3-Next as the converter writes it (conversion/qwen.py's Qwen3NextModel over Qwen2MoeModel): the
     hyper-parameters in qwen3next.* keys; A_log as -exp(A_log), dt_bias as ssm_dt.bias, the conv squeezed,
     every RMSNorm weight but linear_attn.norm as 1 + w, in_proj_qkvz's per-key-head [q, k, v, z] groups regrouped
     into attn_qkv ([q | k | v]) and attn_gate (z), the experts stacked [E, out, in], the shared expert's gate
     [D]. Returns (kvs, [(name, tensor)])."""
-    rope = cfg.get("rope_parameters") or {}
-    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
-    theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
-    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    hd, partial, theta, hk, hv, dk, dv = gdn_shape(cfg)
     a = "qwen3next."
     kvs = [("general.architecture", gw.STRING, arch, None),
            (a + "vocab_size", gw.U32, cfg["vocab_size"], None),
@@ -126,12 +132,108 @@ def qwen3_next(cfg: dict, tensors: dict, arch: str):
     return kvs, out
 
 
+def tiled_v_heads(t: torch.Tensor, dim: int, hk: int, r: int, hd: int) -> torch.Tensor:
+    """The converter's V-head reorder for Qwen3.5 (hk key heads, r value heads each, hd wide along `dim`): from
+    grouped by key head [G0_v0..v(r-1), G1_v0..] to tiled [G0_v0, G1_v0, .., G0_v1, G1_v1, ..]."""
+    shape = list(t.shape)
+    dim %= len(shape)
+    t = t.reshape(*shape[:dim], hk, r, hd, *shape[dim + 1:]).transpose(dim, dim + 1)
+    return t.contiguous().reshape(*shape)
+
+
+def qwen3_5(cfg: dict, tensors: dict, arch: str):
+    """Qwen3.5 (dense, `qwen35`) and Qwen3.5-MoE (`qwen35moe`) as the converter writes them: Qwen3-Next's changes
+    (A_log, dt_bias, conv, 1 + w norms; no qkvz) on the text model (model.language_model.*), in_proj_qkv / in_proj_z
+    / in_proj_b / in_proj_a as attn_qkv / attn_gate / ssm_beta / ssm_alpha, with every value-head-indexed tensor
+    reordered from grouped to tiled (tiled_v_heads; not when key and value heads are as many), the fused experts'
+    gate_up_proj split into gate and up, rope.dimension_sections written (interleaved MRoPE, one position for
+    text)."""
+    t = cfg.get("text_config", cfg)
+    hd, partial, theta, hk, hv, dk, dv = gdn_shape(t)
+    r = hv // hk
+    moe = arch == "qwen35moe"
+    a = arch + "."
+    n_rot = int(hd * partial)
+    half = n_rot // 2
+    L = t["num_hidden_layers"]
+    types = t.get("layer_types") or ["full_attention" if (i + 1) % t.get("full_attention_interval", 4) == 0
+                                     else "linear_attention" for i in range(L)]
+    kvs = [("general.architecture", gw.STRING, arch, None),
+           (a + "vocab_size", gw.U32, t["vocab_size"], None),
+           (a + "context_length", gw.U32, t.get("max_position_embeddings", 4096), None),
+           (a + "embedding_length", gw.U32, t["hidden_size"], None),
+           (a + "block_count", gw.U32, L, None),
+           (a + "attention.head_count", gw.U32, t["num_attention_heads"], None),
+           (a + "attention.head_count_kv", gw.U32, t["num_key_value_heads"], None),
+           (a + "attention.key_length", gw.U32, hd, None), (a + "attention.value_length", gw.U32, hd, None),
+           (a + "attention.layer_norm_rms_epsilon", gw.F32, t.get("rms_norm_eps", 1e-6), None),
+           (a + "rope.dimension_count", gw.U32, n_rot, None),
+           (a + "rope.dimension_sections", gw.ARRAY, None, (gw.I32, [half - 2 * (half // 3), half // 3, half // 3, 0])),
+           (a + "rope.freq_base", gw.F32, theta, None),
+           (a + "ssm.conv_kernel", gw.U32, t["linear_conv_kernel_dim"], None),
+           (a + "ssm.state_size", gw.U32, dk, None), (a + "ssm.group_count", gw.U32, hk, None),
+           (a + "ssm.time_step_rank", gw.U32, hv, None), (a + "ssm.inner_size", gw.U32, dv * hv, None),
+           (a + "attention.recurrent_layers", gw.ARRAY, None, (gw.BOOL, [ty == "linear_attention" for ty in types]))]
+    if moe:
+        kvs += [(a + "expert_feed_forward_length", gw.U32, t["moe_intermediate_size"], None),
+                (a + "expert_shared_feed_forward_length", gw.U32, t.get("shared_expert_intermediate_size", 0), None),
+                (a + "expert_count", gw.U32, t["num_experts"], None),
+                (a + "expert_used_count", gw.U32, t["num_experts_per_tok"], None)]
+    else:
+        kvs.append((a + "feed_forward_length", gw.U32, t["intermediate_size"], None))
+    P = "model.language_model."
+    tied = t.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+    tile = (lambda x, dim, width: tiled_v_heads(x, dim, hk, r, width)) if r > 1 else (lambda x, dim, width: x)
+    out = [("token_embd.weight", tensors[P + "embed_tokens.weight"]),
+           ("output_norm.weight", tensors[P + "norm.weight"].float() + 1)]
+    if not tied:
+        out.append(("output.weight", tensors["lm_head.weight"]))
+    for l in range(L):
+        h, b = f"{P}layers.{l}.", f"blk.{l}."
+        g = lambda n: tensors[h + n]
+        out += [(b + "attn_norm.weight", g("input_layernorm.weight").float() + 1),
+                (b + "post_attention_norm.weight", g("post_attention_layernorm.weight").float() + 1)]
+        if types[l] == "linear_attention":
+            qkv = g("linear_attn.in_proj_qkv.weight")
+            qk = 2 * hk * dk
+            conv = g("linear_attn.conv1d.weight").squeeze(1)
+            out += [(b + "attn_qkv.weight", torch.cat([qkv[:qk], tile(qkv[qk:], 0, dv)])),
+                    (b + "attn_gate.weight", tile(g("linear_attn.in_proj_z.weight"), 0, dv)),
+                    (b + "ssm_beta.weight", tile(g("linear_attn.in_proj_b.weight"), 0, 1)),
+                    (b + "ssm_alpha.weight", tile(g("linear_attn.in_proj_a.weight"), 0, 1)),
+                    (b + "ssm_conv1d.weight", torch.cat([conv[:qk], tile(conv[qk:], 0, dv)])),
+                    (b + "ssm_dt.bias", tile(g("linear_attn.dt_bias"), 0, 1)),
+                    (b + "ssm_a", tile(-torch.exp(g("linear_attn.A_log").float()), 0, 1)),
+                    (b + "ssm_norm.weight", g("linear_attn.norm.weight")),
+                    (b + "ssm_out.weight", tile(g("linear_attn.out_proj.weight"), 1, dv))]
+        else:
+            out += [(b + f"attn_{p}.weight", g(f"self_attn.{p}_proj.weight")) for p in "qkv"]
+            out += [(b + "attn_output.weight", g("self_attn.o_proj.weight")),
+                    (b + "attn_q_norm.weight", g("self_attn.q_norm.weight").float() + 1),
+                    (b + "attn_k_norm.weight", g("self_attn.k_norm.weight").float() + 1)]
+        if not moe:
+            out += [(b + f"ffn_{p}.weight", g(f"mlp.{p}_proj.weight")) for p in ("gate", "up", "down")]
+            continue
+        gate_up = g("mlp.experts.gate_up_proj")
+        n_ff = gate_up.shape[-2] // 2
+        out += [(b + "ffn_gate_inp.weight", g("mlp.gate.weight")),
+                (b + "ffn_gate_exps.weight", gate_up[:, :n_ff]), (b + "ffn_up_exps.weight", gate_up[:, n_ff:]),
+                (b + "ffn_down_exps.weight", g("mlp.experts.down_proj"))]
+        if h + "mlp.shared_expert_gate.weight" in tensors:
+            out.append((b + "ffn_gate_inp_shexp.weight", g("mlp.shared_expert_gate.weight").reshape(-1)))
+            out += [(b + f"ffn_{p}_shexp.weight", g(f"mlp.shared_expert.{p}_proj.weight")) for p in ("gate", "up", "down")]
+    return kvs, out
+
+
 def mirror(src: str, out: str, extra_tensor=None, arch="gpt2", pre="gpt-2", type_of=None, drop_key=None, alignment=32,
            split=1):
     cfg = json.load(open(os.path.join(src, "config.json")))
     tensors = read_checkpoint(src)
-    if cfg.get("model_type") == "qwen3_next":
-        kvs, named = qwen3_next(cfg, tensors, "qwen3next" if arch == "gpt2" else arch)
+    family = cfg.get("model_type")
+    if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        default = {"qwen3_next": "qwen3next", "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe"}[family]
+        build = qwen3_next if family == "qwen3_next" else qwen3_5
+        kvs, named = build(cfg, tensors, default if arch == "gpt2" else arch)
         kvs.append(("tokenizer.ggml.model", gw.STRING, "no_vocab", None))
         if alignment != 32:
             kvs.append(("general.alignment", gw.U32, alignment, None))

@@ -228,8 +228,13 @@ CASES = [
     # BF16 with A_log and linear_attn.norm.weight F32 (as published); layer_types GDN, attn, GDN, attn.
     QwenCase("qwen3_5", "bf16", 3631, text={"layer_types": [LINEAR, FULL, LINEAR, FULL], "full_attention_interval": 2},
              weights_dtype="BF16"),
+    # Qwen3.5 and Qwen3.5-MoE in the shape llama.cpp's qwen35 / qwen35moe load (dk = dv = 8): the GGUF
+    # comparisons run llama.cpp on their mirrors (tests/gguf_llama_test.cpp).
+    QwenCase("qwen3_5", "f32_dk_eq_dv", 3623, text={"linear_key_head_dim": 8, "linear_value_head_dim": 8}),
     # Qwen3.5 MoE: fused experts, untied, always-renormalizing router.
     QwenCase("qwen3_5_moe", "f32", 3641, traps=_ALL_TRAPS + ("no_renorm",)),
+    QwenCase("qwen3_5_moe", "f32_dk_eq_dv", 3643, text={"linear_key_head_dim": 8, "linear_value_head_dim": 8},
+             traps=_ALL_TRAPS + ("no_renorm",)),
     # BF16 (A_log, linear_attn.norm.weight F32) in 2 shards that also hold random mtp.* and model.visual.*
     # tensors, as released checkpoints do: the text model must skip them.
     QwenCase("qwen3_5_moe", "bf16_mtp_visual", 3651, weights_dtype="BF16", shards=2, extra_tensors=True),

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "lineage/core/error.h"
 #include "lineage/core/tensor.h"
@@ -87,39 +88,45 @@ TEST(GgufLlama, Gpt2LogitsNextToLlamaCppsOnTheSameFile) {
   }
 }
 
-// Qwen3-Next on llama.cpp's f32 CPU path, which is f32 throughout: the mirror of the reference's
-// checkpoint in the shape llama.cpp loads (dk = dv), whole and token by token, within the 1e-4
-// of lineage, and both near the PyTorch golden.
-TEST(GgufLlama, Qwen3NextLogitsNextToLlamaCppsOnTheSameFile) {
+// Qwen3-Next, Qwen3.5 and Qwen3.5-MoE on llama.cpp's f32 CPU path, which is f32 throughout: the mirrors
+// of the reference's checkpoints in the shape llama.cpp loads (dk = dv), whole and token by token,
+// within the 1e-4 of lineage, and both near the PyTorch golden.
+TEST(GgufLlama, QwenLogitsNextToLlamaCppsOnTheSameFile) {
   const fs::path tool = llama_logits();
   if (!fs::exists(tool))
     GTEST_SKIP() << tool << " is not built: scripts/install-llama-cpp.sh builds llama.cpp and it (about 5 minutes)";
-  const fs::path dir = test::testdata() / "qwen3_next" / "f32_dk_eq_dv", gguf = test::temp_dir() / "qwen3next.gguf";
-  const std::string mirror = "/usr/bin/python3 " +
-                             shell_quote((test::source_dir() / "reference" / "gguf_mirror.py").string()) + " " +
-                             shell_quote(dir.string()) + " " + shell_quote(gguf.string());
+  const std::vector<std::string> names = {"qwen3_next/f32_dk_eq_dv", "qwen3_5/f32_dk_eq_dv", "qwen3_5_moe/f32_dk_eq_dv"};
+  const fs::path tmp = test::temp_dir();
+  std::string mirror = "/usr/bin/python3 " + shell_quote((test::source_dir() / "reference" / "gguf_mirror.py").string());
+  for (size_t i = 0; i < names.size(); ++i)
+    mirror += (i ? " --next " : " ") + shell_quote((test::testdata() / names[i]).string()) + " " +
+              shell_quote((tmp / cat("q", i, ".gguf")).string());
   ASSERT_EQ(std::system(mirror.c_str()), 0) << mirror;
-  const std::string tokens = test::golden_tokens_arg(dir);
-  const Tensor golden = io::load_npy(dir / "golden" / "logits.npy");
-  for (const char* chunk : {"0", "1"}) {
-    const fs::path ours = test::temp_dir() / "lineage.npy", theirs = test::temp_dir() / "llama.npy";
-    const auto r = run_lineage("logits --model " + shell_quote(gguf.string()) + " --tokens '" + tokens + "' --out " +
-                               shell_quote(ours.string()) + " --threads 2 --chunk " + (chunk[0] == '0' ? "64" : "1"));
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    const std::string cmd = shell_quote(tool.string()) + " " + shell_quote(gguf.string()) + " " +
-                            shell_quote(theirs.string()) + " " + tokens + " --chunk " + chunk + " --threads 2";
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    const Tensor mine = io::load_npy(ours), llama = io::load_npy(theirs);
-    ASSERT_EQ(llama.shape(), mine.shape());
-    const double gap = test::rel_rms(mine.data<float>(), llama.data<float>(), mine.numel());
-    const double llama_to_ref = test::rel_rms(llama.data<float>(), golden.data<float>(), golden.numel());
-    const double lineage_to_ref = test::rel_rms(mine.data<float>(), golden.data<float>(), golden.numel());
-    std::printf("[ qwen3next f32_dk_eq_dv, --chunk %s ] lineage vs llama.cpp %.3g, llama.cpp vs PyTorch %.3g, lineage vs "
-                "PyTorch %.3g (relative RMS); top-1 agreement %.3f\n",
-                chunk, gap, llama_to_ref, lineage_to_ref, top1_agreement(mine, llama));
-    EXPECT_LE(gap, 1e-4);
-    EXPECT_LE(lineage_to_ref, 1e-5);
-    EXPECT_LE(llama_to_ref, 1e-4);
+  for (size_t i = 0; i < names.size(); ++i) {
+    SCOPED_TRACE(names[i]);
+    const fs::path dir = test::testdata() / names[i], gguf = tmp / cat("q", i, ".gguf");
+    const std::string tokens = test::golden_tokens_arg(dir);
+    const Tensor golden = io::load_npy(dir / "golden" / "logits.npy");
+    for (const char* chunk : {"0", "1"}) {
+      const fs::path ours = tmp / "lineage.npy", theirs = tmp / "llama.npy";
+      const auto r = run_lineage("logits --model " + shell_quote(gguf.string()) + " --tokens '" + tokens + "' --out " +
+                                 shell_quote(ours.string()) + " --threads 2 --chunk " + (chunk[0] == '0' ? "64" : "1"));
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      const std::string cmd = shell_quote(tool.string()) + " " + shell_quote(gguf.string()) + " " +
+                              shell_quote(theirs.string()) + " " + tokens + " --chunk " + chunk + " --threads 2";
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+      const Tensor mine = io::load_npy(ours), llama = io::load_npy(theirs);
+      ASSERT_EQ(llama.shape(), mine.shape());
+      const double gap = test::rel_rms(mine.data<float>(), llama.data<float>(), mine.numel());
+      const double llama_to_ref = test::rel_rms(llama.data<float>(), golden.data<float>(), golden.numel());
+      const double lineage_to_ref = test::rel_rms(mine.data<float>(), golden.data<float>(), golden.numel());
+      std::printf("[ %s, --chunk %s ] lineage vs llama.cpp %.3g, llama.cpp vs PyTorch %.3g, lineage vs PyTorch %.3g "
+                  "(relative RMS); top-1 agreement %.3f\n",
+                  names[i].c_str(), chunk, gap, llama_to_ref, lineage_to_ref, top1_agreement(mine, llama));
+      EXPECT_LE(gap, 1e-4);
+      EXPECT_LE(lineage_to_ref, 1e-5);
+      EXPECT_LE(llama_to_ref, 1e-4);
+    }
   }
 }
 

@@ -105,29 +105,36 @@ TEST(GgufModel, Gpt2MirrorGivesTheDirectorysLogitsBitForBit) {
   }
 }
 
-// Qwen3-Next (qwen3next): the reference's checkpoints (f32: dk 8 != dv 12, MoE everywhere; the shape
-// llama.cpp loads, dk = dv; bf16 with a dense layer 1) and their mirrors. What the converter changed comes
-// back: the RMSNorm multipliers exactly (x − 1, then 1 + that, gives x), in_proj_qkvz's groups as the flat
-// attn_qkv / attn_gate, the stacked experts; A_log only to within an ulp (stored as −exp(A_log)), so the
-// logits match the directory's (copied) to 1e-6 rather than bit for bit, and the reference's golden to
-// the tolerance the directory is held to.
-TEST(GgufModel, Qwen3NextMirrorGivesTheDirectorysLogits) {
-  const std::vector<std::string> names = {"f32_sharded", "f32_dk_eq_dv", "bf16_sharded"};
+// Qwen3-Next (qwen3next), Qwen3.5 (qwen35) and Qwen3.5-MoE (qwen35moe): the reference's checkpoints
+// (f32 and bf16, dk != dv and the dk = dv shape llama.cpp loads; a dense layer; MTP and vision tensors
+// the text model skips) and their mirrors. What the converter changed comes back: the RMSNorm
+// multipliers exactly (x − 1, then 1 + that, gives x), Qwen3-Next's regrouped qkvz as flat row
+// blocks, Qwen3.5's tiled value heads regrouped, the stacked experts; A_log only to within an ulp
+// (stored as −exp(A_log)), so the logits match the directory's (copied) to 1e-6 rather than bit for
+// bit, and the reference's golden to the tolerance the directory is held to.
+TEST(GgufModel, QwenMirrorsGiveTheDirectorysLogits) {
+  const std::vector<std::string> names = {"qwen3_next/f32_sharded", "qwen3_next/f32_dk_eq_dv", "qwen3_next/bf16_sharded",
+                                          "qwen3_5/f32",            "qwen3_5/bf16",            "qwen3_5_moe/f32",
+                                          "qwen3_5_moe/bf16_mtp_visual"};
   std::vector<Mirror> jobs;
-  for (const std::string& name : names) jobs.push_back({test::testdata() / "qwen3_next" / name, name + ".gguf", ""});
+  for (size_t i = 0; i < names.size(); ++i) jobs.push_back({test::testdata() / names[i], cat("m", i, ".gguf"), ""});
   const std::vector<fs::path> files = mirror(jobs);
   for (size_t i = 0; i < names.size(); ++i) {
     SCOPED_TRACE(names[i]);
-    const fs::path dir = test::testdata() / "qwen3_next" / names[i];
+    const fs::path dir = test::testdata() / names[i];
     const std::string tokens = test::golden_tokens_arg(dir);
-    for (const char* options : {"--bf16-exact", "--bf16-exact --chunk 1", "--chunk 5"}) {
+    const bool bf16 = names[i].find("bf16") != std::string::npos, full = i == 0 || i == 3 || i == 5;
+    // Every mode on the first checkpoint of each family. The converter stores 1-D tensors F32, the
+    // shared expert's gate [1, D] too: in the bf16 dot mode that gate's products are then exact where
+    // a bf16 directory's gate rounds x (6e-3 apart), so bf16 checkpoints compare in exact products.
+    std::vector<std::string> option_sets = {"--bf16-exact"};
+    if (full) option_sets = {"--bf16-exact", "--bf16-exact --chunk 1", "--chunk 5"};
+    for (const std::string& options : option_sets) {
       SCOPED_TRACE(options);
-      // The converter stores 1-D tensors F32, the shared expert's gate [1, D] too: in the bf16 dot mode
-      // that gate's products are then exact where the directory's bf16 gate rounds x (6e-3 apart).
-      if (names[i] == "bf16_sharded" && std::string(options).find("exact") == std::string::npos) continue;
-      const Tensor want = logits(dir, tokens, cat(options, " --no-mmap"));
+      if (bf16 && options.find("exact") == std::string::npos) continue;
+      const Tensor want = logits(dir, tokens, options + " --no-mmap");
       for (const char* storage : {"", " --no-mmap"}) {
-        const Tensor got = logits(files[i], tokens, cat(options, storage));
+        const Tensor got = logits(files[i], tokens, options + storage);
         ASSERT_EQ(got.shape(), want.shape());
         EXPECT_LE(test::rel_rms(got.data<float>(), want.data<float>(), want.numel()), 1e-6) << storage;
       }

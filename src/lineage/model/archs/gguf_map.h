@@ -56,5 +56,7 @@ std::string known_gguf_archs();                              // "gpt2, ..." for 
 
 GgufMapped gguf_gpt2(const GgufSource& in);
 GgufMapped gguf_qwen3_next(const GgufSource& in);
+GgufMapped gguf_qwen35(const GgufSource& in);
+GgufMapped gguf_qwen35moe(const GgufSource& in);
 
 }  // namespace lineage::model

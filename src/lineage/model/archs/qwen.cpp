@@ -13,6 +13,7 @@
 // projections are gathered into the layout the other delta-rule rows use, so nothing outside this
 // file knows either naming. Spec: shared/spec/qwen3-next-and-qwen3.5.md; reference/qwen.py.
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -337,25 +338,54 @@ Tensor as_f32(const Tensor& t, const std::string& file, const std::string& name)
   return t;
 }
 
-}  // namespace
+// Qwen3.5's converter reorders every value-head-indexed tensor from grouped by key head [G0_v0 ..
+// G0_v(r-1), G1_v0 ..] to tiled [G0_v0, G1_v0, .., G0_v1, ..] (for ggml's broadcast): back to grouped,
+// `width` values a head, along dim 0 from row `from` (the v part of attn_qkv and of the conv) or
+// along dim 1 (ssm_out's columns). A copy.
+Tensor grouped_v_heads(const Tensor& x, int dim, int64_t from, int64_t hk, int64_t r, int64_t width) {
+  Tensor out = x.clone();
+  if (r == 1) return out;
+  const size_t elem = dtype_size(x.dtype());
+  const int64_t rows = x.dim(0), cols = x.numel() / rows;
+  const auto* src = static_cast<const uint8_t*>(x.raw());
+  auto* dst = static_cast<uint8_t*>(out.raw_mut());
+  for (int64_t k = 0; k < hk; ++k)
+    for (int64_t j = 0; j < r; ++j) {
+      const int64_t to = (k * r + j) * width, at = (j * hk + k) * width;  // grouped head k·r + j, tiled j·hk + k
+      if (dim == 0) {
+        std::memcpy(dst + size_t((from + to) * cols) * elem, src + size_t((from + at) * cols) * elem,
+                    size_t(width * cols) * elem);
+      } else {
+        for (int64_t row = 0; row < rows; ++row)
+          std::memcpy(dst + size_t(row * cols + to) * elem, src + size_t(row * cols + at) * elem, size_t(width) * elem);
+      }
+    }
+  return out;
+}
 
-// llama.cpp's `qwen3next` (conversion/qwen.py's Qwen3NextModel, src/models/qwen3next.cpp). What the
-// converter changed, undone: A_log stored as −exp(A_log) (A_log = log(−a): −exp of it is a within an
-// ulp); dt_bias as ssm_dt.bias; the conv [C, 1, K] squeezed; every RMSNorm weight but the delta
-// rule's output norm stored as 1 + w; in_proj_qkvz's per-key-head [q, k, v, z] groups regrouped into
-// attn_qkv ([q | k | v], every head's) and attn_gate (z), bound here as Qwen3.5's flat in_proj_qkv and
-// in_proj_z (views, no copy); the experts stacked [E, out, in] (each expert a view of its slice). No
-// MTP layers. Dense layers (ffn_gate / ffn_up / ffn_down, which llama.cpp's qwen3next does not load)
-// are read as mlp_only_layers.
-GgufMapped gguf_qwen3_next(const GgufSource& in) {
+// llama.cpp's `qwen3next`, `qwen35` and `qwen35moe` (conversion/qwen.py's Qwen3NextModel and its
+// Qwen3.5 subclasses; src/models/qwen3next.cpp, qwen35.cpp, qwen35moe.cpp). What the converter
+// changed, undone: A_log stored as −exp(A_log) (A_log = log(−a): −exp of it is a within an ulp);
+// dt_bias as ssm_dt.bias; the conv [C, 1, K] squeezed; every RMSNorm weight but the delta rule's
+// output norm stored as 1 + w; experts stacked [E, out, in] (each expert a view of its slice; Qwen3.5's
+// fused gate_up split into gate and up). Qwen3-Next: in_proj_qkvz's per-key-head [q, k, v, z] groups
+// regrouped into attn_qkv ([q | k | v]) and attn_gate (z), bound here as Qwen3.5's flat in_proj_qkv and
+// in_proj_z (views, no copy). Qwen3.5: in_proj_qkv / z / b / a as attn_qkv / attn_gate / ssm_beta /
+// ssm_alpha with the value heads tiled (grouped_v_heads undoes it: copies). No MTP layers. Dense layers
+// (ffn_gate / ffn_up / ffn_down) are read as mlp_only_layers (Qwen3-Next) or the dense model's MLP.
+GgufMapped gguf_qwen(const GgufSource& in, Flavour flavour) {
   GgufMapped m;
+  const bool next = flavour == Flavour::Next, moe = flavour != Flavour::Dense35;
   const std::string& f = in.file;
+  const std::string P = next ? "model." : "model.language_model.";
   const int64_t D = in.integer("embedding_length", limits::kWidth), L = in.integer("block_count", limits::kLayers);
   const int64_t H = in.integer("attention.head_count", limits::kHeads);
   const int64_t hd = in.integer("attention.key_length", D / H, limits::kWidth);
   const int64_t Hk = in.integer("ssm.group_count", limits::kHeads), Hv = in.integer("ssm.time_step_rank", limits::kHeads);
   const int64_t dk = in.integer("ssm.state_size", limits::kWidth), inner = in.integer("ssm.inner_size", limits::kWidth);
   if (inner % Hv) in.fail(in.arch + ".ssm.inner_size", cat("a multiple of ssm.time_step_rank = ", Hv));
+  if (Hv % Hk) in.fail(in.arch + ".ssm.time_step_rank", cat("a multiple of ssm.group_count = ", Hk));
+  const int64_t dv = inner / Hv, r = Hv / Hk;
   const int64_t rope = in.integer("rope.dimension_count", hd, limits::kWidth);
   const auto has = [&](const std::string& t) { return in.tensors.count(t) > 0; };
   nlohmann::json types = nlohmann::json::array(), dense = nlohmann::json::array();
@@ -364,7 +394,7 @@ GgufMapped gguf_qwen3_next(const GgufSource& in) {
     if (!has(cat("blk.", l, ".ffn_gate_inp.weight"))) dense.push_back(l);
   }
   const auto vocab = in.tensors.find("token_embd.weight");
-  m.config = {{"model_type", "qwen3_next"},
+  m.config = {{"model_type", next ? "qwen3_next" : moe ? "qwen3_5_moe" : "qwen3_5"},
               {"hidden_size", D},
               {"num_hidden_layers", L},
               {"vocab_size", vocab != in.tensors.end() && vocab->second.size() == 2 ? vocab->second[0]
@@ -378,45 +408,61 @@ GgufMapped gguf_qwen3_next(const GgufSource& in) {
               {"partial_rotary_factor", double(rope) / double(hd)},
               {"linear_conv_kernel_dim", in.integer("ssm.conv_kernel", limits::kConvSize)},
               {"linear_key_head_dim", dk},
-              {"linear_value_head_dim", inner / Hv},
+              {"linear_value_head_dim", dv},
               {"linear_num_key_heads", Hk},
               {"linear_num_value_heads", Hv},
               {"layer_types", types},
               {"hidden_act", "silu"},
               {"tie_word_embeddings", !has("output.weight")},
-              {"norm_topk_prob", true},
-              {"decoder_sparse_step", 1},
-              {"mlp_only_layers", dense}};
-  const int64_t E = in.integer("expert_count", 0, limits::kWidth);
+              {next ? "num_nextn_predict_layers" : "mtp_num_hidden_layers", 0}};
+  const int64_t E = moe ? in.integer("expert_count", next ? 0 : 1, limits::kWidth) : 0;
   if (E > 0) {
     m.config["num_experts"] = E;
     m.config["num_experts_per_tok"] = in.integer("expert_used_count", limits::kWidth);
     m.config["moe_intermediate_size"] = in.integer("expert_feed_forward_length", limits::kWidth);
     m.config["shared_expert_intermediate_size"] = in.integer("expert_shared_feed_forward_length", 0, limits::kWidth);
   }
-  if (!dense.empty() || E == 0) m.config["intermediate_size"] = in.integer("feed_forward_length", limits::kWidth);
+  if (next) {
+    m.config["norm_topk_prob"] = true;
+    m.config["decoder_sparse_step"] = 1;
+    m.config["mlp_only_layers"] = dense;
+  }
+  if (!moe || !dense.empty() || E == 0) m.config["intermediate_size"] = in.integer("feed_forward_length", limits::kWidth);
 
   auto& t = m.tensors;
   const auto norm = [&](const std::string& hf, const std::string& gguf) {
     t.push_back({hf, gguf, [f, gguf](const Tensor& x) { return zero_centred(as_f32(x, f, gguf)); }});
   };
-  t.push_back({"model.embed_tokens.weight", "token_embd.weight", {}});
-  norm("model.norm.weight", "output_norm.weight");
+  // A Qwen3.5 tensor whose value heads the converter tiled (see grouped_v_heads).
+  const auto grouped = [&](const std::string& hf, const std::string& gguf, int dim, int64_t from, int64_t width) {
+    if (next || r == 1) t.push_back({hf, gguf, {}});
+    else t.push_back({hf, gguf, [=](const Tensor& x) { return grouped_v_heads(x, dim, from, Hk, r, width); }});
+  };
+  t.push_back({P + "embed_tokens.weight", "token_embd.weight", {}});
+  norm(P + "norm.weight", "output_norm.weight");
   if (has("output.weight")) t.push_back({"lm_head.weight", "output.weight", {}});
   for (int64_t l = 0; l < L; ++l) {
-    const std::string h = cat("model.layers.", l, "."), b = cat("blk.", l, ".");
+    const std::string h = cat(P, "layers.", l, "."), b = cat("blk.", l, ".");
     norm(h + "input_layernorm.weight", b + "attn_norm.weight");
     norm(h + "post_attention_layernorm.weight", b + "post_attention_norm.weight");
     if (types[size_t(l)] == "linear_attention") {
       const std::string a = h + "linear_attn.";
-      t.push_back({a + "in_proj_qkv.weight", b + "attn_qkv.weight", {}});
-      t.push_back({a + "in_proj_z.weight", b + "attn_gate.weight", {}});
-      t.push_back({a + "in_proj_ba.weight", b + "ssm_ba.weight", {}});
-      t.push_back({a + "conv1d.weight", b + "ssm_conv1d.weight",
-                   [](const Tensor& x) { return x.reshaped({x.dim(0), 1, x.dim(x.ndim() - 1)}); }});
-      t.push_back({a + "dt_bias", b + "ssm_dt.bias", {}});
+      grouped(a + "in_proj_qkv.weight", b + "attn_qkv.weight", 0, 2 * Hk * dk, dv);
+      grouped(a + "in_proj_z.weight", b + "attn_gate.weight", 0, 0, dv);
+      if (next) {
+        t.push_back({a + "in_proj_ba.weight", b + "ssm_ba.weight", {}});
+      } else {
+        grouped(a + "in_proj_b.weight", b + "ssm_beta.weight", 0, 0, 1);
+        grouped(a + "in_proj_a.weight", b + "ssm_alpha.weight", 0, 0, 1);
+      }
+      const std::string conv = b + "ssm_conv1d.weight";
+      t.push_back({a + "conv1d.weight", conv, [=](const Tensor& x) {
+                     const Tensor c = next || r == 1 ? x : grouped_v_heads(x, 0, 2 * Hk * dk, Hk, r, dv);
+                     return c.reshaped({c.dim(0), 1, c.dim(c.ndim() - 1)});
+                   }});
+      grouped(a + "dt_bias", b + "ssm_dt.bias", 0, 0, 1);
       const std::string name = b + "ssm_a";
-      t.push_back({a + "A_log", name, [f, name](const Tensor& x) {
+      t.push_back({a + "A_log", name, [=](const Tensor& x) {
                      Tensor out = as_f32(x, f, name).clone();
                      float* v = out.data<float>();
                      for (int64_t i = 0; i < out.numel(); ++i) {
@@ -425,10 +471,10 @@ GgufMapped gguf_qwen3_next(const GgufSource& in) {
                                          "; expected −exp(A_log), a negative number"));
                        v[i] = std::log(-v[i]);
                      }
-                     return out;
+                     return next || r == 1 ? out : grouped_v_heads(out, 0, 0, Hk, r, 1);
                    }});
       t.push_back({a + "norm.weight", b + "ssm_norm.weight", {}});
-      t.push_back({a + "out_proj.weight", b + "ssm_out.weight", {}});
+      grouped(a + "out_proj.weight", b + "ssm_out.weight", 1, 0, dv);
     } else {
       const std::string a = h + "self_attn.";
       for (const char* p : {"q", "k", "v"}) t.push_back({cat(a, p, "_proj.weight"), cat(b, "attn_", p, ".weight"), {}});
@@ -453,8 +499,8 @@ GgufMapped gguf_qwen3_next(const GgufSource& in) {
         t.push_back({cat(mlp, "shared_expert.", p, "_proj.weight"), cat(b, "ffn_", p, "_shexp.weight"), {}});
     }
   }
-  // attn_qkv and attn_gate are Qwen3.5's flat in_proj_qkv and in_proj_z: bind them so.
-  const int64_t dv = inner / Hv;
+  if (!next) return m;
+  // Qwen3-Next's attn_qkv and attn_gate are Qwen3.5's flat in_proj_qkv and in_proj_z: bind them so.
   m.adjust = [Hk, Hv, dk, dv](Model& model) {
     const std::string p = ".linear_attn.";
     auto& splits = model.binding.splits;
@@ -465,5 +511,11 @@ GgufMapped gguf_qwen3_next(const GgufSource& in) {
   };
   return m;
 }
+
+}  // namespace
+
+GgufMapped gguf_qwen3_next(const GgufSource& in) { return gguf_qwen(in, Flavour::Next); }
+GgufMapped gguf_qwen35(const GgufSource& in) { return gguf_qwen(in, Flavour::Dense35); }
+GgufMapped gguf_qwen35moe(const GgufSource& in) { return gguf_qwen(in, Flavour::Moe35); }
 
 }  // namespace lineage::model
