@@ -52,3 +52,10 @@ fi
 if [ "${1:-}" = "--test" ] && [ ! -d tests/web/node_modules/puppeteer-core ]; then
   (cd tests/web && PUPPETEER_SKIP_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
 fi
+# llama.cpp (from node-llama-cpp@3.21.1's source bundle), built once into ~/.cache/lineage: the
+# reference of the GGUF tests (tests/gguf_llama_test.cpp runs its own logits on the same files).
+# Only the library and our llama-logits: 4 min on 2 cores the first time (236 s of build and the npm
+# fetch, 2026-12-07), nothing after.
+if [ "${1:-}" = "--test" ]; then
+  scripts/install-llama-cpp.sh --tests >/dev/null
+fi

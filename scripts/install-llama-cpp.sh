@@ -27,8 +27,18 @@
 # AVX-512 as lineage does at run time; OFF: a generic x86-64 build); LLAMA_CPP_JOBS (default 2,
 # capped at 2).
 # Prints the paths as KEY=VALUE lines at the end (LLAMA_BENCH=..., MAKE_GGUF=...).
+#
+# --tests: only what the test suite needs (scripts/install-deps.sh --test calls it so): the library
+# (libllama.a, ggml's) and tools/llama_logits.cpp against it, for tests/gguf_llama_test.cpp. A later
+# run without it adds the benchmark tools to the same build tree.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
+tests_only=0
+case "${1:-}" in
+  --tests) tests_only=1 ;;
+  "") ;;
+  *) echo "install-llama-cpp: error: unknown argument '$1' (--tests or nothing)" >&2; exit 2 ;;
+esac
 
 NPM_PACKAGE=node-llama-cpp
 NPM_VERSION=3.21.1
@@ -99,15 +109,17 @@ fi
 release=$(sed -n 's/^release=//p' "$src/.lineage-source.txt")
 commit=$(sed -n 's/^commit=//p' "$src/.lineage-source.txt")
 
-# --- 2. llama-bench, llama-batched-bench (batched decode of independent sequences), llama-server --
-targets=(llama-bench llama-batched-bench llama-server)
+# --- 2. llama-bench, llama-batched-bench (batched decode of independent sequences), llama-server;
+# with --tests only the library (libllama.a and ggml's), all the tests' llama-logits needs ----------
+if [ "$tests_only" = 1 ]; then targets=(llama); else targets=(llama llama-bench llama-batched-bench llama-server); fi
+artifact() { if [ "$1" = llama ]; then echo "$build/src/libllama.a"; else echo "$build/bin/$1"; fi; }
 want_stamp=$(printf '%s\n' "package=$NPM_PACKAGE@$NPM_VERSION" "release=$release" "commit=$commit" \
-  "compiler=$(g++ -dumpfullversion 2>/dev/null || g++ -dumpversion)" "cmake_flags=${cmake_flags[*]}" \
-  "targets=${targets[*]}")
-if [ -x "$build/bin/llama-bench" ] && [ -x "$build/bin/llama-batched-bench" ] &&
-   [ -x "$build/bin/llama-server" ] && [ -f "$stamp" ] &&
-   [ "$(grep -v '^build_seconds=' "$stamp")" = "$want_stamp" ]; then
-  log "llama.cpp $release already built ($build/bin/llama-bench)"
+  "compiler=$(g++ -dumpfullversion 2>/dev/null || g++ -dumpversion)" "cmake_flags=${cmake_flags[*]}")
+have_all=1
+for t in "${targets[@]}"; do [ -f "$(artifact "$t")" ] || have_all=0; done
+# The stamp's first lines say what the build tree was configured for; its targets line what is in it.
+if [ "$have_all" = 1 ] && [ -f "$stamp" ] && [ "$(grep -v '^build_seconds=\|^targets=' "$stamp")" = "$want_stamp" ]; then
+  log "llama.cpp $release already built (${targets[*]} in $build)"
 else
   log "building llama.cpp $release (${targets[*]}; GGML_NATIVE=$native, nice -n 10, -j$jobs)"
   rm -f "$stamp"
@@ -117,13 +129,15 @@ else
   nice -n 10 cmake --build "$build" --target "${targets[@]}" -j "$jobs" ||
     die "building ${targets[*]} failed"
   t1=$(date +%s)
-  printf '%s\nbuild_seconds=%s\n' "$want_stamp" "$((t1 - t0))" >"$stamp"
+  printf '%s\ntargets=%s\nbuild_seconds=%s\n' "$want_stamp" "${targets[*]}" "$((t1 - t0))" >"$stamp"
   log "${targets[*]} built in $((t1 - t0)) s ($(((t1 - t0) / 60)) min $(((t1 - t0) % 60)) s)"
 fi
 
 # --- 3. our GGUF writer, against this build's ggml -----------------------------------------------
 [ -f "$helper_src" ] || die "$helper_src is missing"
-if [ ! -x "$helper" ] || [ "$helper_src" -nt "$helper" ] || [ "$stamp" -nt "$helper" ]; then
+if [ "$tests_only" = 1 ]; then
+  :
+elif [ ! -x "$helper" ] || [ "$helper_src" -nt "$helper" ] || [ "$stamp" -nt "$helper" ]; then
   base_lib=$(find "$build" -name 'libggml-base.a' | head -1)
   [ -n "$base_lib" ] || die "libggml-base.a not found under $build"
   mkdir -p "$(dirname "$helper")"

@@ -34,6 +34,11 @@ fs::path llama_logits() {
   return root / "llama.cpp" / "build" / "lineage-peers" / "llama-logits";
 }
 
+std::string not_built(const fs::path& tool) {
+  return tool.string() + " is not built: scripts/install-llama-cpp.sh --tests (which scripts/install-deps.sh --test "
+                         "runs) builds llama.cpp and it, about 4 minutes the first time";
+}
+
 double top1_agreement(const Tensor& a, const Tensor& b) {
   const int64_t rows = a.dim(0), cols = a.dim(1);
   int64_t same = 0;
@@ -53,7 +58,7 @@ double top1_agreement(const Tensor& a, const Tensor& b) {
 TEST(GgufLlama, Gpt2LogitsNextToLlamaCppsOnTheSameFile) {
   const fs::path tool = llama_logits();
   if (!fs::exists(tool))
-    GTEST_SKIP() << tool << " is not built: scripts/install-llama-cpp.sh builds llama.cpp and it (about 5 minutes)";
+    GTEST_SKIP() << not_built(tool);
   for (const char* name : {"f32_gpt2_shapes", "f32_untied_lm_head", "f32_tanh"}) {
     SCOPED_TRACE(name);
     const fs::path dir = test::testdata() / "gpt2" / name, gguf = test::temp_dir() / (std::string(name) + ".gguf");
@@ -94,7 +99,7 @@ TEST(GgufLlama, Gpt2LogitsNextToLlamaCppsOnTheSameFile) {
 TEST(GgufLlama, QwenLogitsNextToLlamaCppsOnTheSameFile) {
   const fs::path tool = llama_logits();
   if (!fs::exists(tool))
-    GTEST_SKIP() << tool << " is not built: scripts/install-llama-cpp.sh builds llama.cpp and it (about 5 minutes)";
+    GTEST_SKIP() << not_built(tool);
   const std::vector<std::string> names = {"qwen3_next/f32_dk_eq_dv", "qwen3_5/f32_dk_eq_dv", "qwen3_5_moe/f32_dk_eq_dv"};
   const fs::path tmp = test::temp_dir();
   std::string mirror = "/usr/bin/python3 " + shell_quote((test::source_dir() / "reference" / "gguf_mirror.py").string());
@@ -135,7 +140,7 @@ TEST(GgufLlama, QwenLogitsNextToLlamaCppsOnTheSameFile) {
 TEST(GgufLlama, LlamaCppReadsTheMirrorsSplitFiles) {
   const fs::path tool = llama_logits();
   if (!fs::exists(tool))
-    GTEST_SKIP() << tool << " is not built: scripts/install-llama-cpp.sh builds llama.cpp and it (about 5 minutes)";
+    GTEST_SKIP() << not_built(tool);
   const fs::path dir = test::testdata() / "gpt2" / "f32_gpt2_shapes", out = test::temp_dir();
   const std::string mirror = "/usr/bin/python3 " +
                              shell_quote((test::source_dir() / "reference" / "gguf_mirror.py").string()) + " " +
