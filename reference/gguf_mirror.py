@@ -1,4 +1,5 @@
-"""A Hugging Face GPT-2 (or Qwen3-Next, Qwen3.5, Qwen3.5-MoE: qwen3_next() and qwen3_5() below) directory written as the GGUF llama.cpp's converter makes of it (convert_hf_to_gguf.py's
+"""A Hugging Face GPT-2 (or Qwen3-Next, Qwen3.5, Qwen3.5-MoE, Kimi Linear: qwen3_next(), qwen3_5() and kimi_linear()
+below) directory written as the GGUF llama.cpp's converter makes of it (convert_hf_to_gguf.py's
 GPT2Model, as shared/spec/quantized-formats.md §3 describes it), from the format's definition: the model's
 hyper-parameters in gpt2.* keys, the tensors renamed, the Conv1D matrices transposed to [out, in], the causal-mask
 buffers left out, the matrices' and embeddings' stored dtypes kept (F32, F16, BF16; 1-D tensors F32), and, when the directory has vocab.json + merges.txt, its
@@ -225,14 +226,93 @@ def qwen3_5(cfg: dict, tensors: dict, arch: str):
     return kvs, out
 
 
+def kimi_linear(cfg: dict, tensors: dict, arch: str):
+    """Kimi Linear as the converter writes it (conversion/kimi_linear.py): num_key_value_heads forced to 1 (the
+    MLA as MQA over its latent; head_count_kv 0 on the KDA layers), A_log as -exp(A_log), dt_bias as ssm_dt.bias,
+    each short conv [C, 1, K] as [1, C, 1, K], kv_b_proj split per head into k_b (transposed) and v_b, the experts
+    (w1 gate, w2 down, w3 up) stacked. Returns (kvs, [(name, tensor)])."""
+    la = cfg["linear_attn_config"]
+    L, H = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    nope, rope, v, lora = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    full = set(la["full_attn_layers"])  # one-based
+    a = arch + "."
+    kvs = [("general.architecture", gw.STRING, arch, None),
+           (a + "vocab_size", gw.U32, cfg["vocab_size"], None),
+           (a + "context_length", gw.U32, cfg.get("model_max_length", 4096), None),
+           (a + "embedding_length", gw.U32, cfg["hidden_size"], None),
+           (a + "block_count", gw.U32, L, None),
+           (a + "feed_forward_length", gw.U32, cfg["intermediate_size"], None),
+           (a + "attention.head_count", gw.U32, H, None),
+           (a + "attention.head_count_kv", gw.ARRAY, None, (gw.U32, [1 if i + 1 in full else 0 for i in range(L)])),
+           (a + "attention.layer_norm_rms_epsilon", gw.F32, cfg.get("rms_norm_eps", 1e-5), None),
+           (a + "rope.freq_base", gw.F32, cfg.get("rope_theta", 10000.0), None),
+           (a + "rope.dimension_count", gw.U32, rope, None),
+           (a + "attention.kv_lora_rank", gw.U32, lora, None),
+           (a + "attention.key_length", gw.U32, lora + rope, None),
+           (a + "attention.value_length", gw.U32, lora, None),
+           (a + "attention.key_length_mla", gw.U32, nope + rope, None),
+           (a + "attention.value_length_mla", gw.U32, v, None),
+           (a + "ssm.conv_kernel", gw.U32, la.get("short_conv_kernel_size", 4), None),
+           (a + "kda.head_dim", gw.U32, la["head_dim"], None),
+           (a + "expert_count", gw.U32, cfg["num_experts"], None),
+           (a + "expert_used_count", gw.U32, cfg["num_experts_per_token"], None),
+           (a + "expert_group_count", gw.U32, cfg.get("num_expert_group", 1), None),
+           (a + "expert_group_used_count", gw.U32, cfg.get("topk_group", 1), None),
+           (a + "expert_gating_func", gw.U32, 2, None),  # sigmoid
+           (a + "expert_feed_forward_length", gw.U32, cfg["moe_intermediate_size"], None),
+           (a + "expert_shared_count", gw.U32, cfg.get("num_shared_experts", 0), None),
+           (a + "leading_dense_block_count", gw.U32, cfg.get("first_k_dense_replace", 0), None),
+           (a + "expert_weights_scale", gw.F32, cfg.get("routed_scaling_factor", 1.0), None),
+           (a + "expert_weights_norm", gw.BOOL, cfg.get("moe_renormalize", True), None)]
+    out = [("token_embd.weight", tensors["model.embed_tokens.weight"]),
+           ("output_norm.weight", tensors["model.norm.weight"])]
+    if not cfg.get("tie_word_embeddings", False):
+        out.append(("output.weight", tensors["lm_head.weight"]))
+    for l in range(L):
+        h, b = f"model.layers.{l}.", f"blk.{l}."
+        g = lambda n: tensors[h + n]
+        out += [(b + "attn_norm.weight", g("input_layernorm.weight")), (b + "ffn_norm.weight", g("post_attention_layernorm.weight"))]
+        s = "self_attn."
+        if l + 1 in full:
+            kv_b = g(s + "kv_b_proj.weight").reshape(H, nope + v, lora)
+            out += [(b + "attn_q.weight", g(s + "q_proj.weight")),
+                    (b + "attn_kv_a_mqa.weight", g(s + "kv_a_proj_with_mqa.weight")),
+                    (b + "attn_kv_a_norm.weight", g(s + "kv_a_layernorm.weight")),
+                    (b + "attn_k_b.weight", kv_b[:, :nope].transpose(1, 2)), (b + "attn_v_b.weight", kv_b[:, nope:]),
+                    (b + "attn_output.weight", g(s + "o_proj.weight"))]
+        else:
+            for c in "qkv":
+                conv = g(s + f"{c}_conv1d.weight")
+                out += [(b + f"ssm_conv1d_{c}.weight", conv.reshape(1, conv.shape[0], 1, conv.shape[-1])),
+                        (b + f"attn_{c}.weight", g(s + f"{c}_proj.weight"))]
+            out += [(b + "ssm_f_a.weight", g(s + "f_a_proj.weight")), (b + "ssm_f_b.weight", g(s + "f_b_proj.weight")),
+                    (b + "ssm_beta.weight", g(s + "b_proj.weight")),
+                    (b + "ssm_a", -torch.exp(g(s + "A_log").float())), (b + "ssm_dt.bias", g(s + "dt_bias")),
+                    (b + "ssm_g_a.weight", g(s + "g_a_proj.weight")), (b + "ssm_g_b.weight", g(s + "g_b_proj.weight")),
+                    (b + "ssm_norm.weight", g(s + "o_norm.weight")), (b + "attn_output.weight", g(s + "o_proj.weight"))]
+        if h + "block_sparse_moe.gate.weight" not in tensors:
+            out += [(b + f"ffn_{p}.weight", g(f"mlp.{p}_proj.weight")) for p in ("gate", "up", "down")]
+            continue
+        m = "block_sparse_moe."
+        E = cfg["num_experts"]
+        out += [(b + "ffn_gate_inp.weight", g(m + "gate.weight")),
+                (b + "exp_probs_b.bias", g(m + "gate.e_score_correction_bias"))]
+        out += [(b + f"ffn_{p}_exps.weight", torch.stack([g(f"{m}experts.{e}.{w}.weight") for e in range(E)]))
+                for p, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))]
+        if h + m + "shared_experts.gate_proj.weight" in tensors:
+            out += [(b + f"ffn_{p}_shexp.weight", g(f"{m}shared_experts.{p}_proj.weight")) for p in ("gate", "up", "down")]
+    return kvs, out
+
+
 def mirror(src: str, out: str, extra_tensor=None, arch="gpt2", pre="gpt-2", type_of=None, drop_key=None, alignment=32,
            split=1):
     cfg = json.load(open(os.path.join(src, "config.json")))
     tensors = read_checkpoint(src)
     family = cfg.get("model_type")
-    if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
-        default = {"qwen3_next": "qwen3next", "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe"}[family]
-        build = qwen3_next if family == "qwen3_next" else qwen3_5
+    if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "kimi_linear"):
+        default = {"qwen3_next": "qwen3next", "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe",
+                   "kimi_linear": "kimi-linear"}[family]
+        build = {"qwen3_next": qwen3_next, "kimi_linear": kimi_linear}.get(family, qwen3_5)
         kvs, named = build(cfg, tensors, default if arch == "gpt2" else arch)
         kvs.append(("tokenizer.ggml.model", gw.STRING, "no_vocab", None))
         if alignment != 32:

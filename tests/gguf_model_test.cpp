@@ -105,17 +105,19 @@ TEST(GgufModel, Gpt2MirrorGivesTheDirectorysLogitsBitForBit) {
   }
 }
 
-// Qwen3-Next (qwen3next), Qwen3.5 (qwen35) and Qwen3.5-MoE (qwen35moe): the reference's checkpoints
-// (f32 and bf16, dk != dv and the dk = dv shape llama.cpp loads; a dense layer; MTP and vision tensors
-// the text model skips) and their mirrors. What the converter changed comes back: the RMSNorm
-// multipliers exactly (x − 1, then 1 + that, gives x), Qwen3-Next's regrouped qkvz as flat row
-// blocks, Qwen3.5's tiled value heads regrouped, the stacked experts; A_log only to within an ulp
-// (stored as −exp(A_log)), so the logits match the directory's (copied) to 1e-6 rather than bit for
-// bit, and the reference's golden to the tolerance the directory is held to.
-TEST(GgufModel, QwenMirrorsGiveTheDirectorysLogits) {
+// Qwen3-Next (qwen3next), Qwen3.5 (qwen35), Qwen3.5-MoE (qwen35moe) and Kimi Linear (kimi-linear):
+// the reference's checkpoints (f32 and bf16, the shapes llama.cpp loads and others; a dense layer; MTP
+// and vision tensors the text model skips) and their mirrors. What the converter changed comes back:
+// the RMSNorm multipliers exactly (x − 1, then 1 + that, gives x), Qwen3-Next's regrouped qkvz as flat
+// row blocks, Qwen3.5's tiled value heads regrouped, Kimi's MLA kv_b_proj from k_b and v_b, the
+// stacked experts; A_log only to within an ulp (stored as −exp(A_log)), so the logits match the
+// directory's (copied) to 1e-6 rather than bit for bit, and the reference's golden to the tolerance
+// the directory is held to.
+TEST(GgufModel, HybridMirrorsGiveTheDirectorysLogits) {
   const std::vector<std::string> names = {"qwen3_next/f32_sharded", "qwen3_next/f32_dk_eq_dv", "qwen3_next/bf16_sharded",
                                           "qwen3_5/f32",            "qwen3_5/bf16",            "qwen3_5_moe/f32",
-                                          "qwen3_5_moe/bf16_mtp_visual"};
+                                          "qwen3_5_moe/bf16_mtp_visual", "kimi_linear/f32", "kimi_linear/f32_heads_equal",
+                                          "kimi_linear/bf16_sharded"};
   std::vector<Mirror> jobs;
   for (size_t i = 0; i < names.size(); ++i) jobs.push_back({test::testdata() / names[i], cat("m", i, ".gguf"), ""});
   const std::vector<fs::path> files = mirror(jobs);
@@ -123,7 +125,7 @@ TEST(GgufModel, QwenMirrorsGiveTheDirectorysLogits) {
     SCOPED_TRACE(names[i]);
     const fs::path dir = test::testdata() / names[i];
     const std::string tokens = test::golden_tokens_arg(dir);
-    const bool bf16 = names[i].find("bf16") != std::string::npos, full = i == 0 || i == 3 || i == 5;
+    const bool bf16 = names[i].find("bf16") != std::string::npos, full = i == 0 || i == 3 || i == 5 || i == 7;
     // Every mode on the first checkpoint of each family. The converter stores 1-D tensors F32, the
     // shared expert's gate [1, D] too: in the bf16 dot mode that gate's products are then exact where
     // a bf16 directory's gate rounds x (6e-3 apart), so bf16 checkpoints compare in exact products.

@@ -179,10 +179,11 @@ LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage s
 
   std::map<std::string, std::pair<TensorEntry, Tensor>> held;
   std::set<std::string> read;
-  for (const model::GgufTensorMap& m : mapped.tensors) {
-    const auto it = by_name.find(m.gguf);
-    if (it == by_name.end())
-      throw Error(cat(where, ": tensor ", m.gguf, " is missing (", arch, " needs it for ", m.hf, ")"));
+  // A stored tensor as a view of the mapping (copied where misaligned for its type); `for_what` names
+  // the Hugging Face tensor it is read for.
+  const auto stored = [&](const std::string& name, const std::string& for_what) -> std::pair<Tensor, TensorEntry> {
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) throw Error(cat(where, ": tensor ", name, " is missing (", arch, " needs it for ", for_what, ")"));
     const GgufTensor& t = *it->second.first;
     const std::shared_ptr<GgufFile>& in = it->second.second;
     const std::optional<DType> dtype = plain_dtype(t.type);
@@ -194,12 +195,22 @@ LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage s
     const uint8_t* data = in->data(t);
     Tensor view = Tensor::borrow(*dtype, torch_shape(t), data, std::shared_ptr<const void>(in, data));
     if (reinterpret_cast<uintptr_t>(data) % dtype_size(*dtype) != 0) view = view.clone();
+    read.insert(name);
+    return {view, TensorEntry{*dtype, view.shape(), size_t(in->data_offset() + t.offset),
+                              size_t(in->data_offset() + t.offset + t.bytes), in->path().string()}};
+  };
+  for (const model::GgufTensorMap& m : mapped.tensors) {
+    auto [view, e] = stored(m.gguf, m.hf);
     if (m.convert) view = m.convert(view);
-    TensorEntry e{view.dtype(), view.shape(), size_t(in->data_offset() + t.offset),
-                  size_t(in->data_offset() + t.offset + t.bytes), in->path().string()};
+    if (!m.gguf2.empty()) {
+      auto [second, e2] = stored(m.gguf2, m.hf);
+      if (m.convert) second = m.convert(second);
+      view = m.join(view, second);
+    }
+    e.dtype = view.dtype();
+    e.shape = view.shape();
     if (!held.emplace(m.hf, std::make_pair(e, view)).second)
       throw Error(cat(where, ": ", arch, "'s map names ", m.hf, " twice"));
-    read.insert(m.gguf);
   }
   for (const auto& entry : by_name)
     if (!read.count(entry.first))

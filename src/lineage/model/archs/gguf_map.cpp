@@ -10,6 +10,7 @@ namespace {
 const std::map<std::string, GgufArchMap>& registry() {
   static const std::map<std::string, GgufArchMap> r = {
       {"gpt2", gguf_gpt2},
+      {"kimi-linear", gguf_kimi_linear},
       {"qwen3next", gguf_qwen3_next},
       {"qwen35", gguf_qwen35},
       {"qwen35moe", gguf_qwen35moe},
@@ -27,6 +28,23 @@ std::string known_gguf_archs() {
   std::string s;
   for (const auto& [k, v] : registry()) s += (s.empty() ? "" : ", ") + k;
   return s;
+}
+
+Tensor gguf_f32(const Tensor& t, const std::string& file, const std::string& name) {
+  if (t.dtype() != DType::F32)
+    throw Error(cat(file, ": tensor ", name, ": ", dtype_name(t.dtype()), "; expected F32 (as the converter writes it)"));
+  return t;
+}
+
+Tensor a_log_from_minus_exp(const Tensor& stored, const std::string& file, const std::string& name) {
+  Tensor out = gguf_f32(stored, file, name).clone();
+  float* v = out.data<float>();
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    if (!(v[i] < 0.0f))
+      throw Error(cat(file, ": tensor ", name, "[", i, "] = ", v[i], "; expected −exp(A_log), a negative number"));
+    v[i] = std::log(-v[i]);
+  }
+  return out;
 }
 
 void GgufSource::fail(const std::string& key, const std::string& expected) const {

@@ -40,6 +40,10 @@ struct GgufSource {
 struct GgufTensorMap {
   std::string hf, gguf;
   std::function<Tensor(const Tensor&)> convert;
+  // A tensor the converter split in two (MLA's kv_b_proj): the second stored tensor, and how the two
+  // (each converted first where `convert` says) make this one.
+  std::string gguf2 = {};
+  std::function<Tensor(const Tensor&, const Tensor&)> join = {};
 };
 
 struct GgufMapped {
@@ -51,6 +55,12 @@ struct GgufMapped {
 
 using GgufArchMap = GgufMapped (*)(const GgufSource&);
 
+// What several converters store: the tensor as it is, if F32 (an Error naming the file and tensor
+// otherwise); A_log from the stored −exp(A_log), log(−a) (−exp of it gives a back within an ulp; a value
+// that is not negative is an Error naming the element).
+Tensor gguf_f32(const Tensor& t, const std::string& file, const std::string& name);
+Tensor a_log_from_minus_exp(const Tensor& stored, const std::string& file, const std::string& name);
+
 const GgufArchMap* find_gguf_arch(const std::string& arch);  // general.architecture's value
 std::string known_gguf_archs();                              // "gpt2, ..." for error messages
 
@@ -58,5 +68,6 @@ GgufMapped gguf_gpt2(const GgufSource& in);
 GgufMapped gguf_qwen3_next(const GgufSource& in);
 GgufMapped gguf_qwen35(const GgufSource& in);
 GgufMapped gguf_qwen35moe(const GgufSource& in);
+GgufMapped gguf_kimi_linear(const GgufSource& in);
 
 }  // namespace lineage::model

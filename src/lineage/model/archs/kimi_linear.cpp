@@ -14,10 +14,14 @@
 // Spec: shared/spec/attention-mla-moe-attnres.md §2–§9; linear-attention-family.md §5;
 // reference/kimi_linear.py, reference/kimi_k3.py.
 #include <algorithm>
+#include <cstring>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "lineage/core/error.h"
 #include "lineage/model/archs/arch.h"
+#include "lineage/model/archs/gguf_map.h"
 
 namespace lineage::model {
 
@@ -360,6 +364,146 @@ Model build_kimi_k3(const ArchInput& in) {
   if (top.json().contains("vision_config") && top.json()["vision_config"].is_object()) {
     m.config.extra_params = vision_params(ConfigFields(top.json()["vision_config"], top.file() + ", vision_config"));
     m.config.extra_params_label = "vision tower and projector (not run)";
+  }
+  return m;
+}
+
+// llama.cpp's `kimi-linear` (conversion/kimi_linear.py, src/models/kimi-linear.cpp). The converter
+// writes the MLA as MQA over its latent (num_key_value_heads 1: head_count_kv is 1 on MLA layers, 0 on
+// KDA ones, which is how the layer kinds are read back), A_log as −exp(A_log) (A_log = log(−a): −exp of
+// it gives a back within an ulp), dt_bias as ssm_dt.bias, each short conv [C, 1, K] as [1, C, 1, K],
+// kv_b_proj split per head into k_b (transposed) and v_b (put back together: a copy), and the
+// experts stacked (each a view of its slice). llama.cpp sizes the KDA heads from attention.head_count,
+// as Kimi-Linear's published config has them; lineage takes them from ssm_beta's rows (the same
+// there, and right for a file whose KDA has fewer heads). The MLA takes no RoPE (mla_use_nope).
+GgufMapped gguf_kimi_linear(const GgufSource& in) {
+  GgufMapped m;
+  const std::string& f = in.file;
+  const int64_t D = in.integer("embedding_length", limits::kWidth), L = in.integer("block_count", limits::kLayers);
+  const int64_t H = in.integer("attention.head_count", limits::kHeads);
+  const int64_t rope = in.integer("rope.dimension_count", limits::kWidth);
+  const int64_t lora = in.integer("attention.kv_lora_rank", limits::kWidth);
+  const int64_t k_mla = in.integer("attention.key_length_mla", limits::kWidth);
+  const int64_t v_mla = in.integer("attention.value_length_mla", limits::kWidth);
+  if (k_mla <= rope) in.fail(in.arch + ".attention.key_length_mla", cat("more than rope.dimension_count = ", rope));
+  const int64_t nope = k_mla - rope;
+  const auto has = [&](const std::string& t) { return in.tensors.count(t) > 0; };
+  nlohmann::json full = nlohmann::json::array(), kda = nlohmann::json::array();
+  int64_t kda_heads = H;  // llama.cpp's: attention.head_count; a file whose ssm_beta says otherwise, that
+  for (int64_t l = 0; l < L; ++l) {
+    const bool is_kda = has(cat("blk.", l, ".ssm_a"));
+    (is_kda ? kda : full).push_back(l + 1);  // one-based
+    const auto beta = in.tensors.find(cat("blk.", l, ".ssm_beta.weight"));
+    if (is_kda && beta != in.tensors.end() && beta->second.size() == 2) kda_heads = beta->second[0];
+  }
+  const auto vocab = in.tensors.find("token_embd.weight");
+  const int64_t E = in.integer("expert_count", 0, limits::kWidth);
+  if (in.integer("expert_gating_func", 2, 3) != 2) in.fail(in.arch + ".expert_gating_func", "2 (sigmoid)");
+  const auto weights_norm = in.metadata->find(in.arch + ".expert_weights_norm");
+  if (weights_norm != in.metadata->end() && !weights_norm->is_boolean()) in.fail(in.arch + ".expert_weights_norm", "a boolean");
+  m.config = {{"model_type", "kimi_linear"},
+              {"hidden_size", D},
+              {"num_hidden_layers", L},
+              {"vocab_size", vocab != in.tensors.end() && vocab->second.size() == 2 ? vocab->second[0]
+                                                                                        : in.integer("vocab_size", limits::kVocab)},
+              {"model_max_length", in.integer("context_length", 4096, limits::kPositions)},
+              {"num_attention_heads", H},
+              {"num_key_value_heads", H},
+              {"kv_lora_rank", lora},
+              {"qk_nope_head_dim", nope},
+              {"qk_rope_head_dim", rope},
+              {"v_head_dim", v_mla},
+              {"mla_use_nope", true},
+              {"rope_theta", in.number("rope.freq_base", 1e4)},
+              {"rms_norm_eps", in.number("attention.layer_norm_rms_epsilon", 1e-5)},
+              {"hidden_act", "silu"},
+              {"intermediate_size", in.integer("feed_forward_length", limits::kWidth)},
+              {"tie_word_embeddings", !has("output.weight")},
+              {"num_nextn_predict_layers", 0},
+              {"linear_attn_config",
+               {{"full_attn_layers", full},
+                {"kda_layers", kda},
+                {"num_heads", kda_heads},
+                {"head_dim", in.integer("kda.head_dim", limits::kWidth)},
+                {"short_conv_kernel_size", in.integer("ssm.conv_kernel", 4, limits::kConvSize)}}}};
+  if (E > 0) {
+    m.config["num_experts"] = E;
+    m.config["num_experts_per_token"] = in.integer("expert_used_count", limits::kWidth);
+    m.config["moe_intermediate_size"] = in.integer("expert_feed_forward_length", limits::kWidth);
+    m.config["num_shared_experts"] = in.has(in.arch + ".expert_shared_count") ? in.integer("expert_shared_count", limits::kWidth) : 0;
+    m.config["first_k_dense_replace"] = in.has(in.arch + ".leading_dense_block_count")
+                                            ? in.integer("leading_dense_block_count", limits::kLayers) : 0;
+    m.config["moe_layer_freq"] = 1;
+    m.config["routed_scaling_factor"] = in.number("expert_weights_scale", 1.0);
+    m.config["moe_renormalize"] = weights_norm == in.metadata->end() || weights_norm->get<bool>();
+    m.config["moe_router_activation_func"] = "sigmoid";
+    m.config["use_grouped_topk"] = true;
+    m.config["num_expert_group"] = in.integer("expert_group_count", 1, limits::kWidth);
+    m.config["topk_group"] = in.integer("expert_group_used_count", 1, limits::kWidth);
+  }
+
+  auto& t = m.tensors;
+  t.push_back({"model.embed_tokens.weight", "token_embd.weight", {}});
+  t.push_back({"model.norm.weight", "output_norm.weight", {}});
+  if (has("output.weight")) t.push_back({"lm_head.weight", "output.weight", {}});
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string h = cat("model.layers.", l, "."), b = cat("blk.", l, "."), s = h + "self_attn.";
+    t.push_back({h + "input_layernorm.weight", b + "attn_norm.weight", {}});
+    t.push_back({h + "post_attention_layernorm.weight", b + "ffn_norm.weight", {}});
+    if (!has(b + "ssm_a")) {
+      t.push_back({s + "q_proj.weight", b + "attn_q.weight", {}});
+      t.push_back({s + "kv_a_proj_with_mqa.weight", b + "attn_kv_a_mqa.weight", {}});
+      t.push_back({s + "kv_a_layernorm.weight", b + "attn_kv_a_norm.weight", {}});
+      t.push_back({s + "o_proj.weight", b + "attn_output.weight", {}});
+      // kv_b_proj [H·(nope + v), lora]: per head its k rows (attn_k_b [H, lora, nope], transposed back)
+      // then its v rows (attn_v_b [H, v, lora]).
+      const std::string kb = b + "attn_k_b.weight", vb = b + "attn_v_b.weight";
+      t.push_back({s + "kv_b_proj.weight", kb, {}, vb, [=](const Tensor& k, const Tensor& v) {
+                     if (k.shape() != Shape{H, lora, nope} || v.shape() != Shape{H, v_mla, lora} || k.dtype() != v.dtype())
+                       throw Error(cat(f, ": tensors ", kb, " and ", vb, ": expected [", H, ", ", lora, ", ", nope, "] and [",
+                                       H, ", ", v_mla, ", ", lora, "] (torch order) of one dtype"));
+                     Tensor out = Tensor::empty(k.dtype(), {H * (nope + v_mla), lora});
+                     const size_t e = dtype_size(k.dtype());
+                     const auto* ks = static_cast<const uint8_t*>(k.raw());
+                     const auto* vs = static_cast<const uint8_t*>(v.raw());
+                     auto* o = static_cast<uint8_t*>(out.raw_mut());
+                     for (int64_t hh = 0; hh < H; ++hh) {
+                       uint8_t* head = o + size_t(hh * (nope + v_mla) * lora) * e;
+                       for (int64_t i = 0; i < nope; ++i)
+                         for (int64_t j = 0; j < lora; ++j)
+                           std::memcpy(head + size_t(i * lora + j) * e, ks + size_t((hh * lora + j) * nope + i) * e, e);
+                       std::memcpy(head + size_t(nope * lora) * e, vs + size_t(hh * v_mla * lora) * e, size_t(v_mla * lora) * e);
+                     }
+                     return out;
+                   }});
+    } else {
+      for (const char* c : {"q", "k", "v"}) {
+        t.push_back({cat(s, c, "_proj.weight"), cat(b, "attn_", c, ".weight"), {}});
+        t.push_back({cat(s, c, "_conv1d.weight"), cat(b, "ssm_conv1d_", c, ".weight"),
+                     [](const Tensor& x) { return x.reshaped({x.numel() / x.dim(-1), 1, x.dim(-1)}); }});
+      }
+      for (const auto& [hf, gg] : std::vector<std::pair<const char*, const char*>>{
+               {"f_a_proj", "ssm_f_a"}, {"f_b_proj", "ssm_f_b"}, {"b_proj", "ssm_beta"}, {"g_a_proj", "ssm_g_a"},
+               {"g_b_proj", "ssm_g_b"}, {"o_norm", "ssm_norm"}, {"o_proj", "attn_output"}})
+        t.push_back({cat(s, hf, ".weight"), cat(b, gg, ".weight"), {}});
+      t.push_back({s + "dt_bias", b + "ssm_dt.bias", {}});
+      const std::string name = b + "ssm_a";
+      t.push_back({s + "A_log", name, [=](const Tensor& x) { return a_log_from_minus_exp(x, f, name); }});
+    }
+    if (!has(b + "ffn_gate_inp.weight")) {
+      for (const char* p : {"gate", "up", "down"}) t.push_back({cat(h, "mlp.", p, "_proj.weight"), cat(b, "ffn_", p, ".weight"), {}});
+      continue;
+    }
+    const std::string moe = h + "block_sparse_moe.";
+    t.push_back({moe + "gate.weight", b + "ffn_gate_inp.weight", {}});
+    t.push_back({moe + "gate.e_score_correction_bias", b + "exp_probs_b.bias", {}});
+    for (int64_t e = 0; e < E; ++e)
+      for (const auto& [w, p] : std::vector<std::pair<const char*, const char*>>{{"w1", "gate"}, {"w3", "up"}, {"w2", "down"}})
+        t.push_back({cat(moe, "experts.", e, ".", w, ".weight"), cat(b, "ffn_", p, "_exps.weight"),
+                     [e](const Tensor& x) { return x.rows(e, e + 1).reshaped({x.dim(1), x.dim(2)}); }});
+    if (has(b + "ffn_gate_shexp.weight"))
+      for (const char* p : {"gate", "up", "down"})
+        t.push_back({cat(moe, "shared_experts.", p, "_proj.weight"), cat(b, "ffn_", p, "_shexp.weight"), {}});
   }
   return m;
 }

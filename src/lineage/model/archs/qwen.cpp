@@ -12,7 +12,6 @@
 // counts the MTP head apart. Qwen's own names bind through the table here: the delta rule's
 // projections are gathered into the layout the other delta-rule rows use, so nothing outside this
 // file knows either naming. Spec: shared/spec/qwen3-next-and-qwen3.5.md; reference/qwen.py.
-#include <cmath>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -332,12 +331,6 @@ Tensor zero_centred(const Tensor& t) {
   return out;
 }
 
-Tensor as_f32(const Tensor& t, const std::string& file, const std::string& name) {
-  if (t.dtype() != DType::F32)
-    throw Error(cat(file, ": tensor ", name, ": ", dtype_name(t.dtype()), "; expected F32 (as the converter writes it)"));
-  return t;
-}
-
 // Qwen3.5's converter reorders every value-head-indexed tensor from grouped by key head [G0_v0 ..
 // G0_v(r-1), G1_v0 ..] to tiled [G0_v0, G1_v0, .., G0_v1, ..] (for ggml's broadcast): back to grouped,
 // `width` values a head, along dim 0 from row `from` (the v part of attn_qkv and of the conv) or
@@ -431,7 +424,7 @@ GgufMapped gguf_qwen(const GgufSource& in, Flavour flavour) {
 
   auto& t = m.tensors;
   const auto norm = [&](const std::string& hf, const std::string& gguf) {
-    t.push_back({hf, gguf, [f, gguf](const Tensor& x) { return zero_centred(as_f32(x, f, gguf)); }});
+    t.push_back({hf, gguf, [f, gguf](const Tensor& x) { return zero_centred(gguf_f32(x, f, gguf)); }});
   };
   // A Qwen3.5 tensor whose value heads the converter tiled (see grouped_v_heads).
   const auto grouped = [&](const std::string& hf, const std::string& gguf, int dim, int64_t from, int64_t width) {
@@ -463,14 +456,7 @@ GgufMapped gguf_qwen(const GgufSource& in, Flavour flavour) {
       grouped(a + "dt_bias", b + "ssm_dt.bias", 0, 0, 1);
       const std::string name = b + "ssm_a";
       t.push_back({a + "A_log", name, [=](const Tensor& x) {
-                     Tensor out = as_f32(x, f, name).clone();
-                     float* v = out.data<float>();
-                     for (int64_t i = 0; i < out.numel(); ++i) {
-                       if (!(v[i] < 0.0f))
-                         throw Error(cat(f, ": tensor ", name, "[", i, "] = ", v[i],
-                                         "; expected −exp(A_log), a negative number"));
-                       v[i] = std::log(-v[i]);
-                     }
+                     const Tensor out = a_log_from_minus_exp(x, f, name);
                      return next || r == 1 ? out : grouped_v_heads(out, 0, 0, Hk, r, 1);
                    }});
       t.push_back({a + "norm.weight", b + "ssm_norm.weight", {}});
