@@ -12,7 +12,8 @@ Usage:
 The options damage the mirror one way each, for the bad-input tests: a tensor no map reads, another
 general.architecture, another tokenizer.ggml.pre, a tensor's type id changed (its bytes re-sized), a key left out. --alignment: general.alignment (default 32, llama.cpp's; then not written). --split N: N files
 as llama.cpp's gguf-split writes them (OUT's name gets -0000k-of-0000N). Several mirrors in
-one run: their argument lists separated by --next."""
+one run: their argument lists separated by --next. `--vocab-only TOKENIZER_DIR OUT.gguf` writes Kimi's tiktoken vocabulary
+alone, as conversion/kimi_linear.py converts it (kimi_vocab below)."""
 
 import json
 import os
@@ -402,6 +403,79 @@ def mirror(src: str, out: str, extra_tensor=None, arch="gpt2", pre="gpt-2", type
                  out_tensors[k * per:(k + 1) * per], alignment=alignment)
 
 
+def _byte_table() -> list:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for x in range(256):
+        if x not in bs:
+            bs.append(x)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, map(chr, cs)))
+    return [table[x] for x in range(256)]
+
+
+_BYTE_TABLE = _byte_table()
+
+
+def byte_level(b: bytes) -> str:
+    """GPT-2's byte-to-unicode spelling of raw bytes (what the converters write for tiktoken vocabularies)."""
+    return "".join(_BYTE_TABLE[x] for x in b)
+
+
+def tiktoken_merge(ranks: dict, token: bytes, max_rank: int) -> list:
+    """The pieces tiktoken's byte-pair merge leaves of `token` using only ranks below max_rank: a token of two
+    pieces is the merge of those two (the converters' derivation of merges from a rank table)."""
+    parts = [bytes([x]) for x in token]
+    while True:
+        best, at = None, None
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1])
+            if r is not None and r < max_rank and (best is None or r < best):
+                best, at = r, i
+        if best is None:
+            return parts
+        parts = parts[:at] + [parts[at] + parts[at + 1]] + parts[at + 2:]
+
+
+def kimi_vocab(tokdir: str):
+    """Kimi's tiktoken.model + tokenizer_config.json as conversion/kimi_linear.py writes them: model "gpt2", pre
+    "kimi-k2", each rank as its byte-level spelling, the merges derived from the ranks, the 256 special tokens
+    after the ranks (named by added_tokens_decoder, else <|reserved_token_ID|>) as control tokens, bos / eos."""
+    import base64
+    ranks = {}
+    for line in open(os.path.join(tokdir, "tiktoken.model"), "rb").read().split(b"\n"):
+        if line.strip():
+            b64, r = line.split()
+            ranks[base64.b64decode(b64)] = int(r)
+    n = len(ranks)
+    cfg = json.load(open(os.path.join(tokdir, "tokenizer_config.json"), encoding="utf-8"))
+    named = {int(i): t["content"] for i, t in cfg.get("added_tokens_decoder", {}).items()}
+    tokens, types, merges = [None] * (n + 256), [1] * (n + 256), []
+    for tok, r in sorted(ranks.items(), key=lambda kv: kv[1]):
+        tokens[r] = byte_level(tok)
+        if len(tok) > 1:
+            # Where only one split of the token has both halves in the table below its rank, that split is
+            # the merge; otherwise tiktoken's merge decides (the same result, found faster).
+            splits = [(tok[:i], tok[i:]) for i in range(1, len(tok))
+                      if ranks.get(tok[:i], r) < r and ranks.get(tok[i:], r) < r]
+            pieces = list(splits[0]) if len(splits) == 1 else tiktoken_merge(ranks, tok, r)
+            if len(pieces) == 2:
+                merges.append(byte_level(pieces[0]) + " " + byte_level(pieces[1]))
+    for i in range(n, n + 256):
+        tokens[i], types[i] = named.get(i, f"<|reserved_token_{i}|>"), 3
+    ids = {t: i for i, t in enumerate(tokens)}
+    special = lambda key: (cfg.get(key) or {}).get("content") if isinstance(cfg.get(key), dict) else cfg.get(key)
+    kvs = [("tokenizer.ggml.model", gw.STRING, "gpt2", None), ("tokenizer.ggml.pre", gw.STRING, "kimi-k2", None),
+           ("tokenizer.ggml.tokens", gw.ARRAY, None, (gw.STRING, tokens)),
+           ("tokenizer.ggml.token_type", gw.ARRAY, None, (gw.I32, types)),
+           ("tokenizer.ggml.merges", gw.ARRAY, None, (gw.STRING, merges))]
+    for key, name in (("bos_token", "bos"), ("eos_token", "eos")):
+        if special(key) in ids:
+            kvs.append((f"tokenizer.ggml.{name}_token_id", gw.U32, ids[special(key)], None))
+    return kvs
+
+
 def parse(args):
     src, out = args[0], args[1]
     kw = {}
@@ -430,6 +504,11 @@ def parse(args):
 
 
 def main() -> int:
+    # A vocabulary-only file (as llama.cpp's ggml-vocab-*.gguf): --vocab-only TOKENIZER_DIR OUT.gguf (Kimi's
+    # tiktoken.model directory).
+    if sys.argv[1:2] == ["--vocab-only"]:
+        gw.write(sys.argv[3], [("general.architecture", gw.STRING, "kimi-linear", None)] + kimi_vocab(sys.argv[2]), [])
+        return 0
     # Several mirrors in one run (one interpreter start): their argument lists separated by "--next".
     job = []
     for a in sys.argv[1:] + ["--next"]:

@@ -7,12 +7,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "lineage/core/error.h"
 #include "lineage/core/tensor.h"
+#include "lineage/io/gguf.h"
+#include "lineage/io/gguf_model.h"
 #include "lineage/io/npy.h"
+#include "lineage/tokenizer/tokenizer.h"
+#include "lineage/tokenizer/tokenizer_test_support.h"
 #include "test_support.h"
 
 namespace lineage {
@@ -195,6 +201,40 @@ TEST(GgufModel, SplitFilesLoadAsOne) {
                                    shell_quote((test::temp_dir() / "x.npy").string()));
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.err.find(second.string() + ", does not exist"), std::string::npos) << missing.err;
+}
+
+// Kimi's tiktoken vocabulary as conversion/kimi_linear.py writes it into a GGUF (reference/gguf_mirror.py
+// --vocab-only: each rank as its byte-level spelling, the merges derived from the ranks, pre-tokenizer
+// "kimi-k2", the 256 special tokens as control tokens): read from the metadata, it encodes the
+// tokenizer corpus as npm tiktoken does (with special tokens matched and as plain text) and decodes it
+// back, and bos / eos come from the file.
+TEST(GgufModel, KimiVocabularyFromTheMetadataEncodesAsTiktoken) {
+  const auto ref = tokenizer::test::load_reference<tokenizer::test::Reference>("kimi_expected.json",
+                                                                              [](const nlohmann::json&, auto&) {});
+  ASSERT_TRUE(ref.error.empty()) << ref.error;
+  const fs::path gguf = test::temp_dir() / "kimi-vocab.gguf";
+  const std::string cmd = "/usr/bin/python3 " +
+                          shell_quote((test::source_dir() / "reference" / "gguf_mirror.py").string()) +
+                          " --vocab-only " + shell_quote((ref.dir / "kimi").string()) + " " + shell_quote(gguf.string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::optional<tokenizer::Tokenizer> tok = io::gguf_tokenizer(io::GgufFile(gguf));
+  ASSERT_TRUE(tok.has_value());
+  const tokenizer::Tokenizer tiktoken = tokenizer::Tokenizer::load(ref.dir / "kimi");
+  EXPECT_EQ(tok->bos_id(), tiktoken.bos_id());
+  EXPECT_EQ(tok->eos_id(), tiktoken.eos_id());
+  size_t failed = 0;
+  std::string first;
+  for (const tokenizer::test::Segment& seg : ref.segments) {
+    std::string diff = tokenizer::test::compare_ids(*tok, seg, seg.ids, tok->encode(seg.text, true));
+    const std::vector<int32_t>& ordinary = seg.ids_ordinary ? *seg.ids_ordinary : seg.ids;
+    const std::string d = tokenizer::test::compare_ids(*tok, seg, ordinary, tok->encode(seg.text, false));
+    if (!d.empty()) diff += "\n  (allow_special = false) " + d;
+    if (tok->decode(seg.ids) != seg.text) diff += "\n  decode differs";
+    if (!diff.empty() && ++failed <= 3) first += diff + "\n";
+  }
+  std::printf("[ tokenizer ] Kimi's vocabulary from GGUF metadata: %zu / %zu segments as tiktoken\n",
+              ref.segments.size() - failed, ref.segments.size());
+  EXPECT_EQ(failed, 0u) << first;
 }
 
 // Each damaged or foreign file: a non-zero exit and a message naming the file and what is wrong.

@@ -515,7 +515,8 @@ std::shared_ptr<BpeModel> load_vocab_tables(const VocabTables& v) {
   if (v.pre == "gpt-2") m->split = BpeModel::Split::kGpt2;
   else if (v.pre == "qwen2") m->split = BpeModel::Split::kQwen2;
   else if (v.pre == "qwen35") m->split = BpeModel::Split::kQwen35;
-  else fail(file, "tokenizer.ggml.pre", cat("\"", v.pre, "\""), "one of \"gpt-2\", \"qwen2\", \"qwen35\"");
+  else if (v.pre == "kimi-k2") m->split = BpeModel::Split::kKimi;
+  else fail(file, "tokenizer.ggml.pre", cat("\"", v.pre, "\""), "one of \"gpt-2\", \"qwen2\", \"qwen35\", \"kimi-k2\"");
   if (v.tokens.empty()) fail(file, "tokenizer.ggml.tokens", "an empty vocabulary", "at least one token");
   if (int64_t(v.tokens.size()) > kMaxTokenId + 1)
     fail(file, "tokenizer.ggml.tokens", cat(v.tokens.size(), " tokens"), cat("at most ", kMaxTokenId + 1));

@@ -78,7 +78,9 @@ struct BpeModel {
   std::array<int32_t, 256> byte_symbol_ids{};  // id of the one-byte symbol of each byte value
   // How byte-level text is cut into words before the merges: GPT-2's pattern (ByteLevel use_regex),
   // Qwen2's or Qwen3.5's (a Split before a ByteLevel without its own), or not at all.
-  enum class Split : uint8_t { kNone, kGpt2, kQwen2, kQwen35 };
+  // kKimi: Kimi's pattern (split_kimi) before byte-level merges, as a GGUF file carries Kimi's tiktoken
+  // vocabulary (tokenizer.ggml.pre "kimi-k2": the ranks as byte-level symbols, the merges derived from them).
+  enum class Split : uint8_t { kNone, kGpt2, kQwen2, kQwen35, kKimi };
   Split split = Split::kGpt2;
   bool add_prefix_space = false;                // ByteLevel add_prefix_space
 

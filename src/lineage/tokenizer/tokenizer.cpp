@@ -56,6 +56,7 @@ class SegmentEncoder {
       if (m_.split == BpeModel::Split::kGpt2) split_gpt2(text, words_);
       else if (m_.split == BpeModel::Split::kQwen2) split_qwen2(text, words_);
       else if (m_.split == BpeModel::Split::kQwen35) split_qwen35(text, words_);
+      else if (m_.split == BpeModel::Split::kKimi) split_kimi(text, words_);
       else words_.push_back(text);
     } else if (m_.mode == SymbolMode::kTiktoken) {
       split_kimi(text, words_);

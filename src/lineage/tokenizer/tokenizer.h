@@ -25,7 +25,7 @@ struct BpeModel;  // bpe_model.h
 struct VocabTables {
   std::string source;               // for messages, e.g. "model.gguf"
   std::string model;                // tokenizer.ggml.model: "gpt2" (byte-level BPE)
-  std::string pre;                  // tokenizer.ggml.pre: "gpt-2", "qwen2", "qwen35"
+  std::string pre;                  // tokenizer.ggml.pre: "gpt-2", "qwen2", "qwen35", "kimi-k2"
   std::vector<std::string> tokens;  // by id, as spelled in the vocabulary ("Ġthe")
   std::vector<int32_t> types;       // llama.cpp's token types by id (3 control, 4 user-defined); may be empty
   std::vector<std::string> merges;  // "a b", highest priority first
