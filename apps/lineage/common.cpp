@@ -47,8 +47,8 @@ std::string default_model_dir() {
 void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset) {
   model_sources()[&cmd] = &src;
   auto* model = cmd.add_option("--model", src.dir,
-                               "Hugging Face model directory (config.json + safetensors) or a GGUF file; default: the model lineage "
-                               "ships (models/kjv-gpt2, or $LINEAGE_MODEL)");
+                               "Hugging Face model directory (config.json + safetensors) or a GGUF file; default: "
+                               "the model lineage ships (models/kjv-gpt2, or $LINEAGE_MODEL)");
   cmd.add_flag("--no-mmap", src.no_mmap,
                "copy the checkpoint's weights into the engine's own memory (huge pages; GPT-2's Conv1D matrices "
                "transposed to [out, in]) instead of mapping the files: slower to load, faster decode")
