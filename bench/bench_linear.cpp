@@ -13,7 +13,8 @@
 // `linear/*/{w4a16,w8a16,fp8_block,nvfp4}/*` rows: lineage quantize's formats (codes and scales counted
 // in the bytes read) at Kimi-Linear's and Qwen3-Next's expert and attention shapes; `*_int8dot` rows
 // the int4 and int8 codes in the int8-activation mode (kernels::int8_dot_available: AVX512_VNNI), its
-// GEMM still given against the f32 peak.
+// GEMM still given against the f32 peak. `linear/*/gguf_*/*` rows: GGUF's block formats (Q8_0, Q4_K, Q5_K,
+// Q6_K, Q4_0, MXFP4) at those shapes, random blocks, exact (each weight's defined value, f32 products).
 #include <cctype>
 #include <string>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "lineage/io/rtn.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/matrix.h"
+#include "lineage/kernels/random_blocks.h"
 
 namespace lineage::bench {
 namespace {
@@ -150,6 +152,27 @@ void bm_quantized(benchmark::State& state, LinearShape s, io::RtnScheme scheme, 
   bm_matrices(state, w, s, T);
 }
 
+// Copies of one [out, in] matrix of random ggml blocks (packed_test::random_blocks) past kColdBytes
+// together, prepared as the GGUF loader prepares them; the last set is kept.
+const std::vector<kernels::Matrix>& cold_ggml(int64_t out, int64_t in, kernels::GgmlBlock type) {
+  static std::vector<kernels::Matrix> last;
+  if (!last.empty() && last[0].out == out && last[0].in == in && last[0].quant.ggml == type) return last;
+  last.clear();
+  const kernels::Matrix m = kernels::packed_test::random_blocks(type, out, in, 3);
+  const size_t copies = (kColdBytes + m.bytes() - 1) / m.bytes();
+  for (size_t i = 0; i < copies; ++i) {
+    kernels::Matrix c = m;
+    c.data = m.data.clone();
+    kernels::prepare_quant(c, "bench.weight");
+    last.push_back(std::move(c));
+  }
+  return last;
+}
+
+void bm_ggml(benchmark::State& state, LinearShape s, kernels::GgmlBlock type, int64_t T) {
+  bm_matrices(state, cold_ggml(s.out, s.in, type), s, T);
+}
+
 // Kimi-Linear-48B-A3B's routed expert (width 2304, expert 1024) and MLA q_proj (2304 -> 32 x 192);
 // Qwen3-Next-80B-A3B's expert (2048, expert 512) and attention q_proj with its gate (2048 -> 2 x 16 x 256).
 constexpr LinearShape kQuantShapes[] = {{"kimi_expert_gate_up", 2304, 1024}, {"kimi_expert_down", 1024, 2304},
@@ -181,6 +204,17 @@ const bool registered = [] {
                                   std::to_string(s.in) + "x" + std::to_string(s.out);
           benchmark::RegisterBenchmark(dot.c_str(), bm_quantized, s, scheme, T, true)->UseRealTime()->Unit(benchmark::kMicrosecond);
         }
+      }
+  // GGUF's block formats (ggml's, computed on their blocks) at the same shapes.
+  for (const auto& [T, variant] : {std::pair<int64_t, const char*>{1, "gemv"}, {8, "batch8"}, {512, "gemm_T512"}})
+    for (const kernels::GgmlBlock type : {kernels::GgmlBlock::Q8_0, kernels::GgmlBlock::Q4_K, kernels::GgmlBlock::Q6_K,
+                                          kernels::GgmlBlock::Q5_K, kernels::GgmlBlock::Q4_0, kernels::GgmlBlock::MXFP4})
+      for (const LinearShape& s : kQuantShapes) {
+        std::string label = std::string("gguf_") + kernels::ggml_block_info(type).name;
+        for (char& c : label) c = char(std::tolower(static_cast<unsigned char>(c)));
+        const std::string name = std::string("linear/") + variant + "/" + label + "/out_in/" + s.name + "_" +
+                                 std::to_string(s.in) + "x" + std::to_string(s.out);
+        benchmark::RegisterBenchmark(name.c_str(), bm_ggml, s, type, T)->UseRealTime()->Unit(benchmark::kMicrosecond);
       }
   const bool dot_available = kernels::bf16_dot_available();
   struct Variant {

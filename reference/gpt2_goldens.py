@@ -72,6 +72,10 @@ CASES = [
     GPT2Case("f32_untied_lm_head", GPT2Config(vocab_size=280, n_positions=48, n_embd=64, n_layer=2, n_head=4,
                                               tie_word_embeddings=False),
              T=40, seed=1007, weights_dtype="F32"),
+    # Widths of whole 256-value blocks, so that llama-quantize's K-quants apply to every matrix (the GGUF
+    # block-format comparisons quantize this checkpoint's mirror: tests/gguf_llama_test.cpp).
+    GPT2Case("f32_width256", GPT2Config(vocab_size=512, n_positions=64, n_embd=256, n_layer=2, n_head=4),
+             T=40, seed=1009, weights_dtype="F32"),
 ]
 
 

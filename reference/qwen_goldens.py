@@ -238,6 +238,14 @@ CASES = [
     # BF16 (A_log, linear_attn.norm.weight F32) in 2 shards that also hold random mtp.* and model.visual.*
     # tensors, as released checkpoints do: the text model must skip them.
     QwenCase("qwen3_5_moe", "bf16_mtp_visual", 3651, weights_dtype="BF16", shards=2, extra_tensors=True),
+    # The llama.cpp shape (dk = dv) at widths of whole 256-value blocks (hidden, heads × head dims, experts),
+    # so that llama-quantize's K-quants apply to every matrix: tests/gguf_llama_test.cpp quantizes its mirror.
+    QwenCase("qwen3_5_moe", "f32_width256", 3661,
+             text={"hidden_size": 256, "head_dim": 64, "linear_key_head_dim": 64, "linear_value_head_dim": 64,
+                   "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256,
+                   "rope_parameters": {"mrope_interleaved": True, "mrope_section": [8, 4, 4],
+                                       "partial_rotary_factor": 0.5, "rope_theta": 10000000, "rope_type": "default"}},
+             T=24),
 ]
 
 # Linear weights [out, in] ~ N(0, gain / sqrt(in)), keyed by the module name before ".weight".

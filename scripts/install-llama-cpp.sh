@@ -3,8 +3,8 @@
 # the repository, once: nothing of llama.cpp is committed here.
 #
 #   source   ~/.cache/lineage/llama.cpp/            (a git clone, the release checked out)
-#   build    ~/.cache/lineage/llama.cpp/build/      (bin/llama-bench, bin/llama-batched-bench,
-#                                                   bin/llama-server)
+#   build    ~/.cache/lineage/llama.cpp/build/      (bin/llama-quantize, bin/llama-bench,
+#                                                   bin/llama-batched-bench, bin/llama-server)
 #   helpers  ~/.cache/lineage/llama.cpp/build/lineage-peers/make-peer-gguf and llama-logits
 #            (our own bench/peers/make_peer_gguf.cpp and tools/llama_logits.cpp, compiled against
 #            that build)
@@ -29,7 +29,7 @@
 # Prints the paths as KEY=VALUE lines at the end (LLAMA_BENCH=..., MAKE_GGUF=...).
 #
 # --tests: only what the test suite needs (scripts/install-deps.sh --test calls it so): the library
-# (libllama.a, ggml's) and tools/llama_logits.cpp against it, for tests/gguf_llama_test.cpp. A later
+# (libllama.a, ggml's), llama-quantize and tools/llama_logits.cpp against it, for tests/gguf_llama_test.cpp. A later
 # run without it adds the benchmark tools to the same build tree.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -110,8 +110,9 @@ release=$(sed -n 's/^release=//p' "$src/.lineage-source.txt")
 commit=$(sed -n 's/^commit=//p' "$src/.lineage-source.txt")
 
 # --- 2. llama-bench, llama-batched-bench (batched decode of independent sequences), llama-server;
-# with --tests only the library (libllama.a and ggml's), all the tests' llama-logits needs ----------
-if [ "$tests_only" = 1 ]; then targets=(llama); else targets=(llama llama-bench llama-batched-bench llama-server); fi
+# with --tests only the library (libllama.a and ggml's), all the tests' llama-logits needs, and
+# llama-quantize (the block-quantized files the GGUF tests compare on) ------------------------------
+if [ "$tests_only" = 1 ]; then targets=(llama llama-quantize); else targets=(llama llama-quantize llama-bench llama-batched-bench llama-server); fi
 artifact() { if [ "$1" = llama ]; then echo "$build/src/libllama.a"; else echo "$build/bin/$1"; fi; }
 want_stamp=$(printf '%s\n' "package=$NPM_PACKAGE@$NPM_VERSION" "release=$release" "commit=$commit" \
   "compiler=$(g++ -dumpfullversion 2>/dev/null || g++ -dumpversion)" "cmake_flags=${cmake_flags[*]}")
@@ -168,6 +169,7 @@ fi
 printf 'LLAMA_CPP_RELEASE=%q\n' "$release"
 printf 'LLAMA_CPP_COMMIT=%q\n' "$commit"
 printf 'LLAMA_CPP_SRC=%q\n' "$src"
+printf 'LLAMA_QUANTIZE=%q\n' "$build/bin/llama-quantize"
 printf 'LLAMA_BENCH=%q\n' "$build/bin/llama-bench"
 printf 'LLAMA_BATCHED_BENCH=%q\n' "$build/bin/llama-batched-bench"
 printf 'LLAMA_SERVER=%q\n' "$build/bin/llama-server"

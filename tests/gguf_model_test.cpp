@@ -247,7 +247,7 @@ TEST(GgufModel, BadFilesNameTheKeyOrTensor) {
   const std::vector<Case> cases = {
       {"arch", "--arch llama", {"general.architecture", "\"llama\"", "gpt2"}},
       {"extra", "--extra-tensor blk.0.attn_q_norm.weight", {"blk.0.attn_q_norm.weight", "not one lineage's gpt2 reads"}},
-      {"q8", "--type-of blk.0.ffn_up.weight=8", {"blk.0.ffn_up.weight", "Q8_0", "F32, F16 and BF16"}},
+      {"iq4", "--type-of blk.0.ffn_up.weight=20", {"blk.0.ffn_up.weight", "IQ4_NL", "F32, F16, BF16, Q4_0", "Q6_K, MXFP4"}},
       {"no_layers", "--drop-key gpt2.block_count", {"gpt2.block_count", "no such key"}},
   };
   std::vector<Mirror> jobs;

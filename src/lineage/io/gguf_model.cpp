@@ -1,17 +1,25 @@
 #include "lineage/io/gguf_model.h"
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "lineage/core/error.h"
+#include "lineage/kernels/linear.h"
+#include "lineage/kernels/matrix.h"
+#include "lineage/kernels/ref/ref.h"
+#include "lineage/layers/common.h"
 #include "lineage/model/archs/gguf_map.h"
+#include "lineage/model/binding.h"
+#include "lineage/model/model.h"
 
 namespace lineage::io {
 
@@ -179,36 +187,69 @@ LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage s
 
   std::map<std::string, std::pair<TensorEntry, Tensor>> held;
   std::set<std::string> read;
+  // The Hugging Face tensors held as a block type's rows (U8 [..., rows, row bytes]): their format, and
+  // the decoded f32 tensor should they bind as no matrix.
+  struct Blocks {
+    kernels::GgmlBlock type;
+    Shape shape;  // the values' torch shape
+  };
+  std::map<std::string, Blocks> blocks;
   // A stored tensor as a view of the mapping (copied where misaligned for its type); `for_what` names
-  // the Hugging Face tensor it is read for.
-  const auto stored = [&](const std::string& name, const std::string& for_what) -> std::pair<Tensor, TensorEntry> {
+  // the Hugging Face tensor it is read for. A block type's tensor comes as its rows of bytes, or with
+  // `decode` as its values in f32.
+  const auto stored = [&](const std::string& name, const std::string& for_what,
+                          bool decode) -> std::tuple<Tensor, TensorEntry, const kernels::GgmlBlockInfo*> {
     const auto it = by_name.find(name);
     if (it == by_name.end()) throw Error(cat(where, ": tensor ", name, " is missing (", arch, " needs it for ", for_what, ")"));
     const GgufTensor& t = *it->second.first;
     const std::shared_ptr<GgufFile>& in = it->second.second;
-    const std::optional<DType> dtype = plain_dtype(t.type);
-    if (!dtype) {
-      const GgmlType* type = ggml_type(t.type);
-      throw Error(cat(where, ": tensor ", t.name, ": type ", type ? type->name : cat("#", t.type),
-                      ", which lineage does not compute on yet; it reads F32, F16 and BF16 tensors"));
-    }
     const uint8_t* data = in->data(t);
-    Tensor view = Tensor::borrow(*dtype, torch_shape(t), data, std::shared_ptr<const void>(in, data));
-    if (reinterpret_cast<uintptr_t>(data) % dtype_size(*dtype) != 0) view = view.clone();
+    const TensorEntry e{DType::U8, {}, size_t(in->data_offset() + t.offset), size_t(in->data_offset() + t.offset + t.bytes),
+                        in->path().string()};
     read.insert(name);
-    return {view, TensorEntry{*dtype, view.shape(), size_t(in->data_offset() + t.offset),
-                              size_t(in->data_offset() + t.offset + t.bytes), in->path().string()}};
+    if (const std::optional<DType> dtype = plain_dtype(t.type)) {
+      Tensor view = Tensor::borrow(*dtype, torch_shape(t), data, std::shared_ptr<const void>(in, data));
+      if (reinterpret_cast<uintptr_t>(data) % dtype_size(*dtype) != 0) view = view.clone();
+      return {view, e, nullptr};
+    }
+    const kernels::GgmlBlockInfo* b = kernels::ggml_block_of_type(t.type);
+    if (!b) {
+      const GgmlType* type = ggml_type(t.type);
+      std::string known = "F32, F16, BF16";
+      for (const kernels::GgmlBlockInfo& k : kernels::ggml_blocks()) known += cat(", ", k.name);
+      throw Error(cat(where, ": tensor ", t.name, ": type ", type ? type->name : cat("#", t.type),
+                      ", which lineage does not compute on; it reads ", known));
+    }
+    // The reader checked that dims[0] is whole blocks and the bytes lie in the file.
+    const Shape values = torch_shape(t);
+    const int64_t rows = t.ne.empty() ? 0 : int64_t(t.bytes) / (t.ne[0] / b->values * b->bytes);
+    if (decode) {
+      Tensor f = Tensor::empty(DType::F32, values);
+      for (int64_t r = 0; r < rows; ++r)
+        kernels::ref::ggml_decode_row(b->block, data + r * (t.ne[0] / b->values * b->bytes), t.ne[0], f.data<float>() + r * t.ne[0]);
+      return {f, e, b};
+    }
+    Shape byte_shape = values;
+    byte_shape.back() = t.ne[0] / b->values * b->bytes;
+    return {Tensor::borrow(DType::U8, byte_shape, data, std::shared_ptr<const void>(in, data)), e, b};
   };
   for (const model::GgufTensorMap& m : mapped.tensors) {
-    auto [view, e] = stored(m.gguf, m.hf);
+    // A converted or joined tensor gets the values, unless the convert moves whole rows.
+    const bool decode = (m.convert && !m.whole_rows) || !m.gguf2.empty();
+    auto [view, e, block] = stored(m.gguf, m.hf, decode);
     if (m.convert) view = m.convert(view);
     if (!m.gguf2.empty()) {
-      auto [second, e2] = stored(m.gguf2, m.hf);
+      auto [second, e2, block2] = stored(m.gguf2, m.hf, true);
       if (m.convert) second = m.convert(second);
       view = m.join(view, second);
     }
     e.dtype = view.dtype();
     e.shape = view.shape();
+    if (block && !decode) {
+      Shape shape = view.shape();
+      shape.back() = shape.back() / block->bytes * block->values;
+      blocks.emplace(m.hf, Blocks{block->block, shape});
+    }
     if (!held.emplace(m.hf, std::make_pair(e, view)).second)
       throw Error(cat(where, ": ", arch, "'s map names ", m.hf, " twice"));
   }
@@ -218,8 +259,37 @@ LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage s
                       " reads (llama.cpp's optional tensors are applied or refused by name; this one is unknown)"));
 
   auto ckpt = std::make_shared<Checkpoint>(Checkpoint::of_tensors(std::move(held)));
-  LoadedModel out = load_checkpoint(mapped.config, cat(where, " (its ", arch, ".* keys)"), ckpt, where, storage,
-                                    mapped.adjust);
+  // Block-quantized tensors that bind as weight matrices stay blocks (StoredQuant Ggml); the others
+  // (embeddings, norms) are decoded to their f32 values.
+  const auto adjust = [&](model::Model& m) {
+    if (mapped.adjust) mapped.adjust(m);
+    std::set<std::string> claimed;
+    m.for_each_tensor(layers::TensorVisitor::with_matrices([&](const std::string& param, kernels::Matrix& w) {
+      std::string name = model::stored_matrix(m.binding, param);
+      for (const model::BindingTable::Unstack& us : m.binding.unstacks)  // a slice of a stacked tensor held so
+        if (const auto slot = model::unstack_slot(us, param); slot && blocks.count(slot->stored)) name = slot->stored;
+      const auto it = blocks.find(name);
+      if (it == blocks.end()) return;
+      w.quant = kernels::StoredQuant{};
+      w.quant.kind = kernels::StoredQuant::Kind::Ggml;
+      w.quant.ggml = it->second.type;
+      w.quant.origin = cat(where, ", tensor type ", kernels::ggml_block_info(it->second.type).name);
+      w.packed = false;
+      w.layout = kernels::Layout::OutIn;
+      claimed.insert(name);
+    }));
+    for (const auto& [name, b] : blocks) {
+      if (claimed.count(name)) continue;
+      const Tensor rows = ckpt->tensor(name);
+      const kernels::GgmlBlockInfo& info = kernels::ggml_block_info(b.type);
+      Tensor f = Tensor::empty(DType::F32, b.shape);
+      const int64_t n = b.shape.back(), row_bytes = n / info.values * info.bytes, count = f.numel() / std::max<int64_t>(1, n);
+      for (int64_t r = 0; r < count; ++r)
+        kernels::ref::ggml_decode_row(b.type, static_cast<const uint8_t*>(rows.raw()) + r * row_bytes, n, f.data<float>() + r * n);
+      ckpt->replace_held(name, std::move(f));
+    }
+  };
+  LoadedModel out = load_checkpoint(mapped.config, cat(where, " (its ", arch, ".* keys)"), ckpt, where, storage, adjust);
   out.dir = path;
   if (with_tokenizer) out.tokenizer = gguf_tokenizer(*file);
   if (const json* t = key(*file, "tokenizer.chat_template")) {

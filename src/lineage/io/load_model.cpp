@@ -155,7 +155,7 @@ bool split_companion(const Checkpoint& ckpt, const std::string& stored, const st
 void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& where) {
   const model::BindingTable& table = m.binding;
   std::vector<std::string> missing, wrong;
-  // The FP8 matrices' `weight`s (F8_E4M3 codes), and the MXFP4 pairs' tensors (U8 only).
+  // The FP8 matrices' `weight`s (F8_E4M3 codes), and the MXFP4 pairs' tensors and ggml's block rows (U8 only).
   std::set<std::string> bound, fp8, mxfp4;
   std::map<std::string, kernels::StoredQuant> quant_of;  // by the matrix's "….weight"
   m.for_each_tensor(layers::TensorVisitor::with_matrices([&](const std::string& name, kernels::Matrix& w) {
@@ -163,6 +163,7 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
     if (w.quant.defined()) quant_of[name] = w.quant;
     if (w.quant.kind == Kind::Fp8 || w.quant.kind == Kind::HfFp8) fp8.insert(name);
     if (w.packed && !w.quant.defined()) mxfp4.insert({name + "_packed", name + "_scale"});
+    if (w.quant.kind == Kind::Ggml) mxfp4.insert(name);  // ggml's blocks: U8 rows too
   }));
   const auto dtype_ok = [&](DType t, const std::string& param) {
     if (mxfp4.count(param)) return t == DType::U8;
@@ -202,7 +203,7 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
       Shape want = shape;
       want.insert(want.begin(), 0);
       want[0] = us.slices, want[1] = per;
-      if (en.shape != want || e >= en.shape[0] || !is_weight_dtype(en.dtype, name)) {
+      if (en.shape != want || e >= en.shape[0] || !dtype_ok(en.dtype, name)) {
         wrong.push_back(cat(stored, ": shape ", shape_str(en.shape), " ", dtype_name(en.dtype), ", expected ",
                             shape_str(want), " (experts, then each expert's rows) of a float dtype"));
         return;

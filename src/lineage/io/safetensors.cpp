@@ -166,6 +166,14 @@ Checkpoint Checkpoint::of_tensors(std::map<std::string, std::pair<TensorEntry, T
   return c;
 }
 
+void Checkpoint::replace_held(const std::string& name, Tensor t) {
+  const auto it = held_.find(name);
+  LINEAGE_CHECK(it != held_.end(), "replace_held: no held tensor ", name);
+  it->second.first.dtype = t.dtype();
+  it->second.first.shape = t.shape();
+  it->second.second = std::move(t);
+}
+
 const TensorEntry& Checkpoint::entry(const std::string& name) const {
   if (const auto it = held_.find(name); it != held_.end()) return it->second.first;
   return files_[where_.at(name)]->entries().at(name);

@@ -46,6 +46,8 @@ class Checkpoint {
   // A checkpoint of tensors held elsewhere under the names a directory's would have (a GGUF file's
   // tensors, mapped back: io/gguf_model.h). Each entry's file and byte range say where it came from.
   static Checkpoint of_tensors(std::map<std::string, std::pair<TensorEntry, Tensor>> tensors);
+  // of_tensors: replaces a held tensor (the GGUF loader's decoded block tensors that bind as no matrix).
+  void replace_held(const std::string& name, Tensor t);
   bool has(const std::string& name) const { return where_.count(name) > 0 || held_.count(name) > 0; }
   const TensorEntry& entry(const std::string& name) const;
   Tensor tensor(const std::string& name) const;

@@ -78,6 +78,13 @@ const GemvMxfp4Dot* mxfp4_dot(const Weight& W) { return W.mxfp4() && W.bf16_dot 
 // A quantized weight's contract (QuantWeight, linear.h); the loader checks what a file holds.
 void check_quant(const Weight& W) {
   const QuantWeight& q = *W.quant;
+  if (q.codes == QuantCodes::Ggml) {
+    const GgmlBlockInfo& b = ggml_block_info(q.ggml);
+    LINEAGE_CHECK(W.layout == Layout::OutIn && q.in % b.values == 0 && q.row_bytes == q.in / b.values * b.bytes &&
+                      q.out == W.out(),
+                  b.name, " weights: in = ", q.in, ", ", q.row_bytes, " bytes a row, out = ", q.out);
+    return;
+  }
   LINEAGE_CHECK(W.layout == Layout::OutIn && q.in % (q.nibbles() ? 32 : 16) == 0 && q.group > 0 &&
                     (q.group % 16 == 0 || q.group == q.in) && q.groups == (q.in + q.group - 1) / q.group &&
                     q.row_bytes == (q.nibbles() ? q.in / 2 : q.in) && q.out == W.out(),

@@ -38,9 +38,32 @@ inline Shape stored_shape(Layout layout, int64_t in, int64_t out) {
 //   Fp8 (E4M3): one byte a column, its FP8 value (S.1111.111 NaN).
 // The scales and zero points are tables prepare_quant (matrix.h) makes from the stored ones;
 // `in` is a multiple of 32 (4-bit codes) or 16 (8-bit), and `group` a multiple of 16 (or `in`, one scale a row).
-enum class QuantCodes : uint8_t { Int4, Fp4, Int8, Fp8 };
+//   Ggml (GGUF's block formats, below): each row whole blocks of the format `ggml` names, scales and
+//     codes together as llama.cpp stores them; `scale` and `zero` are null, `group` the block's values.
+enum class QuantCodes : uint8_t { Int4, Fp4, Int8, Fp8, Ggml };
+
+// ggml's block formats (spec quantized-formats.md §3.2; ggml-common.h, ggml-quants.c), computed on their
+// stored blocks: every weight decoded to the value ggml's dequantize_row_* gives it (its products are
+// exact in f32, so the one rounding, a K-quant's `- dmin·m` or Q4_1's `+ m`, is ggml's whatever the
+// order of its operations), then f32 products with x and f32 sums. MXFP4 here is GGUF's block (an E8M0
+// byte, then 16 bytes: value j in the low nibble of byte j, value j + 16 in its high nibble), unlike the
+// nibble pairs of MatrixFormat::MXFP4.
+enum class GgmlBlock : uint8_t { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4 };
+struct GgmlBlockInfo {
+  GgmlBlock block;
+  const char* name;  // ggml's: "Q4_K"
+  uint32_t type_id;  // ggml_type
+  int64_t values, bytes;
+};
+// Every format above, in enum order.
+std::span<const GgmlBlockInfo> ggml_blocks();
+const GgmlBlockInfo& ggml_block_info(GgmlBlock b);
+// The format with ggml type id `id`, or null.
+const GgmlBlockInfo* ggml_block_of_type(uint32_t id);
+
 struct QuantWeight {
   QuantCodes codes = QuantCodes::Int4;
+  GgmlBlock ggml = GgmlBlock::Q8_0;  // codes Ggml: the format
   const uint8_t* q = nullptr;    // [out, row_bytes]
   const float* scale = nullptr;  // [out, groups] f32
   const float* zero = nullptr;   // [out, groups] f32 code values, or null (symmetric)

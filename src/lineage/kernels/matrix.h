@@ -31,15 +31,18 @@ enum class MatrixFormat : uint8_t { F32, F16, BF16, MXFP4, Quantized };
 //     [ceil(out/br), ceil(in/bc)], which multiplies as the compressed-tensors scale does;
 //   Nvfp4 (nvfp4-pack-quantized): X.weight_packed U8 [out, in/2], X.weight_scale F8_E4M3 [out, in/16],
 //     X.weight_global_scale F32 [1], element = e2m1 · (scale / global_scale).
+//   Ggml (a GGUF file's block types, linear.h GgmlBlock): X.weight U8 [out, row bytes], each row
+//     whole blocks of scales and codes as llama.cpp stores them.
 // MXFP4 (mxfp4-pack-quantized) is Matrix::packed.
 struct StoredQuant {
-  enum class Kind : uint8_t { None, PackedInt, Fp8, HfFp8, Nvfp4 };
+  enum class Kind : uint8_t { None, PackedInt, Fp8, HfFp8, Nvfp4, Ggml };
   Kind kind = Kind::None;
   int bits = 0;                 // PackedInt: 4 or 8
   int64_t group = 0;            // PackedInt: columns per scale, 0 for one a row (channel)
   int64_t block_rows = 0, block_cols = 0;  // Fp8, HfFp8: the scale's block; 0 per channel, -1 one scale
   bool symmetric = true;        // PackedInt: false stores zero points
   std::string origin;           // the config field that chose it, for messages
+  GgmlBlock ggml = GgmlBlock::Q8_0;  // Ggml: the block format (a GGUF file's tensor type)
   bool defined() const { return kind != Kind::None; }
 };
 

@@ -130,12 +130,33 @@ void prepare_nvfp4(Matrix& W, const Where& at) {
   W.codes = byte_view(W.data, W.out, W.in / 2);
 }
 
+// ggml's blocks: the stored rows as they are (U8 [out, row bytes]).
+void prepare_ggml(Matrix& W, const Where& at) {
+  const GgmlBlockInfo& b = ggml_block_info(W.quant.ggml);
+  at.dtype(at.name, W.data, {DType::U8});
+  if (W.in % b.values)
+    at.fail(at.name, cat(b.name, " rows of ", W.in, " values; the format stores whole blocks of ", b.values));
+  const int64_t row_bytes = W.in / b.values * b.bytes;
+  if (W.data.ndim() != 2 || W.data.dim(0) != W.out || W.data.dim(1) != row_bytes)
+    at.fail(at.name, cat(b.name, " data ", shape_str(W.data.shape()), ", expected [", W.out, ", ", row_bytes, "]"));
+  W.codes = W.data;
+  QuantWeight& v = W.qw;
+  v.codes = QuantCodes::Ggml;
+  v.ggml = W.quant.ggml;
+  v.q = static_cast<const uint8_t*>(W.data.raw());
+  v.scale = v.zero = nullptr;
+  v.in = W.in, v.out = W.out;
+  v.group = b.values, v.groups = W.in / b.values;
+  v.row_bytes = row_bytes;
+}
+
 }  // namespace
 
 void prepare_quant(Matrix& W, const std::string& name) {
   using Kind = StoredQuant::Kind;
   const StoredQuant& q = W.quant;
   const Where at{name, q};
+  if (q.kind == Kind::Ggml) return prepare_ggml(W, at);
   const bool nibbles = (q.kind == Kind::PackedInt && q.bits == 4) || q.kind == Kind::Nvfp4;
   const int64_t whole = nibbles ? 32 : 16;
   if (W.in % whole)
@@ -151,6 +172,7 @@ void prepare_quant(Matrix& W, const std::string& name) {
     case Kind::Fp8: prepare_fp8(W, at, name + "_scale"); break;
     case Kind::HfFp8: prepare_fp8(W, at, name + "_scale_inv"); break;
     case Kind::Nvfp4: prepare_nvfp4(W, at); break;
+    case Kind::Ggml:
     case Kind::None: return;
   }
   QuantWeight& v = W.qw;
@@ -198,12 +220,12 @@ Matrix quant_rows(const Matrix& W, int64_t r0, int64_t r1) {
   LINEAGE_CHECK(W.quant.defined() && W.qw.q, "quant_rows: a prepared quantized or MXFP4 matrix");
   m.quant = W.quant;
   m.codes = W.codes.rows(r0, r1);
-  m.scale_table = W.scale_table.rows(r0, r1);
+  if (W.scale_table.defined()) m.scale_table = W.scale_table.rows(r0, r1);
   if (W.zero_table.defined()) m.zero_table = W.zero_table.rows(r0, r1);
   m.qw = W.qw;
   m.qw.out = m.out;
   m.qw.q = static_cast<const uint8_t*>(m.codes.raw());
-  m.qw.scale = m.scale_table.data<float>();
+  m.qw.scale = m.scale_table.defined() ? m.scale_table.data<float>() : nullptr;
   m.qw.zero = m.zero_table.defined() ? m.zero_table.data<float>() : nullptr;
   return m;
 }

@@ -124,6 +124,7 @@ Matrix random_quant(const Spec& s, int64_t out, int64_t in, uint64_t seed) {
       m.global_scale.data<float>()[0] = 2688.0f / 3.7f;
       break;
     }
+    case Kind::Ggml:  // ggml_test.cpp
     case Kind::None: break;
   }
   prepare_quant(m, "model.layers.0.mlp.down_proj.weight");
@@ -232,31 +233,8 @@ TEST(Quant, LinearMatchesRefOverShapesTokensThreads) {
   for (const Spec& s : kSpecs)
     for (auto [in, out] : {std::array<int64_t, 2>{64, 50}, {160, 130}, {512, 300}}) {
       if (!fits(s, in)) continue;
-      const Matrix m = random_quant(s, out, in, uint64_t(in + 3 * out));
-      Tensor bias = Tensor::empty(DType::F32, {out});
-      const std::vector<float> b = random_floats(out, 9);
-      std::memcpy(bias.data<float>(), b.data(), b.size() * 4);
-      for (int64_t T : {1, 2, 5, 8, 9, 40}) {
-        const std::vector<float> x = random_floats(T * in, uint64_t(T * 5 + in));
-        std::vector<float> want(size_t(T * out)), got(want.size()), first, one(static_cast<size_t>(out));
-        ref::linear(x.data(), T, m.view(false), &bias, want.data());
-        activate(Activation::Silu, want.data(), T * out);
-        for (int threads : {1, 2, 3}) {
-          set_threads(threads);
-          linear(x.data(), T, m, &bias, got.data(), Activation::Silu);
-          ASSERT_LE(rel_rms(got, want), tolerance(in)) << worst(got, want) << "; " << s.label << " " << out << "x" << in << " T " << T;
-          if (threads == 1) first = got;
-          else ASSERT_EQ(got, first) << s.label << " T " << T << " threads " << threads;
-          if (T > 8) continue;
-          for (int64_t t = 0; t < T; ++t) {
-            linear(x.data() + t * in, 1, m, &bias, one.data(), Activation::Silu);
-            ASSERT_EQ(std::vector<float>(got.begin() + t * out, got.begin() + (t + 1) * out), one)
-                << s.label << " T " << T << " row " << t << " threads " << threads;
-          }
-        }
-      }
+      check_linear(random_quant(s, out, in, uint64_t(in + 3 * out)), s.label, {1, 2, 5, 8, 9, 40});
     }
-  set_threads(0);
 }
 
 // The int8-activation mode (linear.h): against ref::'s definition of it, through every path T takes
@@ -356,15 +334,6 @@ TEST(Quant, GroupEqualsOneCallEach) {
   EXPECT_EQ(yb, wb);
   EXPECT_EQ(yc, wc);
   EXPECT_EQ(yd, wd);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Damaged stored tensors: errors naming the tensor, what was found and the config field.

@@ -41,6 +41,11 @@ void visit_quantized(const TensorVisitor& f, const std::string& name, kernels::M
       f(name + "_scale", m.scales, {out, ceil_div(in, 16)}, Init::Custom);
       f(name + "_global_scale", m.global_scale, {1}, Init::Custom);
       return;
+    case Kind::Ggml: {
+      const kernels::GgmlBlockInfo& b = kernels::ggml_block_info(q.ggml);
+      f(name, m.data, {out, ceil_div(in, b.values) * b.bytes}, Init::Custom);
+      return;
+    }
     case Kind::None: return;
   }
 }

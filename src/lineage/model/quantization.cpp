@@ -163,6 +163,7 @@ std::string stored_name(const Stored& s) {
     case Stored::Kind::HfFp8:
       return cat("FP8 E4M3", s.block_rows < 0 ? " per tensor" : s.block_rows == 0 ? " per channel" : cat(" blocks ", s.block_rows, "x", s.block_cols));
     case Stored::Kind::Nvfp4: return "NVFP4";
+    case Stored::Kind::Ggml: return kernels::ggml_block_info(s.ggml).name;
     case Stored::Kind::None: break;
   }
   return "none";

@@ -21,6 +21,12 @@ double mxfp4_element(const Tensor& codes, const Tensor& scales, int64_t o, int64
 float quant_element(const QuantWeight& W, int64_t o, int64_t c) {
   static constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   const uint8_t* row = W.q + o * W.row_bytes;
+  if (W.codes == QuantCodes::Ggml) {
+    const GgmlBlockInfo& b = ggml_block_info(W.ggml);
+    float block[256];
+    ggml_decode_block(W.ggml, row + c / b.values * b.bytes, block);
+    return block[c % b.values];
+  }
   float v = 0.0f;
   switch (W.codes) {
     case QuantCodes::Int4: v = float((c % 2 ? row[c / 2] >> 4 : row[c / 2] & 15) - 8); break;
@@ -31,6 +37,7 @@ float quant_element(const QuantWeight& W, int64_t o, int64_t c) {
     }
     case QuantCodes::Int8: v = float(int(row[c]) - 128); break;
     case QuantCodes::Fp8: v = e4m3_to_f32(row[c]); break;
+    case QuantCodes::Ggml: break;
   }
   const int64_t g = c / W.group;
   const float z = W.zero ? W.zero[o * W.groups + g] : 0.0f;
@@ -83,7 +90,13 @@ void linear_quant(const float* x, int64_t T, const Weight& W, const std::vector<
   const int64_t in = W.in(), out = W.out();
   std::vector<double> row(in);
   for (int64_t o = 0; o < out; ++o) {
-    for (int64_t c = 0; c < in; ++c) row[c] = quant_element(*W.quant, o, c);
+    if (W.quant->codes == QuantCodes::Ggml) {
+      std::vector<float> decoded(static_cast<size_t>(in));
+      ggml_decode_row(W.quant->ggml, W.quant->q + o * W.quant->row_bytes, in, decoded.data());
+      for (int64_t c = 0; c < in; ++c) row[c] = decoded[c];
+    } else {
+      for (int64_t c = 0; c < in; ++c) row[c] = quant_element(*W.quant, o, c);
+    }
     for (int64_t t = 0; t < T; ++t) {
       double acc = b[o];
       for (int64_t c = 0; c < in; ++c) acc += double(x[t * in + c]) * row[c];

@@ -23,6 +23,11 @@ double mxfp4_element(const Tensor& codes, const Tensor& scales, int64_t o, int64
 // times the scale, in f32 (the defined value), decoded from the bytes one at a time.
 float quant_element(const QuantWeight& W, int64_t o, int64_t c);
 
+// One block of a ggml format (linear.h, GgmlBlock) decoded to its f32 values, y[0 .. values), each by
+// the expression ggml's dequantize_row_* evaluates; a row of n values (whole blocks) block by block.
+void ggml_decode_block(GgmlBlock type, const uint8_t* block, float* y);
+void ggml_decode_row(GgmlBlock type, const uint8_t* row, int64_t n, float* y);
+
 // The int8-activation mode's x (linear.h, int8_dot_available): per block of 32 values, d = max|x| / 127
 // and q = nearbyint(x · (127 / max|x|)) (0 where max|x| is 0; d NaN where the block holds a NaN).
 void quantize_x_int8(const float* x, int64_t n, int8_t* q, float* d);

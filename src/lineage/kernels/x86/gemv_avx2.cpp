@@ -85,6 +85,29 @@ struct Avx2 {
     odd = lookup(lut, _mm256_srli_epi32(v, 4));
   }
   static __m256i bytes(const uint8_t* q) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))); }
+  // ggml's blocks (gemv_ggml.h).
+  static void scale_bytes16(const uint8_t* p, float a, float b, float* f) {
+    _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_cvtepi32_ps(bytes(p)), _mm256_set1_ps(a)));
+    _mm256_storeu_ps(f + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(bytes(p + 8)), _mm256_set1_ps(b)));
+  }
+  static float half(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+  }
+  static Vec look(const uint8_t* q, int shift, const Lut16& lut) { return lookup(lut, _mm256_srli_epi32(bytes(q), shift)); }
+  static Lut16 lut_muladd(const float* values, float a, float b) {
+    const __m256 av = _mm256_set1_ps(a), bv = _mm256_set1_ps(b);
+    return {_mm256_fmadd_ps(_mm256_loadu_ps(values), av, bv), _mm256_fmadd_ps(_mm256_loadu_ps(values + 8), av, bv)};
+  }
+  static Vec field(const uint8_t* q, int shift, int mask) {
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(bytes(q), shift), _mm256_set1_epi32(mask)));
+  }
+  static Vec sbytes(const uint8_t* q) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)))); }
+  static Vec bits(uint32_t word, int first) {
+    const __m256i at = _mm256_add_epi32(_mm256_set1_epi32(first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(word)), at), _mm256_set1_epi32(1)));
+  }
   static Vec bytes_int8(const uint8_t* q) {
     return _mm256_sub_ps(_mm256_cvtepi32_ps(bytes(q)), _mm256_set1_ps(128.0f));
   }

@@ -8,6 +8,8 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "lineage/kernels/x86/gemv.h"
 #include "lineage/kernels/x86/gemv_quant.h"
 #include "lineage/kernels/x86/gemv_simd.h"
@@ -68,6 +70,28 @@ struct Avx512 {
     w[7] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 28), lut);
   }
   static __m512i bytes(const uint8_t* q) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))); }
+  // ggml's blocks (gemv_ggml.h).
+  static void scale_bytes16(const uint8_t* p, float a, float b, float* f) {
+    const __m512 ab = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b));
+    _mm512_storeu_ps(f, _mm512_mul_ps(_mm512_cvtepi32_ps(bytes(p)), ab));
+  }
+  static float half(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+  }
+  static Vec look(const uint8_t* q, int shift, Lut16 lut) { return _mm512_permutexvar_ps(_mm512_srli_epi32(bytes(q), shift), lut); }
+  static Lut16 lut_muladd(const float* values, float a, float b) {
+    return _mm512_fmadd_ps(_mm512_loadu_ps(values), _mm512_set1_ps(a), _mm512_set1_ps(b));
+  }
+  static Vec field(const uint8_t* q, int shift, int mask) {
+    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(bytes(q), shift), _mm512_set1_epi32(mask)));
+  }
+  static Vec sbytes(const uint8_t* q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))); }
+  static Vec bits(uint32_t word, int first) {
+    const __m512i at = _mm512_add_epi32(_mm512_set1_epi32(first), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(int(word)), at), _mm512_set1_epi32(1)));
+  }
   static Vec bytes_int8(const uint8_t* q) { return _mm512_sub_ps(_mm512_cvtepi32_ps(bytes(q)), _mm512_set1_ps(128.0f)); }
   // E4M3's exponent and mantissa placed at f32's (bits 20-26) and its sign at f32's, times 2^120 (the
   // bias difference; exact, subnormals included); S.1111.111 is NaN.

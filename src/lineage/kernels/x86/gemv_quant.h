@@ -11,6 +11,7 @@
 
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/x86/gemv.h"
+#include "lineage/kernels/x86/gemv_ggml.h"
 #include "lineage/kernels/x86/gemv_mxfp4.h"
 
 namespace lineage::kernels::simd {
@@ -208,7 +209,9 @@ inline void quant_dot(const float* xd, int64_t ldx, const QuantWeight& W, int64_
   if constexpr (kHasLines<S>) {
     if (quant_order<S>(W) == kOrderLines) return line_dot<S, G>(xd, ldx, W, o, y, ldy);
   }
-  if (W.nibbles()) {
+  if (W.codes == QuantCodes::Ggml) {
+    ggml_dot<S, G>(xd, ldx, W, o, y, ldy);
+  } else if (W.nibbles()) {
     nibble_dot<S, G>(xd, ldx, W, o, y, ldy);
   } else if (W.codes == QuantCodes::Int8) {
     byte_dot<S, G, QuantCodes::Int8>(xd, ldx, W, o, y, ldy);
@@ -254,6 +257,7 @@ void quant_out_in_rows(const float* xd, int64_t ldx, int64_t rows, const QuantWe
 template <class S>
 void quant_decode(const QuantWeight& W, int64_t o0, int64_t o1, float* dst) {
   constexpr int V = S::kWidth;
+  if (W.codes == QuantCodes::Ggml) return ggml_decode<S>(W, o0, o1, dst);
   if constexpr (kHasLines<S>) {
     if (quant_order<S>(W) == kOrderLines) {
       for (int64_t o = o0; o < o1; ++o, dst += W.in)

@@ -1,4 +1,6 @@
 // Portable GEMV (one lane): the fallback on CPUs without AVX2. MXFP4 codes index a 16-entry table.
+#include <cstring>
+
 #include "lineage/core/dtype.h"
 #include "lineage/kernels/x86/gemv.h"
 #include "lineage/kernels/x86/gemv_mxfp4.h"
@@ -51,6 +53,24 @@ struct Scalar {
   static void nibbles(const uint8_t* q, const Lut16& lut, Vec& even, Vec& odd) { mxfp4_decode(q, lut, even, odd); }
   static Vec bytes_int8(const uint8_t* q) { return float(int(*q) - 128); }
   static Vec bytes_fp8(const uint8_t* q) { return e4m3_to_f32(*q); }
+  // ggml's blocks (gemv_ggml.h).
+  static void scale_bytes16(const uint8_t* p, float a, float b, float* f) {
+    for (int i = 0; i < 16; ++i) f[i] = float(p[i]) * (i < 8 ? a : b);
+  }
+  static float half(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return f16_to_f32(h);
+  }
+  static Vec look(const uint8_t* q, int shift, const Lut16& lut) { return lut.v[(*q >> shift) & 15]; }
+  static Lut16 lut_muladd(const float* values, float a, float b) {
+    Lut16 l;
+    for (int c = 0; c < 16; ++c) l.v[c] = values[c] * a + b;
+    return l;
+  }
+  static Vec field(const uint8_t* q, int shift, int mask) { return float((*q >> shift) & mask); }
+  static Vec sbytes(const uint8_t* q) { return float(int8_t(*q)); }
+  static Vec bits(uint32_t word, int first) { return float((word >> first) & 1); }
 };
 }  // namespace
 

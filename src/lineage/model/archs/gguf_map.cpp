@@ -30,6 +30,12 @@ std::string known_gguf_archs() {
   return s;
 }
 
+GgufTensorMap gguf_expert(const std::string& hf, const std::string& gguf, int64_t e) {
+  GgufTensorMap m{hf, gguf, [e](const Tensor& x) { return x.rows(e, e + 1).reshaped({x.dim(1), x.dim(2)}); }};
+  m.whole_rows = true;
+  return m;
+}
+
 Tensor gguf_f32(const Tensor& t, const std::string& file, const std::string& name) {
   if (t.dtype() != DType::F32)
     throw Error(cat(file, ": tensor ", name, ": ", dtype_name(t.dtype()), "; expected F32 (as the converter writes it)"));

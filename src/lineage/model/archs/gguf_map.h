@@ -44,7 +44,14 @@ struct GgufTensorMap {
   // (each converted first where `convert` says) make this one.
   std::string gguf2 = {};
   std::function<Tensor(const Tensor&, const Tensor&)> join = {};
+  // `convert` only picks or moves whole rows (an expert's slice, value heads regrouped along dim 0), so
+  // it runs on a block type's stored rows as they are; otherwise a block-quantized tensor is decoded to
+  // f32 (its exact values) before `convert`.
+  bool whole_rows = false;
 };
+
+// Expert e's [out, in] slice of a stacked [E, out, in] tensor, a view.
+GgufTensorMap gguf_expert(const std::string& hf, const std::string& gguf, int64_t e);
 
 struct GgufMapped {
   nlohmann::json config;               // as the family's config.json

@@ -499,8 +499,7 @@ GgufMapped gguf_kimi_linear(const GgufSource& in) {
     t.push_back({moe + "gate.e_score_correction_bias", b + "exp_probs_b.bias", {}});
     for (int64_t e = 0; e < E; ++e)
       for (const auto& [w, p] : std::vector<std::pair<const char*, const char*>>{{"w1", "gate"}, {"w3", "up"}, {"w2", "down"}})
-        t.push_back({cat(moe, "experts.", e, ".", w, ".weight"), cat(b, "ffn_", p, "_exps.weight"),
-                     [e](const Tensor& x) { return x.rows(e, e + 1).reshaped({x.dim(1), x.dim(2)}); }});
+        t.push_back(gguf_expert(cat(moe, "experts.", e, ".", w, ".weight"), cat(b, "ffn_", p, "_exps.weight"), e));
     if (has(b + "ffn_gate_shexp.weight"))
       for (const char* p : {"gate", "up", "down"})
         t.push_back({cat(moe, "shared_experts.", p, "_proj.weight"), cat(b, "ffn_", p, "_shexp.weight"), {}});

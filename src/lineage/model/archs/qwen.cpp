@@ -429,7 +429,7 @@ GgufMapped gguf_qwen(const GgufSource& in, Flavour flavour) {
   // A Qwen3.5 tensor whose value heads the converter tiled (see grouped_v_heads).
   const auto grouped = [&](const std::string& hf, const std::string& gguf, int dim, int64_t from, int64_t width) {
     if (next || r == 1) t.push_back({hf, gguf, {}});
-    else t.push_back({hf, gguf, [=](const Tensor& x) { return grouped_v_heads(x, dim, from, Hk, r, width); }});
+    else t.push_back({hf, gguf, [=](const Tensor& x) { return grouped_v_heads(x, dim, from, Hk, r, width); }, {}, {}, dim == 0});
   };
   t.push_back({P + "embed_tokens.weight", "token_embd.weight", {}});
   norm(P + "norm.weight", "output_norm.weight");
@@ -476,8 +476,7 @@ GgufMapped gguf_qwen(const GgufSource& in, Flavour flavour) {
     t.push_back({mlp + "gate.weight", b + "ffn_gate_inp.weight", {}});
     for (int64_t e = 0; e < E; ++e)
       for (const char* p : {"gate", "up", "down"})
-        t.push_back({cat(mlp, "experts.", e, ".", p, "_proj.weight"), cat(b, "ffn_", p, "_exps.weight"),
-                     [e](const Tensor& x) { return x.rows(e, e + 1).reshaped({x.dim(1), x.dim(2)}); }});
+        t.push_back(gguf_expert(cat(mlp, "experts.", e, ".", p, "_proj.weight"), cat(b, "ffn_", p, "_exps.weight"), e));
     if (has(b + "ffn_gate_inp_shexp.weight")) {
       t.push_back({mlp + "shared_expert_gate.weight", b + "ffn_gate_inp_shexp.weight",
                    [](const Tensor& x) { return x.reshaped({1, x.numel()}); }});
