@@ -24,12 +24,15 @@
 # batching, -t/-tb --threads. The table: aggregate tokens/s and p50 time to first token.
 #
 # usage: scripts/bench-peers.sh [qwen3next|kimi-linear|gpt2] [--rounds R] [--threads T] [--reps N] [--dtype f32|f16|bf16]
-#                               [--prompt N] [--gen N] [--depth D1,D2,...] [--batch B1,B2,...] [--out DIR]
+#                               [--quant TYPE] [--prompt N] [--gen N] [--depth D1,D2,...] [--batch B1,B2,...] [--out DIR]
 #                               [--serve C1,C2,... [--requests N] [--serve-prompt N] [--serve-gen N]]
 #   --rounds  rounds of (lineage, llama.cpp), default 3
 #   --threads threads of both engines, default 2
 #   --reps    timed repetitions inside each engine's run (both engines), default 3
 #   --dtype   weights of both engines (default f32, the type llama.cpp's test-llama-archs gives)
+#   --quant   a llama-quantize type (Q8_0, Q4_K_M, Q6_K, MXFP4_MOE, ...): both engines read the f32
+#             file as llama.cpp's llama-quantize quantizes it (lineage computes on its blocks, exactly;
+#             llama.cpp with 8-bit activations)
 #   --depth   decode depths (default 128,2048; gpt2 128,512)
 #   --batch   sequences decoding together (default 1). Batches above 1 compare lineage's `bench
 #             --batch` (aggregate t/s of B sequences stepping together after D tokens each) with
@@ -60,6 +63,7 @@ rounds=3
 threads=2
 reps=3
 dtype=f32
+quant=""
 prompt=512
 gen=32
 depth=""
@@ -76,6 +80,7 @@ while [ $# -gt 0 ]; do
     --threads) threads=${2:?}; shift ;;
     --reps) reps=${2:?}; shift ;;
     --dtype) dtype=${2:?}; shift ;;
+    --quant) quant=${2:?}; shift ;;
     --prompt) prompt=${2:?}; shift ;;
     --gen) gen=${2:?}; shift ;;
     --depth) depth=${2:?}; shift ;;
@@ -100,6 +105,10 @@ fi
 [[ "$batch" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--batch takes comma-separated positive integers, got '$batch'"
 [[ "$depth" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--depth takes comma-separated integers, got '$depth'"
 case "$dtype" in f32|f16|bf16) ;; *) die "--dtype is f32, f16 or bf16, got '$dtype'" ;; esac
+if [ -n "$quant" ]; then
+  [[ "$quant" =~ ^[A-Z0-9_]+$ ]] || die "--quant takes a llama-quantize type such as Q8_0 or Q4_K_M, got '$quant'"
+  [ "$dtype" = f32 ] || die "--quant quantizes the f32 file: leave --dtype at f32"
+fi
 if [ -n "$serve" ]; then
   [[ "$serve" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--serve takes comma-separated positive client counts, got '$serve'"
   [ "$comparison" = gpt2 ] || die "--serve compares the servers on gpt2 only (the other shapes' GGUFs have no vocabulary)"
@@ -151,6 +160,17 @@ if [ ! -s "$gguf" ] || [ "$MAKE_GGUF" -nt "$gguf" ]; then
   "$MAKE_GGUF" "$comparison" "$gguf.tmp" --type "$dtype" --seed "$seed" ${vocab_src:+--vocab "$vocab_src"} >&2 ||
     die "writing $gguf failed"
   mv "$gguf.tmp" "$gguf"
+fi
+if [ -n "$quant" ]; then
+  [ -x "${LLAMA_QUANTIZE:-}" ] || die "llama-quantize not found after the install (${LLAMA_QUANTIZE:-unset})"
+  f32_gguf=$gguf
+  gguf=${f32_gguf%.gguf}-$quant.gguf
+  if [ ! -s "$gguf" ] || [ "$f32_gguf" -nt "$gguf" ]; then
+    "$LLAMA_QUANTIZE" "$f32_gguf" "$gguf.tmp" "$quant" "$threads" >"$gguf.log" 2>&1 ||
+      die "llama-quantize $f32_gguf $quant failed (its output: $gguf.log)"
+    mv "$gguf.tmp" "$gguf"
+  fi
+  dtype=$quant
 fi
 
 # --- the rounds ----------------------------------------------------------------------------------

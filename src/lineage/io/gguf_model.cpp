@@ -259,10 +259,13 @@ LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage s
                       " reads (llama.cpp's optional tensors are applied or refused by name; this one is unknown)"));
 
   auto ckpt = std::make_shared<Checkpoint>(Checkpoint::of_tensors(std::move(held)));
-  // Block-quantized tensors that bind as weight matrices stay blocks (StoredQuant Ggml); the others
-  // (embeddings, norms) are decoded to their f32 values.
+  // Block-quantized tensors that bind as weight matrices (the embedding and head included) stay blocks
+  // (StoredQuant Ggml); the others are decoded to their f32 values.
   const auto adjust = [&](model::Model& m) {
     if (mapped.adjust) mapped.adjust(m);
+    // The embedding and an untied head bind in their blocks too (model.h).
+    if (blocks.count(m.names.embed)) m.embed_blocks.quant.kind = kernels::StoredQuant::Kind::Ggml;
+    if (!m.config.tied_lm_head && blocks.count(m.names.lm_head)) m.head_blocks.quant.kind = kernels::StoredQuant::Kind::Ggml;
     std::set<std::string> claimed;
     m.for_each_tensor(layers::TensorVisitor::with_matrices([&](const std::string& param, kernels::Matrix& w) {
       std::string name = model::stored_matrix(m.binding, param);

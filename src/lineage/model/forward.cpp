@@ -8,6 +8,7 @@
 
 #include "lineage/core/error.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/matrix.h"
 #include "lineage/model/residual.h"
 
 namespace lineage::model {
@@ -21,7 +22,9 @@ void embed_tokens(const Model& m, const layers::Step& step, float* x, float* pos
   for (int64_t b = 0; b < step.n_seqs(); ++b)
     for (int64_t i = 0; i < step.length(b); ++i) {
       const int64_t t = step.begin(b) + i;
-      kernels::widen_row(m.embed, int64_t(step.tokens[size_t(t)]) * D, D, x + t * D);
+      const int64_t token = step.tokens[size_t(t)];
+      if (m.embed_blocks.quant.defined()) kernels::decode_rows(m.embed_blocks, token, token + 1, x + t * D);
+      else kernels::widen_row(m.embed, token * D, D, x + t * D);
       if (!positions) continue;
       kernels::widen_row(m.pos_embed, (step.starts[size_t(b)] + i) * D, D, pos);
       for (int64_t c = 0; c < D; ++c) x[t * D + c] += pos[c];
@@ -135,7 +138,8 @@ void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRow
       std::memcpy(last + s * D, a + (step.begin(s) + step.length(s) - 1) * D, size_t(D) * sizeof(float));
     head_in = last, n = B;
   }
-  kernels::linear(head_in, n, {&m.output_weight(), kernels::Layout::OutIn, options.bf16_dot}, nullptr, logits);
+  if (const kernels::Matrix* blocks = m.output_blocks()) kernels::linear(head_in, n, *blocks, nullptr, logits);
+  else kernels::linear(head_in, n, {&m.output_weight(), kernels::Layout::OutIn, options.bf16_dot}, nullptr, logits);
   trace("logits", logits, {n, m.config.vocab_size});
 }
 

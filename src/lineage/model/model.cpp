@@ -19,14 +19,17 @@ void Block::for_each_tensor(const std::string& prefix, const layers::TensorVisit
 
 void Model::for_each_tensor(const layers::TensorVisitor& f) {
   const int64_t V = config.vocab_size, D = config.d_model;
-  f(names.embed, embed, {V, D}, layers::Init::Normal);
+  if (embed_blocks.quant.defined()) layers::visit_matrix(f, names.embed, embed_blocks, V, D);
+  else f(names.embed, embed, {V, D}, layers::Init::Normal);
   if (config.max_positions > 0 && !names.pos_embed.empty())
     f(names.pos_embed, pos_embed, {config.max_positions, D}, layers::Init::Normal);
   for (size_t i = 0; i < blocks.size(); ++i)
     blocks[i].for_each_tensor(names.layer_prefix + std::to_string(i) + ".", f);
   if (output_res.defined()) output_res.for_each_tensor(names.output_res_norm, names.output_res_proj, f);
   final_norm.for_each_tensor(names.final_norm, f);
-  if (!config.tied_lm_head) f(names.lm_head, lm_head, {V, D}, layers::Init::Normal);
+  if (config.tied_lm_head) return;
+  if (head_blocks.quant.defined()) layers::visit_matrix(f, names.lm_head, head_blocks, V, D);
+  else f(names.lm_head, lm_head, {V, D}, layers::Init::Normal);
 }
 
 SequenceState Model::new_state(int64_t positions) const {

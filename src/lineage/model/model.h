@@ -15,6 +15,7 @@
 #include <variant>
 #include <vector>
 
+#include "lineage/kernels/matrix.h"
 #include "lineage/layers/attn_res.h"
 #include "lineage/layers/common.h"
 #include "lineage/layers/ffn/gated_mlp.h"
@@ -97,6 +98,11 @@ struct Model {
   layers::Norm final_norm;
   layers::AttnRes output_res;  // ResidualKind::BlockAttention: the mix before final_norm
   Tensor lm_head;    // [V, D] when not tied
+  // The embedding and an untied head as a GGUF file stores them in one of ggml's block formats
+  // (kernels::StoredQuant Ggml, set by the GGUF loader before binding): bound in their blocks instead
+  // of `embed` / `lm_head` (then left undefined), a token's row decoded as it is looked up and the head
+  // multiplied on its blocks.
+  kernels::Matrix embed_blocks, head_blocks;
   // Where the checkpoint keeps each parameter when it differs from its name, and what to ignore.
   BindingTable binding;
   // The numerics every forward of this model uses unless the call passes its own.
@@ -105,6 +111,11 @@ struct Model {
   // Every parameter once, under its full checkpoint name (the tied head is not listed twice).
   void for_each_tensor(const layers::TensorVisitor& f);
   const Tensor& output_weight() const { return config.tied_lm_head ? embed : lm_head; }
+  // The head in blocks (embed_blocks when tied), or null where it is output_weight().
+  const kernels::Matrix* output_blocks() const {
+    const kernels::Matrix& b = config.tied_lm_head ? embed_blocks : head_blocks;
+    return b.quant.defined() ? &b : nullptr;
+  }
   // Every layer's empty state; `positions` > 0: the growing ones (KV caches, MLA latents) with room
   // for that many positions allocated now.
   SequenceState new_state(int64_t positions = 0) const;

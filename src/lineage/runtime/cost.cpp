@@ -40,7 +40,7 @@ DecodeBytes decode_bytes_per_token(model::Model& m, double context, DType unallo
     const Tensor& t = s.t;
     const double whole = double(s.bytes());
     const double row = whole / double(s.shape[0]);
-    if (&t == &m.embed) b.weights += m.config.tied_lm_head ? whole + row : row;
+    if (&t == &m.embed || &t == &m.embed_blocks.data) b.weights += m.config.tied_lm_head ? whole + row : row;
     else if (&t == &m.pos_embed) b.weights += row;
     else if (routed.tensors.count(&t)) b.weights += whole * routed.share.at(&t);
     else b.weights += whole;
@@ -67,9 +67,10 @@ PrefillFlops prefill_flops_per_token(model::Model& m, int64_t tokens, int64_t de
   model::for_each_stored(m, DType::F32, [&](const model::StoredTensor& s) {
     const Tensor& t = s.t;
     const double params = double(s.params) * (routed.tensors.count(&t) ? routed.share.at(&t) : 1.0);
-    const bool is_head = &t == &m.lm_head || (&t == &m.embed && m.config.tied_lm_head);
+    const bool embed = &t == &m.embed || &t == &m.embed_blocks.data;
+    const bool is_head = &t == &m.lm_head || &t == &m.head_blocks.data || (embed && m.config.tied_lm_head);
     if (is_head) p.weights += 2.0 * params / n;
-    else if (&t != &m.embed && &t != &m.pos_embed) p.weights += 2.0 * params;
+    else if (!embed && &t != &m.pos_embed) p.weights += 2.0 * params;
   });
   p.mixers = mixer_flops_per_token(m, double(depth) + (n + 1.0) / 2.0);
   return p;
