@@ -1,6 +1,6 @@
 // ggml's block formats (GGUF's Q8_0 … Q6_K and MXFP4; linear.h GgmlBlock): the ref:: decoder against
 // the spec's formulas (quantized-formats.md §3.2) evaluated here on hand-set blocks, every ISA table's
-// decode bit for bit ref::'s, every table's GEMV and rows GEMV against ref::linear (rows bit for bit
+// decode bit for bit ref::'s (in the table's prepared order), every table's GEMV and rows GEMV against ref::linear (rows bit for bit
 // the lone GEMV), linear() through GEMV, rows and GEMM over tokens and threads, and damaged shapes
 // refused by name.
 #include <gtest/gtest.h>
@@ -144,19 +144,26 @@ TEST(Ggml, RefDecodesTheSpecsFormulas) {
   }
 }
 
-// Every table's decode gives ref::'s values bit for bit, for every format.
+// Every table's decode gives ref::'s values bit for bit, for every format, in the order the table's
+// prepare puts x in (a column's number run through prepare says where its value lands).
 TEST(Ggml, EveryTableDecodesAsRef) {
   for (const GgmlBlockInfo& f : ggml_blocks()) {
     const Matrix m = random_blocks(f.block, 3, 2 * 256, 11 + f.type_id);
-    for (const GemvTable* t : tables())
+    std::vector<float> index(static_cast<size_t>(m.in)), where(index.size());
+    for (int64_t c = 0; c < m.in; ++c) index[size_t(c)] = float(c);
+    for (const GemvTable* t : tables()) {
+      t->quant.prepare(m.qw, index.data(), where.data());
       for (int64_t o = 0; o < 3; ++o) {
         std::vector<float> row(static_cast<size_t>(m.in));
         t->quant.decode(m.qw, o, o + 1, row.data());
         const std::vector<float> want = ref_row(m, o);
-        for (int64_t c = 0; c < m.in; ++c)
-          ASSERT_EQ(std::memcmp(&row[size_t(c)], &want[size_t(c)], 4), 0)
-              << f.name << " " << t->isa << " row " << o << " column " << c << ": " << row[size_t(c)] << " vs " << want[size_t(c)];
+        for (int64_t j = 0; j < m.in; ++j) {
+          const auto c = size_t(where[size_t(j)]);
+          ASSERT_EQ(std::memcmp(&row[size_t(j)], &want[c], 4), 0)
+              << f.name << " " << t->isa << " row " << o << " column " << c << ": " << row[size_t(j)] << " vs " << want[c];
+        }
       }
+    }
   }
 }
 
@@ -169,13 +176,15 @@ TEST(Ggml, EveryTableMatchesRef) {
           const Matrix m = random_blocks(f.block, out, in, uint64_t(in * 3 + out + f.type_id));
           constexpr int64_t kRows = 8;
           const std::vector<float> x = random_floats(kRows * in, uint64_t(in + out));
+          std::vector<float> xd(x.size());
+          for (int64_t r = 0; r < kRows; ++r) t->quant.prepare(m.qw, x.data() + r * in, xd.data() + r * in);
           std::vector<float> want(size_t(kRows * out)), one(want.size()), rows(want.size());
           ref::linear(x.data(), kRows, m.view(false), nullptr, want.data());
-          for (int64_t r = 0; r < kRows; ++r) t->quant.out_in(x.data() + r * in, m.qw, 0, out, one.data() + r * out);
+          for (int64_t r = 0; r < kRows; ++r) t->quant.out_in(xd.data() + r * in, m.qw, 0, out, one.data() + r * out);
           ASSERT_LE(rel_rms(one, want), tolerance(in)) << worst(one, want) << "; " << f.name << " " << t->isa << " " << out << "x" << in;
           for (int64_t n = 1; n <= kRows; ++n) {
             std::fill(rows.begin(), rows.end(), 0.0f);
-            t->quant.out_in_rows(x.data(), in, n, m.qw, out / 3, out, rows.data(), out);
+            t->quant.out_in_rows(xd.data(), in, n, m.qw, out / 3, out, rows.data(), out);
             for (int64_t r = 0; r < n; ++r)
               for (int64_t o = out / 3; o < out; ++o)
                 ASSERT_EQ(rows[size_t(r * out + o)], one[size_t(r * out + o)]) << f.name << " " << t->isa << " rows " << n;

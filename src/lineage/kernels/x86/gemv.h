@@ -41,8 +41,9 @@ struct GemvMxfp4 {
 struct GemvQuant {
   // Which order `prepare` puts x in for W (0 … kOrders - 1): weights of one order share one prepared x.
   int (*order)(const QuantWeight& W);
-  // bytes, runs and lines (gemv_quant.h); int8 x for nibbles and for bytes (gemv_quant_avx512vnni.cpp)
-  static constexpr int kOrders = 5;
+  // bytes, runs and lines (gemv_quant.h); int8 x for nibbles and for bytes (gemv_quant_avx512vnni.cpp);
+  // Q4_K's lines (gemv_ggml.h)
+  static constexpr int kOrders = 6;
   void (*prepare)(const QuantWeight& W, const float* x, float* xd);
   // y[o] = Σ_c x[c]·W[o, c] for o in [o0, o1), x prepared.
   void (*out_in)(const float* xd, const QuantWeight& W, int64_t o0, int64_t o1, float* y);

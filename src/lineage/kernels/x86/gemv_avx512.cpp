@@ -71,6 +71,14 @@ struct Avx512 {
   }
   static __m512i bytes(const uint8_t* q) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))); }
   // ggml's blocks (gemv_ggml.h).
+  static void q4k_chunk(const uint8_t* q, Lut16 lo, Lut16 hi, Vec (&w)[4]) {
+    const __m512i d = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+    const __m512i s = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
+    w[0] = _mm512_permutexvar_ps(_mm512_srlv_epi32(d, s), lo);
+    w[1] = _mm512_permutexvar_ps(_mm512_srlv_epi32(d, _mm512_add_epi32(s, _mm512_set1_epi32(16))), lo);
+    w[2] = _mm512_permutexvar_ps(_mm512_srlv_epi32(d, _mm512_add_epi32(s, _mm512_set1_epi32(4))), hi);
+    w[3] = _mm512_permutexvar_ps(_mm512_srlv_epi32(d, _mm512_add_epi32(s, _mm512_set1_epi32(20))), hi);
+  }
   static void scale_bytes16(const uint8_t* p, float a, float b, float* f) {
     const __m512 ab = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b));
     _mm512_storeu_ps(f, _mm512_mul_ps(_mm512_cvtepi32_ps(bytes(p)), ab));

@@ -59,9 +59,38 @@ inline void ggml_factors_k4(float d, float dmin, const uint8_t* s, float (&f)[16
   S::scale_bytes16(reinterpret_cast<const uint8_t*>(sm), d, -dmin, f);
 }
 
-// Block `b` of format B decoded: emit(j, w) for each vector w of columns j .. j + kWidth - 1 of it.
+// Q4_K in lines (traits with `q4k_chunk`, AVX-512): a 32-byte chunk of codes broadcast to both halves
+// of a register and shifted lane by lane, so that each vector's 16 nibbles index the sub-block's table
+// straight away: vector v of a sub-block holds, in lane l, the value of byte 4·(l % 8) + 2v + l / 8 (a
+// shift and a permute a vector, no widening). x is prepared to match (ggml_prepare_lines): the order
+// kOrderGgmlLines of GemvQuant. Other formats and ISAs read x as it is.
+template <class S>
+constexpr bool kGgmlLines = requires { &S::q4k_chunk; };
+constexpr int kOrderGgmlLines = 5;
+
+template <class S>
+int ggml_order(const QuantWeight& W) {
+  if constexpr (kGgmlLines<S>) {
+    if (W.ggml == GgmlBlock::Q4_K) return kOrderGgmlLines;
+  }
+  return 0;  // as it is (kOrderBytes)
+}
+
+inline void ggml_prepare_lines(const float* x, int64_t in, float* xd) {
+  for (int64_t s = 0; s < in; s += 32)
+    for (int v = 0; v < 2; ++v)
+      for (int l = 0; l < 16; ++l) xd[s + 16 * v + l] = x[s + 4 * (l % 8) + 2 * v + l / 8];
+}
+
+// Block `b` of format B decoded: emit(j, w) for each vector w of columns j .. j + kWidth - 1 of it (in
+// the prepared order of kOrderGgmlLines where that applies).
+// Q4_K and Q5_K: the block's sub-block factors (ggml_factors_k4), computed ahead by the caller (a run
+// of blocks at a time, so that their arithmetic overlaps the decoding instead of leading each block),
+// or here where `factors` is null.
+constexpr bool ggml_k4(GgmlBlock b) { return b == GgmlBlock::Q4_K || b == GgmlBlock::Q5_K; }
+
 template <class S, GgmlBlock B, class E>
-inline void ggml_block(const uint8_t* b, E&& emit) {
+inline void ggml_block(const uint8_t* b, E&& emit, const float* factors = nullptr) {
   using Vec = typename S::Vec;
   constexpr int V = S::kWidth;
   if constexpr (B == GgmlBlock::Q8_0) {
@@ -113,18 +142,26 @@ inline void ggml_block(const uint8_t* b, E&& emit) {
           }
         }
   } else if constexpr (B == GgmlBlock::Q4_K) {
-    alignas(64) float f[16];
-    ggml_factors_k4<S>(S::half(b), S::half(b + 2), b + 4, f);
+    alignas(64) float own[16];
+    if (!factors) ggml_factors_k4<S>(S::half(b), S::half(b + 2), b + 4, own);
+    const float* f = factors ? factors : own;
     for (int j = 0; j < 4; ++j) {
       const typename S::Lut16 lo = S::lut_muladd(kGgml.iota, f[2 * j], f[8 + 2 * j]);
       const typename S::Lut16 hi = S::lut_muladd(kGgml.iota, f[2 * j + 1], f[8 + 2 * j + 1]);
       const uint8_t* q = b + 16 + 32 * j;
+      if constexpr (kGgmlLines<S>) {
+        Vec w[4];
+        S::q4k_chunk(q, lo, hi, w);
+        for (int k = 0; k < 4; ++k) emit(64 * j + 16 * k, w[k]);
+        continue;
+      }
       for (int l = 0; l < 32; l += V) emit(64 * j + l, S::look(q + l, 0, lo));
       for (int l = 0; l < 32; l += V) emit(64 * j + 32 + l, S::look(q + l, 4, hi));
     }
   } else if constexpr (B == GgmlBlock::Q5_K) {
-    alignas(64) float f[16];
-    ggml_factors_k4<S>(S::half(b), S::half(b + 2), b + 4, f);
+    alignas(64) float own[16];
+    if (!factors) ggml_factors_k4<S>(S::half(b), S::half(b + 2), b + 4, own);
+    const float* f = factors ? factors : own;
     const Vec sixteen = S::broadcast(16.0f);
     for (int j = 0; j < 8; ++j) {
       const Vec dj = S::broadcast(f[j]), mj = S::broadcast(f[8 + j]);
@@ -165,15 +202,30 @@ inline void ggml_row(const float* x, int64_t ldx, const QuantWeight& W, int64_t 
   Vec a[G][4];
   for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = S::zero();
   // Block c0's vector at column j into accumulator (P + j / V) % 4.
-  const auto block = [&](int64_t c0, const uint8_t* blk, auto p) {
+  const auto block = [&](int64_t c0, const uint8_t* blk, auto p, const float* factors = nullptr) {
     S::prefetch_stream(reinterpret_cast<const char*>(blk) + kStreamAheadBytes);
     if constexpr (kValues == 256) S::prefetch_stream(reinterpret_cast<const char*>(blk) + kStreamAheadBytes + 128);
-    ggml_block<S, B>(blk, [&](int j, Vec w) {
-      const int k = (p.value + j / V) & 3;
-      for (int g = 0; g < G; ++g) a[g][k] = S::fma(S::load_f32(x + g * ldx + c0 + j), w, a[g][k]);
-    });
+    ggml_block<S, B>(
+        blk,
+        [&](int j, Vec w) {
+          const int k = (p.value + j / V) & 3;
+          for (int g = 0; g < G; ++g) a[g][k] = S::fma(S::load_f32(x + g * ldx + c0 + j), w, a[g][k]);
+        },
+        factors);
   };
   int64_t c = 0;
+  if constexpr (ggml_k4(B)) {  // the factors of up to kRun blocks first, then those blocks
+    constexpr int64_t kRun = 16;
+    alignas(64) float fac[kRun][16];
+    while (c < W.in) {
+      const int64_t n = (W.in - c) / kValues < kRun ? (W.in - c) / kValues : kRun;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t* blk = q + i * bytes;
+        ggml_factors_k4<S>(S::half(blk), S::half(blk + 2), blk + 4, fac[i]);
+      }
+      for (int64_t i = 0; i < n; ++i, c += kValues, q += bytes) block(c, q, std::integral_constant<int, 0>{}, fac[i]);
+    }
+  }
   if constexpr (kValues == 32 && V == 16) {  // two vectors a block: pairs of blocks fill all four
     for (; c + 64 <= W.in; c += 64, q += 2 * bytes) {
       block(c, q, std::integral_constant<int, 0>{});

@@ -119,6 +119,7 @@ enum QuantOrder { kOrderBytes = 0, kOrderRuns = 1, kOrderLines = 2 };
 
 template <class S>
 int quant_order(const QuantWeight& W) {
+  if (W.codes == QuantCodes::Ggml) return ggml_order<S>(W);
   if (!W.nibbles()) return kOrderBytes;
   if constexpr (kHasLines<S>) {  // int4 only: the lines' tables are Int4's values
     if (W.codes != QuantCodes::Int4) return kOrderRuns;
@@ -230,6 +231,7 @@ void quant_prepare(const QuantWeight& W, const float* x, float* xd) {
           for (int k = 0; k < V; ++k) xd[c0 + j * V + k] = x[c0 + 8 * k + j];
       break;
     case kOrderRuns: mxfp4_prepare<V>(x, W.in, xd); break;
+    case kOrderGgmlLines: ggml_prepare_lines(x, W.in, xd); break;
     default:
       for (int64_t c = 0; c < W.in; ++c) xd[c] = x[c];
   }
