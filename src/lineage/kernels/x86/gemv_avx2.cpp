@@ -86,6 +86,11 @@ struct Avx2 {
   }
   static __m256i bytes(const uint8_t* q) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))); }
   // ggml's blocks (gemv_ggml.h).
+  static Vec combine(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int mask) {
+    const __m256i l = _mm256_and_si256(_mm256_srli_epi32(bytes(lo), ls), _mm256_set1_epi32(15));
+    const __m256i h = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(bytes(hi), hs), _mm256_set1_epi32(mask)), 4);
+    return _mm256_cvtepi32_ps(_mm256_or_si256(l, h));
+  }
   static void scale_bytes16(const uint8_t* p, float a, float b, float* f) {
     _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_cvtepi32_ps(bytes(p)), _mm256_set1_ps(a)));
     _mm256_storeu_ps(f + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(bytes(p + 8)), _mm256_set1_ps(b)));

@@ -71,6 +71,11 @@ struct Avx512 {
   }
   static __m512i bytes(const uint8_t* q) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))); }
   // ggml's blocks (gemv_ggml.h).
+  static Vec combine(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int mask) {
+    const __m512i l = _mm512_and_si512(_mm512_srli_epi32(bytes(lo), ls), _mm512_set1_epi32(15));
+    const __m512i h = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(bytes(hi), hs), _mm512_set1_epi32(mask)), 4);
+    return _mm512_cvtepi32_ps(_mm512_or_si512(l, h));
+  }
   static void q4k_chunk(const uint8_t* q, Lut16 lo, Lut16 hi, Vec (&w)[4]) {
     const __m512i d = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
     const __m512i s = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);

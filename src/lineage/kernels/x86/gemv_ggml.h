@@ -11,7 +11,9 @@
 // a, b)` (values·a + b: values·a is exact wherever it is used, so an FMA rounds as ggml's product and
 // sum do), `field(q, shift, mask)` ((q[i] >> shift) & mask as f32), `sbytes(q)` (int8
 // as f32), `bits(word, first)` (bit first + i of word as f32), `half(p)` (the f16 at p, F16C where
-// the ISA has it) and `scale_bytes16(p, a, b, f)` (f[i] = p[i]·a for i < 8, p[i]·b for 8 ≤ i < 16). Internal linkage (see gemv_simd.h).
+// the ISA has it), `scale_bytes16(p, a, b, f)` (f[i] = p[i]·a for i < 8, p[i]·b for 8 ≤ i < 16) and
+// `combine(lo, ls, hi, hs, mask)` (((lo[i] >> ls) & 15) | (((hi[i] >> hs) & mask) << 4) as f32: Q5_K's
+// and Q6_K's codes). Internal linkage (see gemv_simd.h).
 #pragma once
 
 #include <cstdint>
@@ -162,27 +164,24 @@ inline void ggml_block(const uint8_t* b, E&& emit, const float* factors = nullpt
     alignas(64) float own[16];
     if (!factors) ggml_factors_k4<S>(S::half(b), S::half(b + 2), b + 4, own);
     const float* f = factors ? factors : own;
-    const Vec sixteen = S::broadcast(16.0f);
     for (int j = 0; j < 8; ++j) {
       const Vec dj = S::broadcast(f[j]), mj = S::broadcast(f[8 + j]);
       const uint8_t* q = b + 48 + 32 * (j / 2);
-      for (int l = 0; l < 32; l += V) {
-        const Vec u = S::add(S::field(q + l, 4 * (j & 1), 15), S::mul(S::field(b + 16 + l, j, 1), sixteen));
-        emit(32 * j + l, S::add(S::mul(dj, u), mj));
-      }
+      for (int l = 0; l < 32; l += V) emit(32 * j + l, S::fma(S::combine(q + l, 4 * (j & 1), b + 16 + l, j, 1), dj, mj));
     }
   } else if constexpr (B == GgmlBlock::Q6_K) {
     const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
     const float d = S::half(b + 208);
-    const Vec sixteen = S::broadcast(16.0f), bias = S::broadcast(32.0f);
     for (int n = 0; n < 2; ++n) {
       const uint8_t* ql = b + 64 * n;
       const uint8_t* qh = b + 128 + 32 * n;
       for (int k = 0; k < 4; ++k)  // q1 .. q4 of ggml's loop: columns 32k .. 32k + 31 of this half
         for (int l = 0; l < 32; l += V) {
-          const Vec u = S::sub(S::add(S::field(ql + 32 * (k & 1) + l, 4 * (k >> 1), 15),
-                                      S::mul(S::field(qh + l, 2 * k, 3), sixteen)), bias);
-          emit(128 * n + 32 * k + l, S::mul(S::broadcast(d * float(sc[8 * n + 2 * k + l / 16])), u));
+          // (d·sc)·(u − 32) as one FMA of the 6-bit code u: d·sc·u and 32·d·sc are exact, so it rounds once
+          // as ggml's product does.
+          const float ds = d * float(sc[8 * n + 2 * k + l / 16]);
+          emit(128 * n + 32 * k + l, S::fma(S::combine(ql + 32 * (k & 1) + l, 4 * (k >> 1), qh + l, 2 * k, 3),
+                                            S::broadcast(ds), S::broadcast(-32.0f * ds)));
         }
     }
   }

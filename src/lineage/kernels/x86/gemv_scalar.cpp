@@ -54,6 +54,9 @@ struct Scalar {
   static Vec bytes_int8(const uint8_t* q) { return float(int(*q) - 128); }
   static Vec bytes_fp8(const uint8_t* q) { return e4m3_to_f32(*q); }
   // ggml's blocks (gemv_ggml.h).
+  static Vec combine(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int mask) {
+    return float(((*lo >> ls) & 15) | (((*hi >> hs) & mask) << 4));
+  }
   static void scale_bytes16(const uint8_t* p, float a, float b, float* f) {
     for (int i = 0; i < 16; ++i) f[i] = float(p[i]) * (i < 8 ? a : b);
   }
