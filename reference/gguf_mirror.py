@@ -227,44 +227,68 @@ def qwen3_5(cfg: dict, tensors: dict, arch: str):
     return kvs, out
 
 
+def _kimi_dims(cfg: dict):
+    """(L, H, nope, rope, v, lora, full): layers, heads, the MLA's head dims and latent, the one-based MLA layers."""
+    return (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"],
+            cfg["v_head_dim"], cfg["kv_lora_rank"], set(cfg["linear_attn_config"]["full_attn_layers"]))
+
+
+def _kda_tensors(g, s: str, b: str, a_log: torch.Tensor) -> list:
+    """A KDA layer's tensors but its output gate, as both Kimi converters write them (g: the layer's tensors by
+    name, s: "self_attn.", b: "blk.N."): each short conv [C, 1, K] as [1, C, 1, K], ssm_a = -exp(A_log)."""
+    out = []
+    for c in "qkv":
+        conv = g(s + f"{c}_conv1d.weight")
+        out += [(b + f"ssm_conv1d_{c}.weight", conv.reshape(1, conv.shape[0], 1, conv.shape[-1])),
+                (b + f"attn_{c}.weight", g(s + f"{c}_proj.weight"))]
+    return out + [(b + "ssm_f_a.weight", g(s + "f_a_proj.weight")), (b + "ssm_f_b.weight", g(s + "f_b_proj.weight")),
+                  (b + "ssm_beta.weight", g(s + "b_proj.weight")), (b + "ssm_a", -torch.exp(a_log)),
+                  (b + "ssm_dt.bias", g(s + "dt_bias")), (b + "ssm_norm.weight", g(s + "o_norm.weight")),
+                  (b + "attn_output.weight", g(s + "o_proj.weight"))]
+
+
+def _kimi_kvs(cfg: dict, a: str) -> list:
+    """The keys conversion/kimi_linear.py and kimi_k3.py both write for the MLA (as MQA over its latent), the
+    KDA and the sigmoid-routed MoE of a Kimi config (a = "ARCH.")."""
+    la = cfg["linear_attn_config"]
+    nope, rope, v, lora = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    return [(a + "embedding_length", gw.U32, cfg["hidden_size"], None),
+            (a + "block_count", gw.U32, cfg["num_hidden_layers"], None),
+            (a + "feed_forward_length", gw.U32, cfg["intermediate_size"], None),
+            (a + "attention.head_count", gw.U32, cfg["num_attention_heads"], None),
+            (a + "attention.layer_norm_rms_epsilon", gw.F32, cfg.get("rms_norm_eps", 1e-5), None),
+            (a + "rope.dimension_count", gw.U32, rope, None),
+            (a + "attention.kv_lora_rank", gw.U32, lora, None),
+            (a + "attention.key_length", gw.U32, lora + rope, None),
+            (a + "attention.value_length", gw.U32, lora, None),
+            (a + "attention.key_length_mla", gw.U32, nope + rope, None),
+            (a + "attention.value_length_mla", gw.U32, v, None),
+            (a + "ssm.conv_kernel", gw.U32, la.get("short_conv_kernel_size", 4), None),
+            (a + "kda.head_dim", gw.U32, la["head_dim"], None),
+            (a + "expert_count", gw.U32, cfg["num_experts"], None),
+            (a + "expert_used_count", gw.U32, cfg["num_experts_per_token"], None),
+            (a + "expert_gating_func", gw.U32, 2, None),  # sigmoid
+            (a + "expert_feed_forward_length", gw.U32, cfg["moe_intermediate_size"], None),
+            (a + "expert_shared_count", gw.U32, cfg.get("num_shared_experts", 0), None),
+            (a + "leading_dense_block_count", gw.U32, cfg.get("first_k_dense_replace", 0), None),
+            (a + "expert_weights_scale", gw.F32, cfg.get("routed_scaling_factor", 1.0), None),
+            (a + "expert_weights_norm", gw.BOOL, cfg.get("moe_renormalize", True), None)]
+
+
 def kimi_linear(cfg: dict, tensors: dict, arch: str):
     """Kimi Linear as the converter writes it (conversion/kimi_linear.py): num_key_value_heads forced to 1 (the
     MLA as MQA over its latent; head_count_kv 0 on the KDA layers), A_log as -exp(A_log), dt_bias as ssm_dt.bias,
     each short conv [C, 1, K] as [1, C, 1, K], kv_b_proj split per head into k_b (transposed) and v_b, the experts
     (w1 gate, w2 down, w3 up) stacked. Returns (kvs, [(name, tensor)])."""
-    la = cfg["linear_attn_config"]
-    L, H = cfg["num_hidden_layers"], cfg["num_attention_heads"]
-    nope, rope, v, lora = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
-    full = set(la["full_attn_layers"])  # one-based
+    L, H, nope, rope, v, lora, full = _kimi_dims(cfg)
     a = arch + "."
     kvs = [("general.architecture", gw.STRING, arch, None),
            (a + "vocab_size", gw.U32, cfg["vocab_size"], None),
            (a + "context_length", gw.U32, cfg.get("model_max_length", 4096), None),
-           (a + "embedding_length", gw.U32, cfg["hidden_size"], None),
-           (a + "block_count", gw.U32, L, None),
-           (a + "feed_forward_length", gw.U32, cfg["intermediate_size"], None),
-           (a + "attention.head_count", gw.U32, H, None),
            (a + "attention.head_count_kv", gw.ARRAY, None, (gw.U32, [1 if i + 1 in full else 0 for i in range(L)])),
-           (a + "attention.layer_norm_rms_epsilon", gw.F32, cfg.get("rms_norm_eps", 1e-5), None),
            (a + "rope.freq_base", gw.F32, cfg.get("rope_theta", 10000.0), None),
-           (a + "rope.dimension_count", gw.U32, rope, None),
-           (a + "attention.kv_lora_rank", gw.U32, lora, None),
-           (a + "attention.key_length", gw.U32, lora + rope, None),
-           (a + "attention.value_length", gw.U32, lora, None),
-           (a + "attention.key_length_mla", gw.U32, nope + rope, None),
-           (a + "attention.value_length_mla", gw.U32, v, None),
-           (a + "ssm.conv_kernel", gw.U32, la.get("short_conv_kernel_size", 4), None),
-           (a + "kda.head_dim", gw.U32, la["head_dim"], None),
-           (a + "expert_count", gw.U32, cfg["num_experts"], None),
-           (a + "expert_used_count", gw.U32, cfg["num_experts_per_token"], None),
            (a + "expert_group_count", gw.U32, cfg.get("num_expert_group", 1), None),
-           (a + "expert_group_used_count", gw.U32, cfg.get("topk_group", 1), None),
-           (a + "expert_gating_func", gw.U32, 2, None),  # sigmoid
-           (a + "expert_feed_forward_length", gw.U32, cfg["moe_intermediate_size"], None),
-           (a + "expert_shared_count", gw.U32, cfg.get("num_shared_experts", 0), None),
-           (a + "leading_dense_block_count", gw.U32, cfg.get("first_k_dense_replace", 0), None),
-           (a + "expert_weights_scale", gw.F32, cfg.get("routed_scaling_factor", 1.0), None),
-           (a + "expert_weights_norm", gw.BOOL, cfg.get("moe_renormalize", True), None)]
+           (a + "expert_group_used_count", gw.U32, cfg.get("topk_group", 1), None)] + _kimi_kvs(cfg, a)
     out = [("token_embd.weight", tensors["model.embed_tokens.weight"]),
            ("output_norm.weight", tensors["model.norm.weight"])]
     if not cfg.get("tie_word_embeddings", False):
@@ -282,15 +306,8 @@ def kimi_linear(cfg: dict, tensors: dict, arch: str):
                     (b + "attn_k_b.weight", kv_b[:, :nope].transpose(1, 2)), (b + "attn_v_b.weight", kv_b[:, nope:]),
                     (b + "attn_output.weight", g(s + "o_proj.weight"))]
         else:
-            for c in "qkv":
-                conv = g(s + f"{c}_conv1d.weight")
-                out += [(b + f"ssm_conv1d_{c}.weight", conv.reshape(1, conv.shape[0], 1, conv.shape[-1])),
-                        (b + f"attn_{c}.weight", g(s + f"{c}_proj.weight"))]
-            out += [(b + "ssm_f_a.weight", g(s + "f_a_proj.weight")), (b + "ssm_f_b.weight", g(s + "f_b_proj.weight")),
-                    (b + "ssm_beta.weight", g(s + "b_proj.weight")),
-                    (b + "ssm_a", -torch.exp(g(s + "A_log").float())), (b + "ssm_dt.bias", g(s + "dt_bias")),
-                    (b + "ssm_g_a.weight", g(s + "g_a_proj.weight")), (b + "ssm_g_b.weight", g(s + "g_b_proj.weight")),
-                    (b + "ssm_norm.weight", g(s + "o_norm.weight")), (b + "attn_output.weight", g(s + "o_proj.weight"))]
+            out += _kda_tensors(g, s, b, g(s + "A_log").float())
+            out += [(b + "ssm_g_a.weight", g(s + "g_a_proj.weight")), (b + "ssm_g_b.weight", g(s + "g_b_proj.weight"))]
         if h + "block_sparse_moe.gate.weight" not in tensors:
             out += [(b + f"ffn_{p}.weight", g(f"mlp.{p}_proj.weight")) for p in ("gate", "up", "down")]
             continue
@@ -305,15 +322,120 @@ def kimi_linear(cfg: dict, tensors: dict, arch: str):
     return kvs, out
 
 
+def mxfp4_blocks(packed: torch.Tensor, scale: torch.Tensor) -> bytes:
+    """compressed-tensors MXFP4 (codes [rows, cols / 2], column c in byte c / 2, the low nibble the even column;
+    E8M0 exponents [rows, cols / 32]) as GGUF's MXFP4 blocks: per 32 columns the exponent byte, then 16 bytes with
+    value j in the low nibble of byte j and value j + 16 in its high nibble (kv[u] 2^(e - 128), kv the doubled
+    e2m1 values: the same numbers)."""
+    p = packed.to(torch.uint8).numpy()
+    rows, cols = p.shape[0], 2 * p.shape[1]
+    codes = np.empty((rows, cols), dtype=np.uint8)
+    codes[:, 0::2], codes[:, 1::2] = p & 15, p >> 4
+    codes = codes.reshape(rows, cols // 32, 32)
+    qs = codes[:, :, :16] | (codes[:, :, 16:] << 4)
+    e = scale.to(torch.uint8).numpy().reshape(rows, cols // 32, 1)
+    return np.concatenate([e, qs], axis=2).tobytes()
+
+
+def kimi_k3(cfg: dict, tensors: dict, arch: str):
+    """Kimi K3 as conversion/kimi_k3.py writes it: the text model (text_config; tensors without "language_model.",
+    no vision), Kimi Linear's conventions (MLA as MQA, head_count_kv 0 on KDA layers, -exp(A_log) of the first
+    num_attention_heads entries, dt_bias as ssm_dt.bias, convs [1, C, 1, K], kv_b split, experts stacked), plus
+    q_a / q_a_norm / q_b, g_proj as ssm_g (KDA) or attn_gate (MLA), the latent MoE's ffn_routed_{down,up,norm},
+    each AttnRes pair fused into norm * proj (attn_res_score, ffn_res_score, output_res_score) and MXFP4 experts
+    repacked into GGUF's MXFP4 blocks. Returns (kvs, [(name, tensor or (ne, type, bytes))])."""
+    text = cfg.get("text_config", cfg)
+    tensors = {k.removeprefix("language_model."): v for k, v in tensors.items()
+               if not k.startswith(("vision_tower.", "mm_projector."))}
+    la = text["linear_attn_config"]
+    L, H, nope, rope, v, lora, full = _kimi_dims(text)
+    E = text["num_experts"]
+    a = arch + "."
+    kvs = [("general.architecture", gw.STRING, arch, None),
+           (a + "vocab_size", gw.U32, text["vocab_size"], None),
+           (a + "context_length", gw.U32, text.get("max_position_embeddings", 4096), None),
+           (a + "attention.head_count_kv", gw.ARRAY, None, (gw.I32, [1 if i + 1 in full else 0 for i in range(L)])),
+           (a + "activation.situ_beta", gw.F32, text["activation_situ_beta"], None),
+           (a + "activation.situ_linear_beta", gw.F32, text.get("activation_situ_linear_beta") or 0.0, None),
+           (a + "attn_res.block_size", gw.U32, text["attn_res_block_size"], None)] + _kimi_kvs(text, a)
+    if text.get("q_lora_rank"):
+        kvs.append((a + "attention.q_lora_rank", gw.U32, text["q_lora_rank"], None))
+    if la.get("gate_lower_bound") is not None:
+        kvs.append((a + "kda.gate_lower_bound", gw.F32, la["gate_lower_bound"], None))
+    if text.get("routed_expert_hidden_size"):
+        kvs.append((a + "expert_latent_length", gw.U32, text["routed_expert_hidden_size"], None))
+    if text.get("num_expert_group", 1) > 1:  # (llama.cpp's converter looks for n_group / topk_group, which K3 lacks)
+        kvs += [(a + "expert_group_count", gw.U32, text["num_expert_group"], None),
+                (a + "expert_group_used_count", gw.U32, text["topk_group"], None)]
+
+    def fused(prefix: str) -> torch.Tensor:
+        return tensors[prefix + "_norm.weight"].float().flatten() * tensors[prefix + "_proj.weight"].float().flatten()
+
+    out = [("token_embd.weight", tensors["model.embed_tokens.weight"]),
+           ("output_norm.weight", tensors["model.norm.weight"]),
+           ("output.weight", tensors["lm_head.weight"]),
+           ("output_res_score.weight", fused("model.output_attn_res"))]
+    for l in range(L):
+        h, b = f"model.layers.{l}.", f"blk.{l}."
+        g = lambda n: tensors[h + n]
+        s = "self_attn."
+        out += [(b + "attn_norm.weight", g("input_layernorm.weight")), (b + "ffn_norm.weight", g("post_attention_layernorm.weight")),
+                (b + "attn_res_score.weight", fused(h + "self_attention_res")), (b + "ffn_res_score.weight", fused(h + "mlp_res"))]
+        if l + 1 in full:
+            kv_b = g(s + "kv_b_proj.weight").reshape(H, nope + v, lora)
+            if h + s + "q_a_proj.weight" in tensors:
+                out += [(b + "attn_q_a.weight", g(s + "q_a_proj.weight")), (b + "attn_q_a_norm.weight", g(s + "q_a_layernorm.weight")),
+                        (b + "attn_q_b.weight", g(s + "q_b_proj.weight"))]
+            else:
+                out.append((b + "attn_q.weight", g(s + "q_proj.weight")))
+            out += [(b + "attn_kv_a_mqa.weight", g(s + "kv_a_proj_with_mqa.weight")),
+                    (b + "attn_kv_a_norm.weight", g(s + "kv_a_layernorm.weight")),
+                    (b + "attn_k_b.weight", kv_b[:, :nope].transpose(1, 2)), (b + "attn_v_b.weight", kv_b[:, nope:]),
+                    (b + "attn_output.weight", g(s + "o_proj.weight"))]
+            if h + s + "g_proj.weight" in tensors:
+                out.append((b + "attn_gate.weight", g(s + "g_proj.weight")))
+        else:
+            out += _kda_tensors(g, s, b, g(s + "A_log").float().flatten()[:H])
+            if h + s + "g_proj.weight" in tensors:  # the full-rank gate; a low-rank pair as Kimi Linear's
+                out.append((b + "ssm_g.weight", g(s + "g_proj.weight")))
+            else:
+                out += [(b + "ssm_g_a.weight", g(s + "g_a_proj.weight")), (b + "ssm_g_b.weight", g(s + "g_b_proj.weight"))]
+        if h + "block_sparse_moe.gate.weight" not in tensors:
+            out += [(b + f"ffn_{p}.weight", g(f"mlp.{p}_proj.weight")) for p in ("gate", "up", "down")]
+            continue
+        m = "block_sparse_moe."
+        out += [(b + "ffn_gate_inp.weight", g(m + "gate.weight")),
+                (b + "exp_probs_b.bias", g(m + "gate.e_score_correction_bias"))]
+        for p, w in (("gate", "w1"), ("up", "w3"), ("down", "w2")):
+            first = f"{h}{m}experts.0.{w}.weight"
+            if first + "_packed" in tensors:
+                rows, cols = tensors[first + "_packed"].shape[0], 2 * tensors[first + "_packed"].shape[1]
+                blob = b"".join(mxfp4_blocks(g(f"{m}experts.{e}.{w}.weight_packed"), g(f"{m}experts.{e}.{w}.weight_scale"))
+                                for e in range(E))
+                out.append((b + f"ffn_{p}_exps.weight", ([cols, rows, E], 39, blob)))
+            else:
+                out.append((b + f"ffn_{p}_exps.weight", torch.stack([g(f"{m}experts.{e}.{w}.weight") for e in range(E)])))
+        if h + m + "routed_expert_down_proj.weight" in tensors:
+            out += [(b + "ffn_routed_down.weight", g(m + "routed_expert_down_proj.weight")),
+                    (b + "ffn_routed_up.weight", g(m + "routed_expert_up_proj.weight"))]
+            if h + m + "routed_expert_norm.weight" in tensors:
+                out.append((b + "ffn_routed_norm.weight", g(m + "routed_expert_norm.weight")))
+        if h + m + "shared_experts.gate_proj.weight" in tensors:
+            out += [(b + f"ffn_{p}_shexp.weight", g(f"{m}shared_experts.{p}_proj.weight")) for p in ("gate", "up", "down")]
+    return kvs, out
+
+
 def mirror(src: str, out: str, extra_tensor=None, arch="gpt2", pre="gpt-2", type_of=None, drop_key=None, alignment=32,
            split=1):
     cfg = json.load(open(os.path.join(src, "config.json")))
     tensors = read_checkpoint(src)
     family = cfg.get("model_type")
-    if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "kimi_linear"):
+    if family == "kimi_linear" and "attn_res_block_size" in cfg:
+        family = "kimi_k3"  # K3's fields in a KimiLinearForCausalLM config
+    if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "kimi_linear", "kimi_k3"):
         default = {"qwen3_next": "qwen3next", "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe",
-                   "kimi_linear": "kimi-linear"}[family]
-        build = {"qwen3_next": qwen3_next, "kimi_linear": kimi_linear}.get(family, qwen3_5)
+                   "kimi_linear": "kimi-linear", "kimi_k3": "kimi-k3"}[family]
+        build = {"qwen3_next": qwen3_next, "kimi_linear": kimi_linear, "kimi_k3": kimi_k3}.get(family, qwen3_5)
         kvs, named = build(cfg, tensors, default if arch == "gpt2" else arch)
         kvs.append(("tokenizer.ggml.model", gw.STRING, "no_vocab", None))
         if alignment != 32:
@@ -321,6 +443,9 @@ def mirror(src: str, out: str, extra_tensor=None, arch="gpt2", pre="gpt-2", type
         kvs = [kv for kv in kvs if kv[0] != drop_key]
         out_tensors = []
         for name, t in named:
+            if isinstance(t, tuple):  # already in a block format: (ne, type, bytes)
+                out_tensors.append((name,) + t)
+                continue
             if t.dim() == 1:
                 t = t.float()
             t = t.contiguous()

@@ -266,6 +266,10 @@ CASES = [
     K3Case("text_only", 4105, layout="text_only", packed=(),
            text={"latent_moe_use_norm": False, "activation_situ_linear_beta": None, "routed_scaling_factor": 2.446},
            linear={"use_full_rank_gate": False, "gate_lower_bound": -3.0}),
+    # As many KDA as MLA heads (4), the shape llama.cpp's kimi-k3 loads (it sizes both from one head count),
+    # and F32 experts (llama.cpp multiplies MXFP4 with 8-bit activations): the GGUF comparisons run llama.cpp
+    # on this checkpoint's mirror, f32 throughout (tests/gguf_llama_test.cpp).
+    K3Case("f32_heads_equal", 4131, linear={"num_heads": 4}, packed=()),
 ]
 
 # q_a_proj and kv_a_proj_with_mqa's latent rows small (mean square ~0.1), so the 1e-6 eps of their norms

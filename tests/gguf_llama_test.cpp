@@ -101,8 +101,8 @@ TEST(GgufLlama, Gpt2LogitsNextToLlamaCppsOnTheSameFile) {
   }
 }
 
-// Qwen3-Next, Qwen3.5, Qwen3.5-MoE and Kimi Linear on llama.cpp's f32 CPU path, which is f32
-// throughout: the mirrors of the reference's checkpoints in the shapes llama.cpp loads (dk = dv; as
+// Qwen3-Next, Qwen3.5, Qwen3.5-MoE, Kimi Linear and Kimi K3 (F32 experts: llama.cpp multiplies MXFP4
+// with 8-bit activations) on llama.cpp's f32 CPU path, which is f32 throughout: the mirrors of the reference's checkpoints in the shapes llama.cpp loads (dk = dv; as
 // many KDA as MLA heads), whole and token by token, within the 1e-4 of lineage, and both near
 // the PyTorch golden.
 TEST(GgufLlama, HybridLogitsNextToLlamaCppsOnTheSameFile) {
@@ -110,7 +110,7 @@ TEST(GgufLlama, HybridLogitsNextToLlamaCppsOnTheSameFile) {
   if (!fs::exists(tool))
     GTEST_SKIP() << not_built(tool);
   const std::vector<std::string> names = {"qwen3_next/f32_dk_eq_dv", "qwen3_5/f32_dk_eq_dv", "qwen3_5_moe/f32_dk_eq_dv",
-                                          "kimi_linear/f32_heads_equal"};
+                                          "kimi_linear/f32_heads_equal", "kimi_k3/f32_heads_equal"};
   const fs::path tmp = test::temp_dir();
   std::string mirror = "/usr/bin/python3 " + shell_quote((test::source_dir() / "reference" / "gguf_mirror.py").string());
   for (size_t i = 0; i < names.size(); ++i)

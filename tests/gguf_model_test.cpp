@@ -123,7 +123,8 @@ TEST(GgufModel, HybridMirrorsGiveTheDirectorysLogits) {
   const std::vector<std::string> names = {"qwen3_next/f32_sharded", "qwen3_next/f32_dk_eq_dv", "qwen3_next/bf16_sharded",
                                           "qwen3_5/f32",            "qwen3_5/bf16",            "qwen3_5_moe/f32",
                                           "qwen3_5_moe/bf16_mtp_visual", "kimi_linear/f32", "kimi_linear/f32_heads_equal",
-                                          "kimi_linear/bf16_sharded"};
+                                          "kimi_linear/bf16_sharded", "kimi_k3/mxfp4_routed", "kimi_k3/bf16_sharded",
+                                          "kimi_k3/grouped", "kimi_k3/text_only"};
   std::vector<Mirror> jobs;
   for (size_t i = 0; i < names.size(); ++i) jobs.push_back({test::testdata() / names[i], cat("m", i, ".gguf"), ""});
   const std::vector<fs::path> files = mirror(jobs);
@@ -131,7 +132,14 @@ TEST(GgufModel, HybridMirrorsGiveTheDirectorysLogits) {
     SCOPED_TRACE(names[i]);
     const fs::path dir = test::testdata() / names[i];
     const std::string tokens = test::golden_tokens_arg(dir);
-    const bool bf16 = names[i].find("bf16") != std::string::npos, full = i == 0 || i == 3 || i == 5 || i == 7;
+    // (K3's MXFP4 directories too: there the experts take the bf16 dot mode by default, ggml's MXFP4
+    // blocks are always exact.)
+    const bool bf16 = names[i].find("bf16") != std::string::npos || names[i].starts_with("kimi_k3"),
+               full = i == 0 || i == 3 || i == 5 || i == 7 || i == 10;
+    // K3: A_log's round trip through −exp(A_log) moves its lower-bound gate exp(A_log)·(f + dt_bias), and
+    // its MXFP4 experts are GGUF blocks here, compressed-tensors pairs there (the same values, other
+    // kernels): 1.0e-6 to 2.0e-6 measured.
+    const double bound = names[i].starts_with("kimi_k3") ? 5e-6 : 1e-6;
     // Every mode on the first checkpoint of each family. The converter stores 1-D tensors F32, the
     // shared expert's gate [1, D] too: in the bf16 dot mode that gate's products are then exact where
     // a bf16 directory's gate rounds x (6e-3 apart), so bf16 checkpoints compare in exact products.
@@ -144,7 +152,7 @@ TEST(GgufModel, HybridMirrorsGiveTheDirectorysLogits) {
       for (const char* storage : {"", " --no-mmap"}) {
         const Tensor got = logits(files[i], tokens, options + storage);
         ASSERT_EQ(got.shape(), want.shape());
-        EXPECT_LE(test::rel_rms(got.data<float>(), want.data<float>(), want.numel()), 1e-6) << storage;
+        EXPECT_LE(test::rel_rms(got.data<float>(), want.data<float>(), want.numel()), bound) << storage;
       }
     }
     const Tensor golden = io::load_npy(dir / "golden" / "logits.npy");

@@ -11,6 +11,7 @@ const std::map<std::string, GgufArchMap>& registry() {
   static const std::map<std::string, GgufArchMap> r = {
       {"gpt2", gguf_gpt2},
       {"kimi-linear", gguf_kimi_linear},
+      {"kimi-k3", gguf_kimi_linear},
       {"qwen3next", gguf_qwen3_next},
       {"qwen35", gguf_qwen35},
       {"qwen35moe", gguf_qwen35moe},

@@ -376,7 +376,16 @@ Model build_kimi_k3(const ArchInput& in) {
 // experts stacked (each a view of its slice). llama.cpp sizes the KDA heads from attention.head_count,
 // as Kimi-Linear's published config has them; lineage takes them from ssm_beta's rows (the same
 // there, and right for a file whose KDA has fewer heads). The MLA takes no RoPE (mla_use_nope).
+//
+// llama.cpp's `kimi-k3` (conversion/kimi_k3.py, src/models/kimi-k3.cpp) adds to those: the text model only
+// (K3's fields at the top level of a KimiLinearForCausalLM config, lineage's text-only K3 layout), q_a /
+// q_a_norm / q_b, g_proj stored as ssm_g (KDA's full-rank gate) or attn_gate (MLA's output gate), the
+// latent MoE's ffn_routed_down / up / norm, SiTU's two betas, the lower-bound gate, A_log's first
+// num_attention_heads entries, and each AttnRes pair fused into one vector, norm ⊙ proj (attn_res_score,
+// ffn_res_score, output_res_score): bound as the pseudo-query with a norm of ones, which lineage folds
+// into the same vector (layers/attn_res.h). The routed experts of a published K3 are GGUF MXFP4 blocks.
 GgufMapped gguf_kimi_linear(const GgufSource& in) {
+  const bool k3 = in.arch == "kimi-k3";
   GgufMapped m;
   const std::string& f = in.file;
   const int64_t D = in.integer("embedding_length", limits::kWidth), L = in.integer("block_count", limits::kLayers);
@@ -426,6 +435,29 @@ GgufMapped gguf_kimi_linear(const GgufSource& in) {
                 {"num_heads", kda_heads},
                 {"head_dim", in.integer("kda.head_dim", limits::kWidth)},
                 {"short_conv_kernel_size", in.integer("ssm.conv_kernel", 4, limits::kConvSize)}}}};
+  if (k3) {
+    const auto any = [&](const char* suffix) {
+      for (int64_t l = 0; l < L; ++l)
+        if (has(cat("blk.", l, ".", suffix))) return true;
+      return false;
+    };
+    m.config.erase("model_max_length");
+    m.config["max_position_embeddings"] = in.integer("context_length", 4096, limits::kPositions);
+    m.config["hidden_act"] = "situ";
+    m.config["activation_situ_beta"] = in.number("activation.situ_beta", 0.0);
+    if (!(m.config["activation_situ_beta"].get<double>() > 0)) in.fail(in.arch + ".activation.situ_beta", "a positive number");
+    const double linear_beta = in.number("activation.situ_linear_beta", 0.0);  // llama.cpp: 0 leaves up uncapped
+    m.config["activation_situ_linear_beta"] = linear_beta > 0 ? nlohmann::json(linear_beta) : nlohmann::json(nullptr);
+    m.config["attn_res_block_size"] = in.integer("attn_res.block_size", limits::kLayers);
+    if (in.has(in.arch + ".attention.q_lora_rank")) m.config["q_lora_rank"] = in.integer("attention.q_lora_rank", limits::kWidth);
+    m.config["mla_use_output_gate"] = any("attn_gate.weight");
+    m.config["linear_attn_config"]["use_full_rank_gate"] = any("ssm_g.weight");
+    if (in.has(in.arch + ".kda.gate_lower_bound")) m.config["linear_attn_config"]["gate_lower_bound"] = in.number("kda.gate_lower_bound", 0.0);
+    if (in.has(in.arch + ".expert_latent_length")) {
+      m.config["routed_expert_hidden_size"] = in.integer("expert_latent_length", limits::kWidth);
+      m.config["latent_moe_use_norm"] = any("ffn_routed_norm.weight");
+    }
+  }
   if (E > 0) {
     m.config["num_experts"] = E;
     m.config["num_experts_per_token"] = in.integer("expert_used_count", limits::kWidth);
@@ -435,7 +467,8 @@ GgufMapped gguf_kimi_linear(const GgufSource& in) {
                                             ? in.integer("leading_dense_block_count", limits::kLayers) : 0;
     m.config["moe_layer_freq"] = 1;
     m.config["routed_scaling_factor"] = in.number("expert_weights_scale", 1.0);
-    m.config["moe_renormalize"] = weights_norm == in.metadata->end() || weights_norm->get<bool>();
+    // Absent: llama.cpp's kimi-linear renormalizes, its kimi-k3 does not.
+    m.config["moe_renormalize"] = weights_norm == in.metadata->end() ? !k3 : weights_norm->get<bool>();
     m.config["moe_router_activation_func"] = "sigmoid";
     m.config["use_grouped_topk"] = true;
     m.config["num_expert_group"] = in.integer("expert_group_count", 1, limits::kWidth);
@@ -443,15 +476,36 @@ GgufMapped gguf_kimi_linear(const GgufSource& in) {
   }
 
   auto& t = m.tensors;
+  // A fused AttnRes score [D] as its pair: the norm's weight all ones, the pseudo-query [1, D] the score.
+  const auto res = [&](const std::string& hf, const std::string& gguf) {
+    t.push_back({hf + "_norm.weight", gguf, [](const Tensor& x) {
+                   Tensor ones = Tensor::empty(DType::F32, {x.numel()});
+                   for (int64_t i = 0; i < x.numel(); ++i) ones.data<float>()[i] = 1.0f;
+                   return ones;
+                 }});
+    t.push_back({hf + "_proj.weight", gguf, [f, gguf](const Tensor& x) { return gguf_f32(x, f, gguf).reshaped({1, x.numel()}); }});
+  };
   t.push_back({"model.embed_tokens.weight", "token_embd.weight", {}});
   t.push_back({"model.norm.weight", "output_norm.weight", {}});
   if (has("output.weight")) t.push_back({"lm_head.weight", "output.weight", {}});
+  if (k3) res("model.output_attn_res", "output_res_score.weight");
   for (int64_t l = 0; l < L; ++l) {
     const std::string h = cat("model.layers.", l, "."), b = cat("blk.", l, "."), s = h + "self_attn.";
     t.push_back({h + "input_layernorm.weight", b + "attn_norm.weight", {}});
     t.push_back({h + "post_attention_layernorm.weight", b + "ffn_norm.weight", {}});
+    if (k3) {
+      res(h + "self_attention_res", b + "attn_res_score.weight");
+      res(h + "mlp_res", b + "ffn_res_score.weight");
+    }
     if (!has(b + "ssm_a")) {
-      t.push_back({s + "q_proj.weight", b + "attn_q.weight", {}});
+      if (has(b + "attn_q_a.weight")) {
+        t.push_back({s + "q_a_proj.weight", b + "attn_q_a.weight", {}});
+        t.push_back({s + "q_a_layernorm.weight", b + "attn_q_a_norm.weight", {}});
+        t.push_back({s + "q_b_proj.weight", b + "attn_q_b.weight", {}});
+      } else {
+        t.push_back({s + "q_proj.weight", b + "attn_q.weight", {}});
+      }
+      if (has(b + "attn_gate.weight")) t.push_back({s + "g_proj.weight", b + "attn_gate.weight", {}});
       t.push_back({s + "kv_a_proj_with_mqa.weight", b + "attn_kv_a_mqa.weight", {}});
       t.push_back({s + "kv_a_layernorm.weight", b + "attn_kv_a_norm.weight", {}});
       t.push_back({s + "o_proj.weight", b + "attn_output.weight", {}});
@@ -483,9 +537,15 @@ GgufMapped gguf_kimi_linear(const GgufSource& in) {
                      [](const Tensor& x) { return x.reshaped({x.numel() / x.dim(-1), 1, x.dim(-1)}); }});
       }
       for (const auto& [hf, gg] : std::vector<std::pair<const char*, const char*>>{
-               {"f_a_proj", "ssm_f_a"}, {"f_b_proj", "ssm_f_b"}, {"b_proj", "ssm_beta"}, {"g_a_proj", "ssm_g_a"},
-               {"g_b_proj", "ssm_g_b"}, {"o_norm", "ssm_norm"}, {"o_proj", "attn_output"}})
+               {"f_a_proj", "ssm_f_a"}, {"f_b_proj", "ssm_f_b"}, {"b_proj", "ssm_beta"}, {"o_norm", "ssm_norm"},
+               {"o_proj", "attn_output"}})
         t.push_back({cat(s, hf, ".weight"), cat(b, gg, ".weight"), {}});
+      if (has(b + "ssm_g.weight")) {  // K3's full-rank gate
+        t.push_back({s + "g_proj.weight", b + "ssm_g.weight", {}});
+      } else {
+        t.push_back({s + "g_a_proj.weight", b + "ssm_g_a.weight", {}});
+        t.push_back({s + "g_b_proj.weight", b + "ssm_g_b.weight", {}});
+      }
       t.push_back({s + "dt_bias", b + "ssm_dt.bias", {}});
       const std::string name = b + "ssm_a";
       t.push_back({s + "A_log", name, [=](const Tensor& x) { return a_log_from_minus_exp(x, f, name); }});
@@ -503,6 +563,11 @@ GgufMapped gguf_kimi_linear(const GgufSource& in) {
     if (has(b + "ffn_gate_shexp.weight"))
       for (const char* p : {"gate", "up", "down"})
         t.push_back({cat(moe, "shared_experts.", p, "_proj.weight"), cat(b, "ffn_", p, "_shexp.weight"), {}});
+    if (has(b + "ffn_routed_down.weight")) {  // K3's latent MoE
+      t.push_back({moe + "routed_expert_down_proj.weight", b + "ffn_routed_down.weight", {}});
+      t.push_back({moe + "routed_expert_up_proj.weight", b + "ffn_routed_up.weight", {}});
+      if (has(b + "ffn_routed_norm.weight")) t.push_back({moe + "routed_expert_norm.weight", b + "ffn_routed_norm.weight", {}});
+    }
   }
   return m;
 }
