@@ -4,7 +4,8 @@
 // ggml type) inside the data section at an aligned offset, no two overlapping, and readable end to end.
 // An accepted file then goes through io::load_gguf (the architecture's map, the binding, the
 // tokenizer from tokenizer.ggml.*): an Error naming the file, or a model whose every tensor is bound
-// and a tokenizer that encodes and decodes (seed: a 1-layer GPT-2 with a 260-token vocabulary).
+// and a tokenizer that encodes and decodes (seeds: a 1-layer GPT-2 with a 260-token vocabulary, and
+// one whose matrices and embedding are ggml blocks: Q8_0, Q4_0, Q5_0, Q5_1 and MXFP4).
 #include <cstring>
 #include <set>
 #include <string>
