@@ -8,6 +8,8 @@
 // GELU) is off by far more. Skipped, saying how to build it, where llama-logits is not built.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -196,6 +198,7 @@ std::vector<double> kld_rows(const Tensor& a, const Tensor& b) {
 // are whole 256-value blocks (GPT-2 and Qwen3.5-MoE), between them every format lineage computes on:
 // - every block tensor's values as ref::ggml_decode_row decodes them equal, bit for bit, the f32 that
 //   `llama-quantize --allow-requantize Q.gguf F.gguf F32` writes for it (ggml's dequantize_row_*);
+// - `lineage info` counts the quantized file's parameters as the directory's, in total and per layer;
 // - lineage's logits on the quantized file (the exact path: those values, f32 products) are within
 //   1e-4 of its logits on that f32 file, whole and token by token;
 // - llama.cpp's own logits on the quantized file, which multiply 8-bit activations, are reported
@@ -249,6 +252,17 @@ TEST(GgufLlama, BlockFormatsOnFilesLlamaQuantizeWrites) {
         ++blocks;
       }
       EXPECT_GT(blocks, 0);
+      // `lineage info` counts the quantized file's parameters as the directory's: totals and every layer.
+      const auto info = [&](const fs::path& p) {
+        const auto r = run_lineage("info --json --model " + shell_quote(p.string()));
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return nlohmann::json::parse(r.out);
+      };
+      const nlohmann::json qi = info(q), di = info(dir);
+      for (const char* k : {"params_total", "params_active", "params_active_without_embedding_and_head"})
+        EXPECT_EQ(qi[k], di[k]) << k;
+      ASSERT_EQ(qi["layers"].size(), di["layers"].size());
+      for (size_t l = 0; l < di["layers"].size(); ++l) EXPECT_EQ(qi["layers"][l]["params"], di["layers"][l]["params"]) << "layer " << l;
       for (const char* chunk : {"64", "1"}) {
         Tensor got[2];
         const fs::path files[2] = {q, back};

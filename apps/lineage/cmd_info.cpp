@@ -9,6 +9,7 @@
 #include "lineage/io/load_model.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/matrix.h"
+#include "lineage/layers/common.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/model/model.h"
 #include "lineage/model/residual.h"
@@ -116,9 +117,9 @@ void add_info(CLI::App& app) {
     nlohmann::json layers = nlohmann::json::array();
     for (size_t i = 0; i < m.blocks.size(); ++i) {
       auto& b = m.blocks[i];
-      int64_t params = 0;
-      b.for_each_tensor(
-          "", [&](const std::string&, Tensor&, const Shape& s, layers::Init) { params += shape_numel(s); });
+      int64_t params = 0;  // the values a matrix holds, whatever its stored format
+      model::for_each_stored([&](const layers::TensorVisitor& v) { b.for_each_tensor("", v); }, unallocated,
+                             [&](const model::StoredTensor& t) { params += t.params; });
       const auto cost = std::visit([](const auto& x) { return std::pair(x.state_bytes_per_token(), x.state_bytes_fixed()); }, b.mixer);
       layers.push_back({{"index", i},
                         {"mixer", std::visit([](const auto& x) { return x.describe(); }, b.mixer)},

@@ -38,8 +38,13 @@ DType quantized_dtype(const kernels::Matrix& w, const Tensor& t, DType unallocat
 }  // namespace
 
 void for_each_stored(Model& m, DType unallocated_dtype, const std::function<void(const StoredTensor&)>& f) {
+  for_each_stored([&](const layers::TensorVisitor& v) { m.for_each_tensor(v); }, unallocated_dtype, f);
+}
+
+void for_each_stored(const std::function<void(const layers::TensorVisitor&)>& visit, DType unallocated_dtype,
+                     const std::function<void(const StoredTensor&)>& f) {
   const kernels::Matrix* at = nullptr;  // the matrix whose tensors come next (visit_matrix)
-  m.for_each_tensor(layers::TensorVisitor::with_matrices(
+  visit(layers::TensorVisitor::with_matrices(
       [&](const std::string&, kernels::Matrix& w) { at = &w; },
       [&](const std::string& name, Tensor& t, const Shape& shape, layers::Init) {
         const bool member = at && (at->quant.defined() || at->packed) &&

@@ -11,6 +11,7 @@
 
 #include "lineage/core/dtype.h"
 #include "lineage/core/tensor.h"
+#include "lineage/layers/common.h"
 #include "lineage/model/model.h"
 
 namespace lineage::model {
@@ -49,6 +50,9 @@ struct StoredTensor {
   size_t bytes() const { return size_t(shape_numel(shape)) * dtype_size(dtype); }
 };
 void for_each_stored(Model& m, DType unallocated_dtype, const std::function<void(const StoredTensor&)>& f);
+// The same over what `visit` visits (a block's tensors: visit = [&](auto& v) { block.for_each_tensor("", v); }).
+void for_each_stored(const std::function<void(const layers::TensorVisitor&)>& visit, DType unallocated_dtype,
+                     const std::function<void(const StoredTensor&)>& f);
 
 // State bytes: per token of context, and fixed per sequence (recurrent state, conv tails).
 struct StateCost {

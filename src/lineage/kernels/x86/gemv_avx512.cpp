@@ -71,6 +71,26 @@ struct Avx512 {
   }
   static __m512i bytes(const uint8_t* q) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))); }
   // ggml's blocks (gemv_ggml.h).
+  // Q4_K's and Q5_K's sub-block factors of the block at b (d, dmin, then 12 bytes of 6-bit scales and
+  // mins s[0 .. 11]): f[j] = d·sc(j), f[8 + j] = −(dmin·m(j)). Lanes 0-3 and 8-11 are s[0 .. 3] and
+  // s[4 .. 7] masked to 6 bits; lanes 4-7 the low, lanes 12-15 the high nibbles of s[8 .. 11], each with
+  // the top 2 bits of s[0 .. 3] / s[4 .. 7] above them.
+  static void factors_k4(const uint8_t* b, float* f) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    const __m128i p = _mm_shuffle_epi8(raw, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m128i q = _mm_shuffle_epi8(raw, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m128i low = _mm_and_si128(p, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(p, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
+    const __m128i top = _mm_and_si128(_mm_srli_epi16(q, 2), _mm_set1_epi8(0x30));
+    const __m128i u = _mm_or_si128(_mm_or_si128(low, high), top);
+    // d in lanes 0-7, −dmin in 8-15 (the f16 pair widened, spread, the upper half's sign flipped).
+    const __m512 dd = _mm512_castps128_ps512(_mm_cvtph_ps(raw));
+    const __m512 ab = _mm512_xor_ps(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), dd),
+                                    _mm512_castsi512_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, int(0x80000000), int(0x80000000),
+                                                                          int(0x80000000), int(0x80000000), int(0x80000000),
+                                                                          int(0x80000000), int(0x80000000), int(0x80000000))));
+    _mm512_storeu_ps(f, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u)), ab));
+  }
   static Vec combine(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int mask) {
     const __m512i l = _mm512_and_si512(_mm512_srli_epi32(bytes(lo), ls), _mm512_set1_epi32(15));
     const __m512i h = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(bytes(hi), hs), _mm512_set1_epi32(mask)), 4);

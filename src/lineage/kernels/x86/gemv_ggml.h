@@ -3,8 +3,10 @@
 // registers, a vector of S::kWidth consecutive columns at a time, to the values ggml's dequantize_row_*
 // gives (ref::ggml_decode_block): 4-bit codes (Q4_0, Q4_1, Q4_K, MXFP4) and Q2_K's 2-bit ones through a
 // 16-entry table of a sub-block's values (its scale and min folded in by the same expression ggml
-// evaluates per value: every product in it is exact, so one rounding, ggml's), the 5-, 6- and 8-bit and
-// Q3_K's codes as small integers in f32 (exact) times their scale. Each vector then meets x in one f32
+// evaluates per value: every product in it is exact, so one rounding, ggml's; Q4_K's codes in lines on
+// AVX-512, below), the 5-, 6- and 8-bit and Q3_K's codes as small integers in f32 (exact) times their
+// scale (Q5_K's and Q6_K's combined as integers, then one FMA with the scale and the offset, whose
+// product is exact: ggml's single rounding again). Each vector then meets x in one f32
 // FMA into one of four accumulators a row, chosen by its place in the block (and the block's parity
 // for 32-value blocks), the same operations for every number of rows, so each row of x gets the lone
 // GEMV's bits. The traits add `look(q, shift, lut)` (lut[(q[i] >> shift) & 15]), `lut_muladd(values,
@@ -49,8 +51,18 @@ inline float ggml_e8m0_half(uint8_t e) {
 // Q4_K's and Q5_K's sub-block factors from the block's d, dmin and 12 bytes of 6-bit scales and mins
 // (ggml's get_scale_min_k4 for j = 0 .. 7, unpacked four at a time in 32-bit words): f[j] = d·sc(j)
 // and f[8 + j] = −(dmin·m(j)), both exact.
+// Traits with `factors_k4(block, f)` (AVX-512) unpack them with byte shuffles instead.
 template <class S>
-inline void ggml_factors_k4(float d, float dmin, const uint8_t* s, float (&f)[16]) {
+constexpr bool kFactorsK4 = requires { &S::factors_k4; };
+
+template <class S>
+inline void ggml_factors_k4(const uint8_t* block, float (&f)[16]) {
+  if constexpr (kFactorsK4<S>) {
+    S::factors_k4(block, f);
+    return;
+  }
+  const float d = S::half(block), dmin = S::half(block + 2);
+  const uint8_t* s = block + 4;
   uint32_t w[3], sm[4];
   std::memcpy(w, s, 12);
   constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
@@ -145,7 +157,7 @@ inline void ggml_block(const uint8_t* b, E&& emit, const float* factors = nullpt
         }
   } else if constexpr (B == GgmlBlock::Q4_K) {
     alignas(64) float own[16];
-    if (!factors) ggml_factors_k4<S>(S::half(b), S::half(b + 2), b + 4, own);
+    if (!factors) ggml_factors_k4<S>(b, own);
     const float* f = factors ? factors : own;
     for (int j = 0; j < 4; ++j) {
       const typename S::Lut16 lo = S::lut_muladd(kGgml.iota, f[2 * j], f[8 + 2 * j]);
@@ -162,7 +174,7 @@ inline void ggml_block(const uint8_t* b, E&& emit, const float* factors = nullpt
     }
   } else if constexpr (B == GgmlBlock::Q5_K) {
     alignas(64) float own[16];
-    if (!factors) ggml_factors_k4<S>(S::half(b), S::half(b + 2), b + 4, own);
+    if (!factors) ggml_factors_k4<S>(b, own);
     const float* f = factors ? factors : own;
     for (int j = 0; j < 8; ++j) {
       const Vec dj = S::broadcast(f[j]), mj = S::broadcast(f[8 + j]);
@@ -220,7 +232,7 @@ inline void ggml_row(const float* x, int64_t ldx, const QuantWeight& W, int64_t 
       const int64_t n = (W.in - c) / kValues < kRun ? (W.in - c) / kValues : kRun;
       for (int64_t i = 0; i < n; ++i) {
         const uint8_t* blk = q + i * bytes;
-        ggml_factors_k4<S>(S::half(blk), S::half(blk + 2), blk + 4, fac[i]);
+        ggml_factors_k4<S>(blk, fac[i]);
       }
       for (int64_t i = 0; i < n; ++i, c += kValues, q += bytes) block(c, q, std::integral_constant<int, 0>{}, fac[i]);
     }
