@@ -1,7 +1,7 @@
 #include "lineage/io/gguf_model.h"
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
