@@ -8,6 +8,10 @@ import base64
 import json
 import os
 import struct
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+from byte_level import byte_to_unicode  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 SEP = b"\n@@@@\n"  # fuzz_support.h: kSectionSeparator
@@ -76,17 +80,6 @@ put("fuzz_config", "broken_not_json.json", '4{"model_type": "delta_net", "vocab_
 put("fuzz_config", "broken_array.json", '5[1, 2, 3]')
 
 # ---- tokenizers ----------------------------------------------------------------------------------
-def byte_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
 B2U = byte_to_unicode()
 spell = lambda s: "".join(B2U[b] for b in s.encode())
 byte_vocab = {B2U[b]: b for b in range(256)}

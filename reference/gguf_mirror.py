@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf_writer as gw  # noqa: E402
+from byte_level import byte_to_unicode  # noqa: E402
 from safetensors_io import read_checkpoint  # noqa: E402
 
 GGML_OF = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}
@@ -528,19 +529,7 @@ def mirror(src: str, out: str, extra_tensor=None, arch="gpt2", pre="gpt-2", type
                  out_tensors[k * per:(k + 1) * per], alignment=alignment)
 
 
-def _byte_table() -> list:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for x in range(256):
-        if x not in bs:
-            bs.append(x)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, map(chr, cs)))
-    return [table[x] for x in range(256)]
-
-
-_BYTE_TABLE = _byte_table()
+_BYTE_TABLE = [byte_to_unicode()[x] for x in range(256)]
 
 
 def byte_level(b: bytes) -> str:
