@@ -48,6 +48,15 @@ std::optional<DType> plain_dtype(uint32_t type) {
 
 Shape torch_shape(const GgufTensor& t) { return Shape(t.ne.rbegin(), t.ne.rend()); }
 
+// A tensor of ggml blocks (`data`, rows of whole blocks) as its values in f32, torch shape `values`.
+Tensor decoded(const kernels::GgmlBlockInfo& b, const uint8_t* data, const Shape& values) {
+  Tensor f = Tensor::empty(DType::F32, values);
+  const int64_t n = values.back(), row_bytes = n / b.values * b.bytes;
+  for (int64_t r = 0; r < f.numel() / std::max<int64_t>(1, n); ++r)
+    kernels::ref::ggml_decode_row(b.block, data + r * row_bytes, n, f.data<float>() + r * n);
+  return f;
+}
+
 const json* key(const GgufFile& f, const std::string& name) {
   const GgufKv* kv = f.find(name);
   return kv ? &kv->value : nullptr;
@@ -222,13 +231,7 @@ LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage s
     }
     // The reader checked that dims[0] is whole blocks and the bytes lie in the file.
     const Shape values = torch_shape(t);
-    const int64_t rows = t.ne.empty() ? 0 : int64_t(t.bytes) / (t.ne[0] / b->values * b->bytes);
-    if (decode) {
-      Tensor f = Tensor::empty(DType::F32, values);
-      for (int64_t r = 0; r < rows; ++r)
-        kernels::ref::ggml_decode_row(b->block, data + r * (t.ne[0] / b->values * b->bytes), t.ne[0], f.data<float>() + r * t.ne[0]);
-      return {f, e, b};
-    }
+    if (decode) return {decoded(*b, data, values), e, b};
     Shape byte_shape = values;
     byte_shape.back() = t.ne[0] / b->values * b->bytes;
     return {Tensor::borrow(DType::U8, byte_shape, data, std::shared_ptr<const void>(in, data)), e, b};
@@ -284,12 +287,7 @@ LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage s
     for (const auto& [name, b] : blocks) {
       if (claimed.count(name)) continue;
       const Tensor rows = ckpt->tensor(name);
-      const kernels::GgmlBlockInfo& info = kernels::ggml_block_info(b.type);
-      Tensor f = Tensor::empty(DType::F32, b.shape);
-      const int64_t n = b.shape.back(), row_bytes = n / info.values * info.bytes, count = f.numel() / std::max<int64_t>(1, n);
-      for (int64_t r = 0; r < count; ++r)
-        kernels::ref::ggml_decode_row(b.type, static_cast<const uint8_t*>(rows.raw()) + r * row_bytes, n, f.data<float>() + r * n);
-      ckpt->replace_held(name, std::move(f));
+      ckpt->replace_held(name, decoded(kernels::ggml_block_info(b.type), static_cast<const uint8_t*>(rows.raw()), b.shape));
     }
   };
   LoadedModel out = load_checkpoint(mapped.config, cat(where, " (its ", arch, ".* keys)"), ckpt, where, storage, adjust);

@@ -156,17 +156,17 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
   const model::BindingTable& table = m.binding;
   std::vector<std::string> missing, wrong;
   // The FP8 matrices' `weight`s (F8_E4M3 codes), and the MXFP4 pairs' tensors and ggml's block rows (U8 only).
-  std::set<std::string> bound, fp8, mxfp4;
+  std::set<std::string> bound, fp8, bytes;
   std::map<std::string, kernels::StoredQuant> quant_of;  // by the matrix's "….weight"
   m.for_each_tensor(layers::TensorVisitor::with_matrices([&](const std::string& name, kernels::Matrix& w) {
     using Kind = kernels::StoredQuant::Kind;
     if (w.quant.defined()) quant_of[name] = w.quant;
     if (w.quant.kind == Kind::Fp8 || w.quant.kind == Kind::HfFp8) fp8.insert(name);
-    if (w.packed && !w.quant.defined()) mxfp4.insert({name + "_packed", name + "_scale"});
-    if (w.quant.kind == Kind::Ggml) mxfp4.insert(name);  // ggml's blocks: U8 rows too
+    if (w.packed && !w.quant.defined()) bytes.insert({name + "_packed", name + "_scale"});
+    if (w.quant.kind == Kind::Ggml) bytes.insert(name);  // ggml's blocks: rows of U8
   }));
   const auto dtype_ok = [&](DType t, const std::string& param) {
-    if (mxfp4.count(param)) return t == DType::U8;
+    if (bytes.count(param)) return t == DType::U8;
     return is_weight_dtype(t, param) || (t == DType::F8_E4M3 && fp8.count(param));
   };
   // A stored tensor checked against what the parameter expects; squeezed where the table allows.
@@ -176,7 +176,7 @@ void bind_weights(model::Model& m, const Checkpoint& ckpt, const std::string& wh
     const std::string label = stored == param ? stored : cat(stored, " (for ", param, ")");
     if (!dtype_ok(e.dtype, param)) {
       wrong.push_back(cat(label, ": dtype ", dtype_name(e.dtype), ", expected ",
-                          mxfp4.count(param) ? "U8" : ends_with(param, "_packed") || ends_with(param, "_scale") ? "U8, I32 or a float" : "F32, F16 or BF16"));
+                          bytes.count(param) ? "U8" : ends_with(param, "_packed") || ends_with(param, "_scale") ? "U8, I32 or a float" : "F32, F16 or BF16"));
     } else if (e.shape == shape) {
       out = ckpt.tensor(stored);
     } else if (squeeze && squeezed(e.shape) == squeezed(shape)) {

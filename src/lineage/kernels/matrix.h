@@ -90,7 +90,8 @@ void prepare_quant(Matrix& W, const std::string& name);
 // Rows [r0, r1) of a prepared quantized or MXFP4 matrix as one (views of its codes and tables, no copy).
 Matrix quant_rows(const Matrix& W, int64_t r0, int64_t r1);
 // Rows [o0, o1) of a prepared quantized or MXFP4 matrix decoded to their defined values, f32
-// [o1 - o0, in] in column order (a layer that needs a transposed copy, as MLA's absorbed W_UK).
+// [o1 - o0, in] in column order (a layer that needs a transposed copy, as MLA's absorbed W_UK; a token's
+// row of an embedding in ggml's blocks, which decodes without allocating).
 void decode_rows(const Matrix& W, int64_t o0, int64_t o1, float* dst);
 
 // W in [out, in] layout, owned: a no-op where it already is; the GPT-2 Conv1D [in, out] matrices of

@@ -10,6 +10,7 @@
 #include "lineage/core/error.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/matrix.h"
+#include "lineage/kernels/ref/ref.h"
 #include "lineage/kernels/x86/gemv.h"
 
 namespace lineage::kernels {
@@ -187,6 +188,10 @@ void prepare_quant(Matrix& W, const std::string& name) {
 }
 
 void decode_rows(const Matrix& W, int64_t o0, int64_t o1, float* dst) {
+  if (W.quant.kind == StoredQuant::Kind::Ggml && W.qw.q) {  // blocks decode in column order, in place
+    for (int64_t o = o0; o < o1; ++o) ref::ggml_decode_row(W.qw.ggml, W.qw.q + o * W.qw.row_bytes, W.in, dst + (o - o0) * W.in);
+    return;
+  }
   const bool mxfp4 = W.packed && !W.quant.defined();
   LINEAGE_CHECK((W.quant.defined() && W.qw.q) || mxfp4, "decode_rows: a prepared quantized or MXFP4 matrix");
   const GemvTable& k = gemv_table();
