@@ -409,3 +409,18 @@ def test_a_gguf_file_loads_as_its_directory_does(tmp_path):
     from_dir = lineage.Session(model("gpt2/f32_gpt2_shapes", mmap=False)).prefill(g.tokens, all_positions=True)
     assert np.array_equal(from_gguf, from_dir)
     assert_close_to_golden(from_gguf, g, "logits")
+
+
+def test_a_block_quantized_gguf_decodes_as_it_prefills():
+    # A GGUF whose matrices and embedding are ggml blocks (Q8_0, Q4_0, Q5_0, Q5_1, MXFP4: the fuzzer's
+    # seed): 12 tokens prefilled at once take the blocks' GEMM (panels decoded in the kernels' order), one
+    # at a time their GEMV; the two agree to the f32 sums' rounding, and the logits move with the input.
+    gguf = Path(__file__).resolve().parents[2] / "fuzz" / "corpus" / "fuzz_gguf" / "tiny_gpt2_blocks.gguf"
+    m = lineage.Model.load(gguf)
+    tokens = [1, 7, 42, 3, 250, 9, 9, 100, 17, 5, 64, 2]
+    whole = lineage.Session(m).prefill(tokens, all_positions=True)
+    s = lineage.Session(m)
+    stepped = np.stack([s.decode(t) for t in tokens])
+    assert whole.shape == (12, 260)
+    assert rel_rms(stepped, whole) <= 1e-5
+    assert np.std(whole[1] - whole[0]) > 1e-3
