@@ -5,7 +5,9 @@
 // An accepted file then goes through io::load_gguf (the architecture's map, the binding, the
 // tokenizer from tokenizer.ggml.*): an Error naming the file, or a model whose every tensor is bound
 // and a tokenizer that encodes and decodes (seeds: a 1-layer GPT-2 with a 260-token vocabulary, and
-// one whose matrices and embedding are ggml blocks: Q8_0, Q4_0, Q5_0, Q5_1 and MXFP4).
+// one whose matrices and embedding are ggml blocks: Q8_0, Q4_0, Q5_0, Q5_1 and MXFP4). Every file also
+// goes through io::gguf_header_model (`lineage info`: the header alone, the data may be missing): an
+// Error naming the file, or a model; one that load_gguf accepts, with the same layers.
 #include <cstring>
 #include <set>
 #include <string>
@@ -48,6 +50,14 @@ void check_accepted(const io::GgufFile& f, size_t size) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto path = fuzz::scratch_dir() / "model.gguf";
   fuzz::write_file(path, data, size);
+  size_t header_layers = 0;
+  bool header_read = false;
+  try {
+    header_layers = io::gguf_header_model(path).model.blocks.size();
+    header_read = true;
+  } catch (const Error& e) {
+    fuzz::rejected(e);
+  }
   try {
     {
       const io::GgufFile f(path);
@@ -55,6 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     io::LoadedModel m = io::load_gguf(path);
     if (m.model.blocks.empty()) fuzz::violated("a model without layers");
+    if (!header_read || header_layers != m.model.blocks.size()) fuzz::violated("a model its header alone reads otherwise");
     m.model.for_each_tensor([](const std::string& name, Tensor& t, const Shape& want, layers::Init) {
       if (t.shape() != want) fuzz::violated(cat("tensor ", name, " bound with another shape"));
     });

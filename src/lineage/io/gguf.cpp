@@ -128,7 +128,12 @@ const GgufKv* GgufFile::find(const std::string& key) const {
   return nullptr;
 }
 
-GgufFile::GgufFile(const fs::path& path) : path_(path) {
+const uint8_t* GgufFile::data(const GgufTensor& t) const {
+  if (header_only_) throw Error(cat(path_.string(), ": tensor \"", t.name, "\": the file was read for its header alone"));
+  return base_ + data_offset_ + t.offset;
+}
+
+GgufFile::GgufFile(const fs::path& path, GgufRead read) : path_(path), header_only_(read == GgufRead::HeaderOnly) {
   size_t size = 0;
   map_ = map_readonly(path, size, "a GGUF file (magic \"GGUF\", version, counts, metadata, tensor infos, data)");
   base_ = static_cast<const uint8_t*>(map_.get());
@@ -186,8 +191,10 @@ GgufFile::GgufFile(const fs::path& path) : path_(path) {
     tensors_.push_back(std::move(t));
   }
   data_offset_ = (r.at() + alignment_ - 1) / alignment_ * alignment_;
-  const uint64_t data = data_offset_ <= size ? size - data_offset_ : 0;
-  if (data_offset_ > size && !tensors_.empty()) throw Error(cat(file, ": the data section starts past the end of the file"));
+  // Read for its header alone, the data may be absent: the tensors need only fit in 64 bits.
+  const uint64_t data = header_only_ ? UINT64_MAX - data_offset_ : data_offset_ <= size ? size - data_offset_ : 0;
+  if (!header_only_ && data_offset_ > size && !tensors_.empty())
+    throw Error(cat(file, ": the data section starts past the end of the file"));
   // Every tensor inside the data, no two overlapping.
   std::vector<std::pair<uint64_t, const GgufTensor*>> spans;
   for (const GgufTensor& t : tensors_) {

@@ -47,9 +47,14 @@ struct GgufTensor {
   uint64_t bytes = 0;
 };
 
+// What a GgufFile needs of its file: all of it (the tensors' data checked to lie inside), or the
+// header alone (`lineage info`: the metadata and tensor infos; the data may be absent, and data()
+// refuses to hand it out).
+enum class GgufRead : uint8_t { Whole, HeaderOnly };
+
 class GgufFile {
  public:
-  explicit GgufFile(const std::filesystem::path& path);
+  explicit GgufFile(const std::filesystem::path& path, GgufRead read = GgufRead::Whole);
   const std::filesystem::path& path() const { return path_; }
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
@@ -57,8 +62,8 @@ class GgufFile {
   const std::vector<GgufKv>& metadata() const { return kvs_; }
   const GgufKv* find(const std::string& key) const;
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
-  // The bytes of a tensor (tensors()[i]), inside the mapping.
-  const uint8_t* data(const GgufTensor& t) const { return base_ + data_offset_ + t.offset; }
+  // The bytes of a tensor (tensors()[i]), inside the mapping. Throws for a file read HeaderOnly.
+  const uint8_t* data(const GgufTensor& t) const;
   // What keeps the mapping alive (a tensor borrowed from data() holds it).
   const std::shared_ptr<const void>& mapping() const { return map_; }
 
@@ -67,6 +72,7 @@ class GgufFile {
   std::shared_ptr<const void> map_;
   const uint8_t* base_ = nullptr;
   uint32_t version_ = 0;
+  bool header_only_ = false;
   uint64_t alignment_ = 32, data_offset_ = 0;
   std::vector<GgufKv> kvs_;
   std::vector<GgufTensor> tensors_;

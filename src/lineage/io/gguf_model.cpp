@@ -93,8 +93,8 @@ std::optional<int32_t> token_id(const GgufFile& f, const std::string& name) {
 // The files of a split model (llama.cpp's gguf-split: PREFIX-00001-of-0000N.gguf, the first holding
 // the metadata, each split.no, split.count and split.tensors.count): the first's, then the others in
 // order; a single file alone. A missing or mismatched split is an Error naming it.
-std::vector<std::shared_ptr<GgufFile>> open_splits(const fs::path& path) {
-  std::vector<std::shared_ptr<GgufFile>> files{std::make_shared<GgufFile>(path)};
+std::vector<std::shared_ptr<GgufFile>> open_splits(const fs::path& path, GgufRead read) {
+  std::vector<std::shared_ptr<GgufFile>> files{std::make_shared<GgufFile>(path, read)};
   const GgufFile& first = *files[0];
   const json* count = key(first, "split.count");
   if (!count) return files;
@@ -125,7 +125,7 @@ std::vector<std::shared_ptr<GgufFile>> open_splits(const fs::path& path) {
     std::error_code ec;
     if (!fs::is_regular_file(next, ec))
       throw Error(cat(path.string(), ": split ", i + 1, " of ", n, ", ", next.string(), ", does not exist"));
-    files.push_back(std::make_shared<GgufFile>(next));
+    files.push_back(std::make_shared<GgufFile>(next, read));
     if (number(*files.back()) != i)
       throw Error(cat(next.string(), ": key split.no: ", number(*files.back()), "; expected ", i));
     tensors += int64_t(files.back()->tensors().size());
@@ -167,35 +167,86 @@ std::optional<tokenizer::Tokenizer> gguf_tokenizer(const GgufFile& f) {
   return tokenizer::Tokenizer::from_tables(t);
 }
 
-LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage storage) {
-  const std::vector<std::shared_ptr<GgufFile>> files = open_splits(path);
-  const std::shared_ptr<GgufFile>& file = files[0];
-  const std::string where = path.string();
-  const json* arch_value = key(*file, "general.architecture");
-  if (!arch_value || !arch_value->is_string()) bad_key(*file, "general.architecture", "a string naming the architecture");
-  const std::string arch = arch_value->get<std::string>();
-  const model::GgufArchMap* map = model::find_gguf_arch(arch);
-  if (!map)
-    throw Error(cat(where, ": key general.architecture: \"", arch, "\" is not an architecture lineage runs; it runs ",
-                    model::known_gguf_archs()));
+namespace {
 
+// A GGUF file (and its splits) with its architecture's map applied: the Hugging Face config and the
+// tensors each GGUF tensor becomes. Every GGUF tensor must be one the map reads.
+struct MappedFile {
+  std::vector<std::shared_ptr<GgufFile>> files;
+  std::string arch;
   json metadata = json::object();
-  for (const GgufKv& kv : file->metadata()) metadata[kv.key] = kv.value;
+  model::GgufMapped mapped;
+  std::map<std::string, std::pair<const GgufTensor*, std::shared_ptr<GgufFile>>> by_name;  // and its file
+};
+
+void open_mapped(MappedFile& out, const fs::path& path, GgufRead read) {
+  out.files = open_splits(path, read);
+  const GgufFile& file = *out.files[0];
+  const std::string where = path.string();
+  const json* arch_value = key(file, "general.architecture");
+  if (!arch_value || !arch_value->is_string()) bad_key(file, "general.architecture", "a string naming the architecture");
+  out.arch = arch_value->get<std::string>();
+  const model::GgufArchMap* map = model::find_gguf_arch(out.arch);
+  if (!map)
+    throw Error(cat(where, ": key general.architecture: \"", out.arch, "\" is not an architecture lineage runs; it runs ",
+                    model::known_gguf_archs()));
+  for (const GgufKv& kv : file.metadata()) out.metadata[kv.key] = kv.value;
   model::GgufSource src;
   src.file = where;
-  src.arch = arch;
-  src.metadata = &metadata;
-  std::map<std::string, std::pair<const GgufTensor*, std::shared_ptr<GgufFile>>> by_name;  // and its file
-  for (const auto& f : files)
+  src.arch = out.arch;
+  src.metadata = &out.metadata;
+  for (const auto& f : out.files)
     for (const GgufTensor& t : f->tensors()) {
-      if (!by_name.emplace(t.name, std::make_pair(&t, f)).second)
-        throw Error(cat(f->path().string(), ": tensor ", t.name, " is also in ", by_name[t.name].second->path().string()));
+      if (!out.by_name.emplace(t.name, std::make_pair(&t, f)).second)
+        throw Error(cat(f->path().string(), ": tensor ", t.name, " is also in ", out.by_name[t.name].second->path().string()));
       src.tensors[t.name] = torch_shape(t);
     }
-  const model::GgufMapped mapped = (*map)(src);
+  out.mapped = (*map)(src);
+  std::set<std::string> read_names;
+  for (const model::GgufTensorMap& m : out.mapped.tensors) read_names.insert({m.gguf, m.gguf2});
+  for (const auto& entry : out.by_name)
+    if (!read_names.count(entry.first))
+      throw Error(cat(where, ": tensor ", entry.first, " is not one lineage's ", out.arch,
+                      " reads (llama.cpp's optional tensors are applied or refused by name; this one is unknown)"));
+}
+
+}  // namespace
+
+GgufHeaderModel gguf_header_model(const fs::path& path) {
+  MappedFile f;
+  open_mapped(f, path, GgufRead::HeaderOnly);
+  std::map<std::string, const model::GgufTensorMap*> hf;
+  for (const model::GgufTensorMap& m : f.mapped.tensors) hf.emplace(m.hf, &m);
+  // A tensor's shape as stored (what a family reads of one, A_log's length, survives the converts).
+  GgufHeaderModel out;
+  out.model = build_model_from_config(
+      f.mapped.config, cat(path.string(), " (its ", f.arch, ".* keys)"), [&](const std::string& n) { return hf.count(n) > 0; },
+      [&](const std::string& n) { return hf.count(n) ? torch_shape(*f.by_name.at(hf.at(n)->gguf).first) : Shape{}; });
+  if (f.mapped.adjust) f.mapped.adjust(out.model);
+  std::map<std::string, uint64_t> by_type;
+  for (const auto& [name, t] : f.by_name) {
+    by_type[ggml_type(t.first->type)->name] += t.first->bytes;
+    // llama.cpp's names for a layer's routed experts, stacked: blk.N.ffn_{gate,up,down,gate_up}_exps.*
+    long long layer = -1;
+    if (name.find("_exps.") != std::string::npos && std::sscanf(name.c_str(), "blk.%lld.", &layer) == 1 && layer >= 0 &&
+        layer < (long long)out.model.blocks.size()) {
+      out.routed_expert_bytes.resize(out.model.blocks.size());
+      out.routed_expert_bytes[size_t(layer)] += t.first->bytes;
+    }
+  }
+  out.bytes_by_type.assign(by_type.begin(), by_type.end());
+  return out;
+}
+
+LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage storage) {
+  MappedFile f;
+  open_mapped(f, path, GgufRead::Whole);
+  const std::shared_ptr<GgufFile>& file = f.files[0];
+  const std::string where = path.string(), &arch = f.arch;
+  const model::GgufMapped& mapped = f.mapped;
+  const auto& by_name = f.by_name;
 
   std::map<std::string, std::pair<TensorEntry, Tensor>> held;
-  std::set<std::string> read;
   // The Hugging Face tensors held as a block type's rows (U8 [..., rows, row bytes]): their format, and
   // the decoded f32 tensor should they bind as no matrix.
   struct Blocks {
@@ -215,7 +266,6 @@ LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage s
     const uint8_t* data = in->data(t);
     const TensorEntry e{DType::U8, {}, size_t(in->data_offset() + t.offset), size_t(in->data_offset() + t.offset + t.bytes),
                         in->path().string()};
-    read.insert(name);
     if (const std::optional<DType> dtype = plain_dtype(t.type)) {
       Tensor view = Tensor::borrow(*dtype, torch_shape(t), data, std::shared_ptr<const void>(in, data));
       if (reinterpret_cast<uintptr_t>(data) % dtype_size(*dtype) != 0) view = view.clone();
@@ -256,11 +306,6 @@ LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage s
     if (!held.emplace(m.hf, std::make_pair(e, view)).second)
       throw Error(cat(where, ": ", arch, "'s map names ", m.hf, " twice"));
   }
-  for (const auto& entry : by_name)
-    if (!read.count(entry.first))
-      throw Error(cat(where, ": tensor ", entry.first, " is not one lineage's ", arch,
-                      " reads (llama.cpp's optional tensors are applied or refused by name; this one is unknown)"));
-
   auto ckpt = std::make_shared<Checkpoint>(Checkpoint::of_tensors(std::move(held)));
   // Block-quantized tensors that bind as weight matrices (the embedding and head included) stay blocks
   // (StoredQuant Ggml); the others are decoded to their f32 values.

@@ -351,12 +351,9 @@ void check_mxfp4_scales(model::Model& m, const std::string& where) {
   });
 }
 
-namespace {
-
-// The family's skeleton from config.json; has_tensor answers for the checkpoint (or nothing).
-model::Model build_from_config(const nlohmann::json& cfg, const std::string& cfg_path,
-                               const std::function<bool(const std::string&)>& has_tensor,
-                               const std::function<Shape(const std::string&)>& tensor_shape = {}) {
+model::Model build_model_from_config(const nlohmann::json& cfg, const std::string& cfg_path,
+                                     const std::function<bool(const std::string&)>& has_tensor,
+                                     const std::function<Shape(const std::string&)>& tensor_shape) {
   if (!cfg.contains("model_type") || !cfg["model_type"].is_string())
     throw Error(cat(cfg_path, ": field \"model_type\": expected a string naming the architecture (one of ",
                     model::known_model_types(), ")"));
@@ -379,15 +376,13 @@ model::Model build_from_config(const nlohmann::json& cfg, const std::string& cfg
   return m;
 }
 
-}  // namespace
-
 bool has_weights(const fs::path& dir) {
   return is_gguf(dir) || fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json");
 }
 
 model::Model checkpoint_skeleton(const fs::path& dir, const Checkpoint& ckpt) {
   const nlohmann::json cfg = read_config(dir);
-  return build_from_config(
+  return build_model_from_config(
       cfg, (dir / "config.json").string(), [&](const std::string& n) { return ckpt.has(n); },
       [&](const std::string& n) { return ckpt.has(n) ? ckpt.entry(n).shape : Shape{}; });
 }
@@ -395,7 +390,7 @@ model::Model checkpoint_skeleton(const fs::path& dir, const Checkpoint& ckpt) {
 Skeleton load_skeleton(const fs::path& dir) {
   const nlohmann::json cfg = read_config(dir);
   Skeleton s;
-  s.model = build_from_config(cfg, (dir / "config.json").string(), [](const std::string&) { return false; });
+  s.model = build_model_from_config(cfg, (dir / "config.json").string(), [](const std::string&) { return false; }, {});
   // The top level's, else the text model's (Qwen3.5 keeps it in text_config only).
   std::vector<const nlohmann::json*> levels = {&cfg};
   if (cfg.contains("text_config") && cfg["text_config"].is_object()) levels.push_back(&cfg["text_config"]);
@@ -426,7 +421,7 @@ LoadedModel load_checkpoint(const nlohmann::json& cfg, const std::string& cfg_pa
                             const std::string& where, WeightStorage storage,
                             const std::function<void(model::Model&)>& adjust) {
   LoadedModel out;
-  out.model = build_from_config(
+  out.model = build_model_from_config(
       cfg, cfg_path, [&](const std::string& n) { return ckpt->has(n); },
       [&](const std::string& n) { return ckpt->has(n) ? ckpt->entry(n).shape : Shape{}; });
   if (adjust) adjust(out.model);

@@ -61,6 +61,13 @@ LoadedModel load_checkpoint(const nlohmann::json& config, const std::string& con
                             std::shared_ptr<Checkpoint> ckpt, const std::string& where, WeightStorage storage,
                             const std::function<void(model::Model&)>& adjust = {});
 
+// The family's skeleton from a config (config.json's content; `cfg_path` names it in messages):
+// shapes and names, tensors empty, quantization applied. has_tensor answers for the checkpoint (or
+// nothing); tensor_shape (may be empty) gives a stored tensor's shape, where a family reads it.
+model::Model build_model_from_config(const nlohmann::json& cfg, const std::string& cfg_path,
+                                     const std::function<bool(const std::string&)>& has_tensor,
+                                     const std::function<Shape(const std::string&)>& tensor_shape);
+
 // The model a directory's config.json describes, without weights (`lineage info` on a directory that
 // holds only config.json): shapes and names, tensors empty. dtype: the config's "dtype" (or
 // "torch_dtype") when it names one, the dtype the published weights are stored in.
