@@ -18,6 +18,7 @@
 #include "lineage/core/dtype.h"
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
+#include "lineage/io/expert_stream.h"
 #include "lineage/io/load_model.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/threads.h"
@@ -267,13 +268,21 @@ class PySession {
   mutable std::mutex busy_;  // held by the call in progress (claim)
 };
 
-ModelPtr load(const fs::path& dir, bool mmap, bool int8_dot, bool bf16_exact) {
+ModelPtr load(const fs::path& dir, bool mmap, bool int8_dot, bool bf16_exact, const std::optional<std::string>& budget,
+              const std::string& expert_cache) {
   auto h = std::make_shared<ModelHandle>();
   {
     py::gil_scoped_release release;
     h->loaded = io::load_model(dir, true, mmap ? io::WeightStorage::Mapped : io::WeightStorage::Owned);
     model::set_int8_dot(h->loaded.model, int8_dot && kernels::int8_dot_available());
     h->loaded.model.options.bf16_dot = !bf16_exact;
+    // As the CLI's --memory-budget / --expert-cache (docs/streaming.md).
+    if (expert_cache != "global" && expert_cache != "per-layer")
+      throw Error(cat("expert_cache \"", expert_cache, "\": expected \"global\" or \"per-layer\""));
+    io::StreamOptions so;
+    so.budget = budget ? io::parse_bytes(*budget, "memory_budget") : io::available_memory();
+    so.policy = expert_cache == "per-layer" ? io::CachePolicy::PerLayer : io::CachePolicy::Global;
+    if (so.budget > 0) h->loaded.experts = io::stream_experts(h->loaded.model, so, h->loaded.stream_plan);
   }
   h->source = dir.string();
   return h;
@@ -325,14 +334,18 @@ PYBIND11_MODULE(lineage, m) {
 
   py::class_<ModelHandle, ModelPtr>(m, "Model", "A model: its weights, configuration and tokenizer, if any.")
       .def_static("load", &load, py::arg("dir"), py::arg("mmap") = true, py::arg("int8_dot") = false,
-                  py::arg("bf16_exact") = false,
+                  py::arg("bf16_exact") = false, py::arg("memory_budget") = std::nullopt,
+                  py::arg("expert_cache") = "global",
                   "Loads a Hugging Face model directory (config.json, safetensors, tokenizer files). "
                   "mmap=False copies the weights into memory instead of mapping the files; int8_dot=True "
                   "multiplies int4 / int8 quantized weights with int8 activations where the CPU has "
                   "AVX512_VNNI (the CLI's --int8-dot; see int8_dot_available()); bf16_exact=True widens "
                   "BF16 and MXFP4 weights to f32 for exact products instead of the bf16 dot products "
                   "(x rounded to bf16) that run by default where the CPU has AVX512_BF16 (the CLI's "
-                  "--bf16-exact; see bf16_dot_available()).")
+                  "--bf16-exact; see bf16_dot_available()). memory_budget (\"8G\", bytes as a string; default: the "
+                  "memory available) bounds the resident weights: a MoE model that does not fit reads its routed "
+                  "experts from the files as the router chooses them, into an expert_cache (\"global\" or "
+                  "\"per-layer\") of what the budget leaves (the CLI's --memory-budget; docs/streaming.md).")
       .def_static("bf16_dot_available", &kernels::bf16_dot_available,
                   "Whether this CPU runs the default bf16 dot products for BF16 and MXFP4 weights (AVX512_BF16).")
       .def_static("int8_dot_available", &kernels::int8_dot_available,

@@ -288,6 +288,20 @@ TEST(GgufLlama, BlockFormatsOnFilesLlamaQuantizeWrites) {
                     "%.3f; vs its own run of the f32 file %.3g (relative RMS)\n",
                     c.model, type, median, top1, test::rel_rms(got[0].data<float>(), got[1].data<float>(), got[0].numel()));
         EXPECT_LE(median, 0.02);
+        // Streamed from the file (--memory-budget at its minimum: every step evicts), the experts'
+        // blocks read into the cache give the same bits.
+        if (std::string(c.model).find("moe") == std::string::npos) continue;
+        const fs::path npy = tmp / "streamed.npy";
+        const auto base = "logits --model " + shell_quote(q.string()) + " --tokens '" + tokens + "' --out " +
+                          shell_quote(npy.string()) + " --threads 2 --chunk 64 --memory-budget ";
+        const auto low = run_lineage(base + "1");
+        const size_t at = low.err.find("minimum, ");
+        ASSERT_NE(at, std::string::npos) << low.err;
+        const auto streamed = run_lineage(base + std::to_string(std::stoull(low.err.substr(at + 9))));
+        ASSERT_EQ(streamed.exit_code, 0) << streamed.err;
+        const Tensor s = io::load_npy(npy);
+        ASSERT_EQ(s.shape(), got[0].shape());
+        EXPECT_EQ(std::memcmp(s.raw(), got[0].raw(), size_t(s.nbytes())), 0) << type << ": streamed, not bit for bit";
       }
     }
   }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -209,6 +210,78 @@ TEST(GgufModel, SplitFilesLoadAsOne) {
                                    shell_quote((test::temp_dir() / "x.npy").string()));
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.err.find(second.string() + ", does not exist"), std::string::npos) << missing.err;
+}
+
+// `lineage info` reads a GGUF file's header alone: each file cut after its tensor infos (the data gone;
+// a split model's every file) prints what the whole file prints, the memory plan included, with the
+// counts of the directory it mirrors: parameters in total, active and per layer, state per token and
+// fixed. K3's except: llama.cpp's converter keeps the first num_heads values of A_log, which the
+// directory stores with head_dim of them (the rest unused), so its KDA layers hold head_dim − num_heads
+// fewer each. The weight bytes are the tensors' the header lists, the routed experts' those of the
+// blk.N.*_exps tensors; a run that needs the data refuses the cut file, naming a tensor past its end.
+TEST(GgufModel, InfoReadsTheHeaderAlone) {
+  const std::vector<std::string> names = {"qwen3_5_moe/f32", "kimi_linear/f32", "kimi_k3/f32_heads_equal",
+                                          "gpt2/f32_gpt2_shapes"};
+  std::vector<Mirror> jobs;
+  for (size_t i = 0; i < names.size(); ++i)
+    jobs.push_back({test::testdata() / names[i], cat("h", i, ".gguf"), i == 3 ? "--split 2" : ""});
+  const std::vector<fs::path> files = mirror(jobs);
+  const auto info = [](const fs::path& model) {
+    const auto r = run_lineage("info --json --context 100 --model " + shell_quote(model.string()));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    nlohmann::json j = r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+    j["memory_plan"].erase("ram_available_bytes");  // what the machine has free at that moment
+    return j;
+  };
+  for (size_t i = 0; i < names.size(); ++i) {
+    SCOPED_TRACE(names[i]);
+    std::vector<fs::path> parts = {files[i]};
+    if (i == 3) parts = {files[i].parent_path() / "h3-00001-of-00002.gguf", files[i].parent_path() / "h3-00002-of-00002.gguf"};
+    const fs::path cut_dir = test::temp_dir() / cat("cut", i);
+    fs::create_directories(cut_dir);
+    double tensor_bytes = 0, routed = 0;
+    for (const fs::path& part : parts) {
+      const io::GgufFile whole(part);
+      for (const io::GgufTensor& t : whole.tensors()) {
+        tensor_bytes += double(t.bytes);
+        if (t.name.find("_exps.") != std::string::npos) routed += double(t.bytes);
+      }
+      ASSERT_LT(whole.data_offset(), fs::file_size(part));
+      fs::copy_file(part, cut_dir / part.filename());
+      fs::resize_file(cut_dir / part.filename(), whole.data_offset());
+    }
+    const nlohmann::json cut = info(cut_dir / parts[0].filename()), full = info(parts[0]),
+                         dir = info(test::testdata() / names[i]);
+    EXPECT_EQ(cut, full);
+    EXPECT_EQ(cut["memory_plan"]["weight_bytes"].get<double>(), tensor_bytes);
+    EXPECT_EQ(cut["memory_plan"]["routed_expert_bytes"].get<double>(), routed);
+    EXPECT_EQ(routed > 0, i < 3);
+    int64_t dropped = 0;  // per KDA layer
+    if (names[i].starts_with("kimi_k3")) {
+      const nlohmann::json c = nlohmann::json::parse(std::ifstream(test::testdata() / names[i] / "config.json"));
+      dropped = c["text_config"]["linear_attn_config"]["head_dim"].get<int64_t>() -
+                c["text_config"]["linear_attn_config"]["num_heads"].get<int64_t>();
+      ASSERT_GT(dropped, 0);
+    }
+    int64_t dropped_total = 0;
+    ASSERT_EQ(cut["layers"].size(), dir["layers"].size());
+    for (size_t l = 0; l < dir["layers"].size(); ++l) {
+      const bool kda = dir["layers"][l]["mixer"].get<std::string>().starts_with("Kimi Delta Attention");
+      EXPECT_EQ(cut["layers"][l]["params"].get<int64_t>() + (kda ? dropped : 0), dir["layers"][l]["params"].get<int64_t>())
+          << "layer " << l;
+      dropped_total += kda ? dropped : 0;
+      for (const char* k : {"mixer", "ffn", "state_bytes_per_token", "state_bytes_fixed"})
+        EXPECT_EQ(cut["layers"][l][k], dir["layers"][l][k]) << "layer " << l << " " << k;
+    }
+    for (const char* k : {"params_total", "params_active"})
+      EXPECT_EQ(cut[k].get<int64_t>() + dropped_total, dir[k].get<int64_t>()) << k;
+    for (const char* k : {"n_layers", "vocab_size", "d_model", "state_bytes_per_token", "state_bytes_fixed", "state_bytes_at_context"})
+      EXPECT_EQ(cut[k], dir[k]) << k;
+    const auto run = run_lineage("logits --model " + shell_quote((cut_dir / parts[0].filename()).string()) +
+                                 " --tokens '1 2' --out " + shell_quote((test::temp_dir() / "x.npy").string()));
+    EXPECT_NE(run.exit_code, 0);
+    EXPECT_NE(run.err.find("runs past the end of the data section"), std::string::npos) << run.err;
+  }
 }
 
 // Kimi's tiktoken vocabulary as conversion/kimi_linear.py writes it into a GGUF (reference/gguf_mirror.py

@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "common.h"
@@ -16,6 +18,7 @@
 #include "lineage/core/parallel.h"
 #include "lineage/core/rng.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/io/expert_stream.h"
 #include "lineage/kernels/roofline.h"
 #include "lineage/model/accounting.h"
 #include "lineage/model/archs/presets.h"
@@ -33,6 +36,7 @@ namespace {
 struct BenchOpts {
   ModelSource src;
   int64_t prompt = 512, gen = 32;
+  bool no_roofline = false;
   std::vector<int64_t> depths = {0};
   std::vector<int64_t> batches = {1};
   int repetitions = 3;
@@ -125,7 +129,7 @@ model::SequenceState build_context(runtime::Session& s, int64_t depth, uint64_t 
 // tg N at depth d: every repetition decodes N tokens from the same context snapshot, restored into
 // the session's buffers (from the first repetition on, no new pages: the timed decode does not pay
 // for growing the KV cache), with the read bandwidth probed just before and just after it.
-BenchRow bench_decode(runtime::Session& s, const BenchOpts& o, int64_t depth, const kernels::ReadBandwidthProbe& probe) {
+BenchRow bench_decode(runtime::Session& s, const BenchOpts& o, int64_t depth, const kernels::ReadBandwidthProbe* probe) {
   const model::SequenceState context = build_context(s, depth, o.src.seed + 202 + uint64_t(depth));
   const auto tokens = random_tokens(o.gen, s.model().config.vocab_size, o.src.seed + 303);
   BenchRow r;
@@ -135,12 +139,12 @@ BenchRow bench_decode(runtime::Session& s, const BenchOpts& o, int64_t depth, co
   double before = 0;
   for (int rep = 0; rep <= o.repetitions; ++rep) {
     s.restore(context);
-    if (rep == 1) before = probe.measure(kProbePasses);
+    if (rep == 1) before = probe ? probe->measure(kProbePasses) : 0.0;
     const double t0 = steady_seconds();
     for (int32_t t : tokens) s.decode(t);
     const double t1 = steady_seconds();
     if (rep == 0) continue;
-    const double after = probe.measure(kProbePasses);
+    const double after = probe ? probe->measure(kProbePasses) : 0.0;
     r.samples.push_back(double(o.gen) / (t1 - t0));
     r.bandwidth.push_back(0.5 * (before + after));
     before = after;
@@ -152,7 +156,7 @@ BenchRow bench_decode(runtime::Session& s, const BenchOpts& o, int64_t depth, co
 // snapshot, decode N steps together, one token of each sequence a step (the projections one GEMM
 // over B rows, each weight read once a step). t/s counts the tokens of all B sequences.
 BenchRow bench_decode_batch(runtime::Session& s, const BenchOpts& o, int64_t depth, int64_t B,
-                       const kernels::ReadBandwidthProbe& probe) {
+                       const kernels::ReadBandwidthProbe* probe) {
   const model::Model& m = s.model();
   const model::SequenceState context = build_context(s, depth, o.src.seed + 202 + uint64_t(depth));
   model::StatePool pool(m, {.slots = B});
@@ -172,7 +176,7 @@ BenchRow bench_decode_batch(runtime::Session& s, const BenchOpts& o, int64_t dep
   double before = 0;
   for (int rep = 0; rep <= o.repetitions; ++rep) {
     for (int32_t slot : slots) pool.state(slot).assign(context);
-    if (rep == 1) before = probe.measure(kProbePasses);
+    if (rep == 1) before = probe ? probe->measure(kProbePasses) : 0.0;
     const double t0 = steady_seconds();
     for (int64_t i = 0; i < o.gen; ++i) {
       step.clear();
@@ -181,7 +185,7 @@ BenchRow bench_decode_batch(runtime::Session& s, const BenchOpts& o, int64_t dep
     }
     const double t1 = steady_seconds();
     if (rep == 0) continue;
-    const double after = probe.measure(kProbePasses);
+    const double after = probe ? probe->measure(kProbePasses) : 0.0;
     r.samples.push_back(double(B * o.gen) / (t1 - t0));
     r.bandwidth.push_back(0.5 * (before + after));
     before = after;
@@ -329,9 +333,70 @@ void progress(const BenchRow& r) {
                                           (long long)r.depth, r.mean);
 }
 
+// Streaming (the model does not fit its --memory-budget): tg N at the first depth from a cold expert
+// cache, then again with other tokens on the cache the first pass left (warm): the bytes read from
+// disk per token, the true hit rate (experts resident when the router asked), the read bandwidth
+// achieved (over the pass's wall time and over the time the layers waited on reads), next to the
+// disk's own roofline measured in the same run and the decode roofline it gives: per token, the bytes
+// read from disk at the disk's random-read bandwidth plus the resident weights and state at the memory
+// bandwidth. Peak RSS (VmHWM) is reported with the plan: budget, state and workspace.
+struct StreamPass {
+  std::string name;
+  double tokens_per_s = 0, bytes_per_token = 0, hit_rate = 0, read_bw_wall = 0, read_bw_wait = 0, roofline = 0;
+  io::StreamStats stats;
+};
+
+std::vector<StreamPass> bench_stream(runtime::Session& s, io::ExpertStore& store, const io::StreamPlan& plan,
+                                     const io::DiskRoofline& disk, const BenchOpts& o, int64_t depth, double mem_bw) {
+  model::Model& m = const_cast<model::Model&>(s.model());
+  const model::SequenceState context = build_context(s, depth, o.src.seed + 202 + uint64_t(depth));
+  // Per token: the routed experts' share k/E of their bytes (uniform routing), the rest at memory speed.
+  double routed_per_token = 0;
+  for (const auto& b : m.blocks)
+    if (const auto* moe = std::get_if<layers::Moe>(&b.ffn))
+      routed_per_token += double(plan.routed_bytes) / double(plan.moe_layers) * double(moe->config.top_k) /
+                          double(moe->config.n_experts);
+  const runtime::DecodeRoofline whole =
+      runtime::decode_roofline(m, runtime::mean_decode_context(depth, o.gen), 1.0, mem_bw, 1e30);
+  const double resident_per_token = std::max(0.0, whole.bytes.total() - routed_per_token);
+  std::vector<StreamPass> out;
+  io::clear_expert_cache(store);
+  for (const char* name : {"cold", "warm"}) {
+    const auto tokens = random_tokens(o.gen, m.config.vocab_size, o.src.seed + 404 + out.size());
+    s.restore(context);
+    io::reset_stream_stats(store);
+    const double t0 = steady_seconds();
+    for (int32_t t : tokens) s.decode(t);
+    const double wall = steady_seconds() - t0;
+    StreamPass p;
+    p.name = name;
+    p.stats = io::stream_stats(store);
+    p.tokens_per_s = double(o.gen) / wall;
+    p.bytes_per_token = double(p.stats.bytes_read) / double(o.gen);
+    p.hit_rate = p.stats.requests ? double(p.stats.hits) / double(p.stats.requests) : 0.0;
+    p.read_bw_wall = double(p.stats.bytes_read) / wall;
+    p.read_bw_wait = p.stats.read_wait_seconds > 0 ? double(p.stats.bytes_read) / p.stats.read_wait_seconds : 0.0;
+    const double t = p.bytes_per_token / std::max(1.0, disk.random) + resident_per_token / mem_bw;
+    p.roofline = t > 0 ? 1.0 / t : 0.0;
+    out.push_back(p);
+  }
+  return out;
+}
+
+// /proc/self/status's field in bytes (VmHWM: the peak resident set; VmRSS: now).
+double status_bytes(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::string want = std::string(field) + ":";
+  while (std::getline(in, line))
+    if (line.rfind(want, 0) == 0) return std::atof(line.c_str() + want.size()) * 1024.0;
+  return 0;
+}
+
 void run_bench(const BenchOpts& o) {
   if (o.prompt == 0 && o.gen == 0) throw Error("--prompt 0 and --gen 0 leave no test to run");
   if (!o.src.preset.empty()) check_limits(model::preset_skeleton(o.src.preset), o);
+  const double rss_before_load = status_bytes("VmRSS");
   io::LoadedModel lm = load(o.src, false);
   model::Model& m = lm.model;
   check_limits(m, o);
@@ -347,7 +412,7 @@ void run_bench(const BenchOpts& o) {
   c.products_label = bf16 ? ", bf16 weights: " + bf16_products_label(m) : "";
   if (o.src.int8_dot && kernels::int8_dot_available() && model::set_int8_dot(m, true))
     c.products_label += ", int4/int8 weights: int8 activations (--int8-dot)";
-  c.ceil = measure_ceilings(dtype, c.threads, {});
+  if (!o.no_roofline) c.ceil = measure_ceilings(dtype, c.threads, {});
 
   runtime::Session s(m);
   std::vector<BenchRow> rows;
@@ -358,11 +423,13 @@ void run_bench(const BenchOpts& o) {
   };
   if (o.prompt > 0) done(bench_prefill(s, o));
   if (o.gen > 0) {
-    const kernels::ReadBandwidthProbe probe(c.threads, kProbeBytes);
+    std::optional<kernels::ReadBandwidthProbe> probe;
+    if (!o.no_roofline) probe.emplace(c.threads, kProbeBytes);
+    const kernels::ReadBandwidthProbe* p = probe ? &*probe : nullptr;
     for (int64_t B : o.batches)
-      for (int64_t d : o.depths) done(B == 1 ? bench_decode(s, o, d, probe) : bench_decode_batch(s, o, d, B, probe));
+      for (int64_t d : o.depths) done(B == 1 ? bench_decode(s, o, d, p) : bench_decode_batch(s, o, d, B, p));
   }
-  c.ceil = measure_ceilings(dtype, c.threads, c.ceil);
+  if (!o.no_roofline) c.ceil = measure_ceilings(dtype, c.threads, c.ceil);
   if (c.mapped) {  // every weight has been read by now
     const io::MappedPages p = mapped_pages(m);
     c.mapped_label = mapped_label(p);
@@ -393,14 +460,77 @@ void run_bench(const BenchOpts& o) {
     }
   }
 
+  // Streaming: its own passes, the disk measured in the same run.
+  std::vector<StreamPass> passes;
+  io::DiskRoofline disk;
+  if (lm.experts && o.gen > 0) {
+    if (!o.no_roofline) disk = io::measure_disk(*lm.experts, uint64_t(1) << 30);
+    passes = bench_stream(s, *lm.experts, lm.stream_plan, disk, o, o.depths.front(), c.ceil.bandwidth);
+  }
+  const io::StreamPlan& plan = lm.stream_plan;
+  const nlohmann::json memory = {{"budget_bytes", plan.budget},
+                                 {"streaming", plan.streaming},
+                                 {"resident_bytes", plan.resident_bytes},
+                                 {"routed_expert_bytes", plan.routed_bytes},
+                                 {"expert_cache_bytes", plan.cache_bytes},
+                                 {"minimum_budget_bytes", plan.minimum_budget},
+                                 {"state_bytes", s.state().bytes()},
+                                 {"workspace_bytes", layers::Buffer::live_bytes()},
+                                 {"rss_before_load_bytes", rss_before_load},
+                                 {"rss_peak_bytes", status_bytes("VmHWM")}};
   if (o.json) {
     nlohmann::json all = nlohmann::json::array();
     for (const BenchRow& r : rows) all.push_back(row_json(c, r, o.repetitions));
+    for (const StreamPass& p : passes)
+      all.push_back({{"model", c.model},
+                     {"weights_dtype", c.dtype},
+                     {"threads", c.threads},
+                     {"bf16_dot", c.bf16_dot},
+                     {"weights_mapped", c.mapped},
+                     {"test", cat("tg", o.gen, " streamed, ", p.name, " cache")},
+                     {"streamed", true},
+                     {"depth", o.depths.front()},
+                     {"tokens_per_s", p.tokens_per_s},
+                     {"roofline_tokens_per_s", p.roofline},
+                     {"disk_bytes_per_token", p.bytes_per_token},
+                     {"expert_requests", p.stats.requests},
+                     {"expert_hits", p.stats.hits},
+                     {"hit_rate", p.hit_rate},
+                     {"reads", p.stats.reads},
+                     {"evictions", p.stats.evictions},
+                     {"read_bandwidth_wall_bytes_per_s", p.read_bw_wall},
+                     {"read_bandwidth_wait_bytes_per_s", p.read_bw_wait},
+                     {"disk_sequential_bytes_per_s", disk.sequential},
+                     {"disk_random_bytes_per_s", disk.random},
+                     {"disk_random_reads", disk.random_reads},
+                     {"io", p.stats.io}});
+    for (auto& row : all) row["memory"] = memory;  // the run's, on each row
     std::printf("%s\n", all.dump(2).c_str());
     return;
   }
   print_header(c, m, rows);
   for (const BenchRow& r : rows) print_row(c, r);
+  if (plan.streaming) {
+    std::printf("\nexperts streamed: budget %s = %s resident + %s expert cache (%s of routed experts on disk); %s\n",
+                format_bytes(double(plan.budget)).c_str(), format_bytes(double(plan.resident_bytes)).c_str(),
+                format_bytes(double(plan.cache_bytes)).c_str(), format_bytes(double(plan.routed_bytes)).c_str(),
+                passes.empty() ? "" : passes.front().stats.io.c_str());
+    if (!passes.empty()) {
+      std::printf("disk roofline: %.2f GB/s sequential (%s), %.2f GB/s random whole experts (%lld reads at once)\n",
+                  disk.sequential / 1e9, format_bytes(double(disk.sequential_bytes)).c_str(), disk.random / 1e9,
+                  (long long)disk.random_reads);
+      std::printf("| %-10s | %9s | %12s | %14s | %8s | %16s | %16s |\n", "cache", "t/s", "roofline t/s", "disk B/token",
+                  "hit rate", "read GB/s (wall)", "read GB/s (wait)");
+      for (const StreamPass& p : passes)
+        std::printf("| %-10s | %9.2f | %12.2f | %14s | %6.1f %% | %16.2f | %16.2f |\n", p.name.c_str(), p.tokens_per_s,
+                    p.roofline, format_bytes(p.bytes_per_token).c_str(), 100.0 * p.hit_rate, p.read_bw_wall / 1e9,
+                    p.read_bw_wait / 1e9);
+    }
+  }
+  std::printf("\nmemory: peak RSS %s (%s before the load); budget %s, state %s, workspace %s\n",
+              format_bytes(status_bytes("VmHWM")).c_str(), format_bytes(rss_before_load).c_str(),
+              format_bytes(double(plan.budget)).c_str(), format_bytes(double(s.state().bytes())).c_str(),
+              format_bytes(double(layers::Buffer::live_bytes())).c_str());
 }
 
 }  // namespace
@@ -427,6 +557,9 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--repetitions", o.repetitions, "timed repetitions of each test after one warm-up (default 3)")
       ->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", o.json, "print one JSON array of result objects");
+  cmd->add_flag("--no-roofline", o.no_roofline,
+                "skip the roofline probes (memory bandwidth, peak FLOP/s, the disk): their buffers would hide the peak "
+                "RSS of a --memory-budget run");
   cmd->callback([] { run_bench(o); });
 }
 

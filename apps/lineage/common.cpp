@@ -14,6 +14,7 @@
 
 #include "lineage/core/error.h"
 #include "lineage/core/rng.h"
+#include "lineage/io/expert_stream.h"
 #include "lineage/io/gguf_model.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/threads.h"
@@ -55,6 +56,13 @@ void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset) {
       ->needs(model);
   cmd.add_flag("--check-tensors", src.check_tensors,
                "scan every weight once at load for NaN or Inf and name the first tensor that holds one");
+  cmd.add_option("--memory-budget", src.memory_budget,
+                 "bytes the weights may hold resident (K, M, G, T: powers of 1024; default: the memory available). "
+                 "A model that does not fit keeps its trunk resident and reads its routed experts from the files "
+                 "as the router chooses them, into an expert cache of what the budget leaves");
+  cmd.add_option("--expert-cache", src.expert_cache, "the streamed experts' cache: one LRU over all layers, or split "
+                                                      "evenly per layer")
+      ->check(CLI::IsMember({"global", "per-layer"}));
   if (!allow_preset) {
     model->required();
     return;
@@ -137,7 +145,7 @@ tokenizer::Tokenizer load_tokenizer(const std::filesystem::path& dir_or_gguf) {
   return std::move(*t);
 }
 
-io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
+io::LoadedModel load(const ModelSource& src, bool need_tokenizer, bool stream) {
   if (src.dir.empty() && src.preset.empty())
     throw Error("one of --model DIR or --preset NAME is required (the default model, models/kjv-gpt2, is not there)");
   io::LoadedModel m;
@@ -149,6 +157,11 @@ io::LoadedModel load(const ModelSource& src, bool need_tokenizer) {
   }
   if (src.check_tensors) model::check_tensors_finite(m.model, src.dir.empty() ? "--preset " + src.preset : src.dir);
   apply_options(src, m.model);
+  // Under the memory budget: the routed experts stream from the files when the weights do not fit.
+  io::StreamOptions so;
+  so.budget = src.memory_budget.empty() ? io::available_memory() : io::parse_bytes(src.memory_budget, "--memory-budget");
+  so.policy = src.expert_cache == "per-layer" ? io::CachePolicy::PerLayer : io::CachePolicy::Global;
+  if (stream && so.budget > 0) m.experts = io::stream_experts(m.model, so, m.stream_plan);
   return m;
 }
 

@@ -24,6 +24,8 @@ struct ModelSource {
   bool check_tensors = false;  // --check-tensors: scan every weight for NaN / Inf at load
   bool bf16_exact = false;     // --bf16-exact: BF16 weights widened to f32 (the model's Options::bf16_dot off)
   bool int8_dot = false;       // --int8-dot: int4 / int8 codes times int8 activations (model::set_int8_dot)
+  std::string memory_budget;   // --memory-budget: the weights' resident bytes (default: MemAvailable)
+  std::string expert_cache = "global";  // --expert-cache: global or per-layer
 };
 
 // Adds --model, --no-mmap and --check-tensors (and --preset, --seed, --weights-dtype, --tokenizer when presets are
@@ -48,7 +50,10 @@ bool has_bf16_weights(const model::ParamCount& pc);
 // or "exact f32 products".
 std::string bf16_products_label(const model::Model& m);
 
-io::LoadedModel load(const ModelSource& src, bool need_tokenizer);
+// The model src names, with its options applied; `stream`: under --memory-budget (default: the memory
+// available) its routed experts stream from the files when the weights do not fit (io/expert_stream.h;
+// `info` only plans).
+io::LoadedModel load(const ModelSource& src, bool need_tokenizer, bool stream = true);
 // The model a subcommand uses when given neither --model nor --preset: $LINEAGE_MODEL, else the one
 // lineage ships (models/kjv-gpt2 in the source tree, trained by scripts/train-kjv.sh), else "".
 std::string default_model_dir();

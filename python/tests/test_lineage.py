@@ -96,6 +96,22 @@ def test_copied_weights_match_the_reference_too():
     assert_close_to_golden(logits, g, "logits")
 
 
+def test_experts_streamed_under_a_memory_budget_give_the_same_logits():
+    """memory_budget as the CLI's --memory-budget: a budget that holds one routed expert besides the
+    trunk (every step evicts) gives the resident model's logits bit for bit, with either cache policy;
+    one below that minimum is an error naming it."""
+    g = Golden("kimi_linear/f32")
+    want = lineage.Session(model("kimi_linear/f32")).prefill(g.tokens, all_positions=True)
+    path = data_root() / "kimi_linear/f32"
+    for cache in ("global", "per-layer"):
+        with pytest.raises(RuntimeError, match=r"below this model's minimum, \d+ bytes") as e:
+            lineage.Model.load(path, memory_budget="1K", expert_cache=cache)
+        minimum = str(e.value).split("minimum, ")[1].split(" ")[0]
+        streamed = lineage.Model.load(path, memory_budget=minimum, expert_cache=cache)
+        got = lineage.Session(streamed).prefill(g.tokens, all_positions=True)
+        assert np.array_equal(got, want), cache
+
+
 def test_int8_dot_is_close_to_the_exact_products():
     # W8A16 with one scale a row of 64 (group 128 over rows of 64): the int8-activation mode takes its
     # matrices, so its logits differ from the exact path's, within int8 rounding of x.

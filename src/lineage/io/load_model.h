@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "lineage/io/expert_stream.h"
 #include "lineage/io/safetensors.h"
 #include "lineage/tokenizer/tokenizer.h"
 #include "lineage/model/model.h"
@@ -33,6 +34,9 @@ struct LoadedModel {
   std::optional<lineage::tokenizer::Tokenizer> tokenizer;       // absent when the directory has no tokenizer files
   std::filesystem::path dir;  // the directory, or the GGUF file
   std::optional<EmbeddedChatTemplate> chat_template;  // a GGUF file's
+  // Set by stream_experts (expert_stream.h) when the routed experts stream from disk.
+  std::shared_ptr<ExpertStore> experts;
+  StreamPlan stream_plan;
 };
 
 // Where the weights of a loaded model live.

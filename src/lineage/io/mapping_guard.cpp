@@ -69,6 +69,15 @@ void forget_mapping(const void* begin) {
     if (b.load(std::memory_order_relaxed) == reinterpret_cast<uintptr_t>(begin)) b.store(0);
 }
 
+std::optional<MappedAt> find_mapping(const void* p) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  for (int i = 0; i < kSlots; ++i) {
+    const uintptr_t b = g_begin[i].load(std::memory_order_acquire);
+    if (b != 0 && at >= b && at < g_end[i]) return MappedAt{g_path[i], uint64_t(at - b)};
+  }
+  return std::nullopt;
+}
+
 void install_mapping_fault_handler() {
   struct sigaction sa {};
   sa.sa_sigaction = on_sigbus;

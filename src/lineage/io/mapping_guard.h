@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace lineage::io {
@@ -13,6 +15,13 @@ namespace lineage::io {
 // Remembers [begin, begin + bytes) as mapped from `path`; forget_mapping(begin) when it is unmapped.
 void remember_mapping(const void* begin, size_t bytes, const std::string& path);
 void forget_mapping(const void* begin);
+
+// The file a remembered mapping holds `p` from, and p's offset in it; nothing when p lies in none.
+struct MappedAt {
+  std::string path;
+  uint64_t offset = 0;
+};
+std::optional<MappedAt> find_mapping(const void* p);
 
 // Installs a SIGBUS handler: a fault inside a remembered mapping prints
 // "lineage: error: FILE: ... changed while mapped ..." and exits with code 2; any other SIGBUS keeps

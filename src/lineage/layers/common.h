@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
@@ -91,6 +92,17 @@ inline void visit_matrix(const TensorVisitor& f, const std::string& name, kernel
 // nothing (the workspace test counts over 100 steps).
 class Buffer {
  public:
+  Buffer() = default;
+  Buffer(Buffer&& o) noexcept : data_(std::move(o.data_)), size_(std::exchange(o.size_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::move(o.data_);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  ~Buffer() { release(); }
   float* get(size_t n) {
     if (size_ < n) grow(n);
     return data_.get();
@@ -99,14 +111,22 @@ class Buffer {
   size_t bytes() const { return size_ * sizeof(float); }
   // Growths of any Buffer in this process so far.
   static int64_t growths() { return growths_.load(std::memory_order_relaxed); }
+  // Bytes all Buffers of this process hold now (the steps' workspaces, as `bench` reports them).
+  static int64_t live_bytes() { return live_.load(std::memory_order_relaxed); }
 
  private:
+  void release() {
+    live_.fetch_sub(int64_t(size_ * sizeof(float)), std::memory_order_relaxed);
+    data_.reset();
+    size_ = 0;
+  }
   void grow(size_t n) {
     auto* p = static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64));
     if (!p) throw std::bad_alloc();
     if (size_) std::memcpy(p, data_.get(), size_ * sizeof(float));
     std::memset(p + size_, 0, (n - size_) * sizeof(float));
     data_.reset(p);
+    live_.fetch_add(int64_t((n - size_) * sizeof(float)), std::memory_order_relaxed);
     size_ = n;
     growths_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -116,6 +136,7 @@ class Buffer {
   std::unique_ptr<float[], Free> data_;
   size_t size_ = 0;
   static inline std::atomic<int64_t> growths_{0};
+  static inline std::atomic<int64_t> live_{0};
 };
 
 // Named-intermediate hook: forward code calls trace("attn.qkv", data, {T, 3D}); the model adds the

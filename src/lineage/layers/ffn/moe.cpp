@@ -196,14 +196,20 @@ void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buff
     xe = z, acc = buf.latent_sum.get(size_t(N * X));
   }
   std::memset(acc, 0, size_t(N * X) * sizeof(float));
-  for (int64_t e = 0; e < E; ++e) {
+  if (m.source) {  // streamed: the step's distinct experts asked for at once, their reads issued together
+    buf.chosen.clear();
+    for (int64_t e = 0; e < E; ++e)
+      if (buf.offsets[size_t(e + 1)] > buf.offsets[size_t(e)]) buf.chosen.push_back(int32_t(e));
+    m.source->request(buf.chosen.data(), int64_t(buf.chosen.size()));
+  }
+  for (int64_t e = 0, j = 0; e < E; ++e) {
     const int64_t b = buf.offsets[size_t(e)], n = buf.offsets[size_t(e + 1)] - b;
     if (!n) continue;
     float* in = buf.rows_in.get(size_t(n * X));
     float* out = buf.rows_out.get(size_t(n * X));
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(in + i * X, xe + (buf.order[size_t(b + i)] / k) * X, size_t(X) * sizeof(float));
-    forward_rows(m.weights.experts[size_t(e)], in, n, out, buf.mlp, dot);
+    forward_rows(m.source ? m.source->expert(j++) : m.weights.experts[size_t(e)], in, n, out, buf.mlp, dot);
     for (int64_t i = 0; i < n; ++i) {
       const int32_t slot = buf.order[size_t(b + i)];
       const float wi = w[slot];
@@ -237,6 +243,7 @@ void forward_train(const Moe& m, const TrainShape& s, const float* x, float* y, 
   const Moe::Config& c = m.config;
   LINEAGE_CHECK(m.prepared.ready, "MoE layer used before prepare()");
   const int64_t N = s.N(), D = c.d_model, E = c.n_experts, k = c.top_k, X = m.expert_width();
+  LINEAGE_CHECK(!m.source, "training a MoE layer whose experts stream from disk (--memory-budget)");
   float* logits = sv.logits.get(size_t(N * E));
   kernels::linear(x, N, m.weights.gate, nullptr, logits);
   sv.ids.resize(size_t(N * k));

@@ -18,12 +18,26 @@
 // reference/kimi_linear.py, kimi_k3.py, qwen.py.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "lineage/layers/common.h"
 #include "lineage/layers/ffn/gated_mlp.h"
 
 namespace lineage::layers {
+
+// Routed experts that live outside memory (io/expert_stream.h: read from the checkpoint's files as
+// the router chooses them, under a memory budget). A step asks for its distinct chosen experts at once,
+// ascending (`request`: reads for every one not resident issued together), then runs them in that
+// order: expert(i) waits for the i-th and returns it resident, its weights valid until the next
+// request (the ones before it may then be evicted). One step at a time per model.
+class ExpertSource {
+ public:
+  virtual ~ExpertSource() = default;
+  virtual void request(const int32_t* experts, int64_t n) = 0;
+  virtual const GatedMlp& expert(int64_t i) = 0;
+};
 
 struct Moe {
   enum class Router : uint8_t { Sigmoid, Softmax };
@@ -67,7 +81,7 @@ struct Moe {
   // the experts' input z and their weighted sum [N, L_a], and the up-projected sum [N, D].
   struct Buffers {
     Buffer logits, weights, rows_in, rows_out, shared, shared_gate, ids_f, latent_in, latent_sum, routed;
-    std::vector<int32_t> ids, order, scratch;
+    std::vector<int32_t> ids, order, scratch, chosen;
     std::vector<int64_t> offsets;
     GatedMlp::Buffers mlp;
   };
@@ -95,6 +109,9 @@ struct Moe {
   GatedMlp::Names expert_names;
   // The shared MLP's name under the layer: Kimi's "shared_experts", Qwen's "shared_expert".
   std::string shared_name = "shared_experts";
+  // Set when the routed experts stream from disk (weights.experts then hold their shapes and where
+  // they lie in the files; forward() takes them from here).
+  std::shared_ptr<ExpertSource> source;
 
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
   void for_each_matrix(const MatrixVisitor& f);

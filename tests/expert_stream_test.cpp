@@ -1,0 +1,260 @@
+// Routed experts streamed from the checkpoint files under --memory-budget (io/expert_stream.h):
+// a budget that forces eviction gives the resident run's logits bit for bit, batched and alone, in
+// every split; peak RSS stays within the budget; the faults are errors naming the file or the minimum.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "batch_check.h"
+#include "lineage/core/error.h"
+#include "lineage/core/dtype.h"
+#include "lineage/core/rng.h"
+#include "lineage/core/tensor.h"
+#include "lineage/io/expert_stream.h"
+#include "lineage/io/load_model.h"
+#include "lineage/io/safetensors.h"
+#include "lineage/layers/common.h"
+#include "lineage/runtime/session.h"
+#include "test_support.h"
+
+namespace lineage {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_lineage;
+using test::shell_quote;
+
+const char* kTokens = "5 17 99 3 250 11 42 7 200 8 1 2 77 123 64 9 31";
+
+// The smallest budget that runs `dir` streaming, as lineage's error for a budget of one byte names it.
+uint64_t minimum_budget(const fs::path& dir, const std::string& policy) {
+  const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens 1 --out " +
+                             shell_quote((test::temp_dir() / "x.npy").string()) + " --memory-budget 1 --expert-cache " + policy);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(r.err, m, std::regex("below this model's minimum, ([0-9]+) bytes"))) << r.err;
+  return m.empty() ? 0 : std::stoull(m[1].str());
+}
+
+std::string logits_bytes(const fs::path& dir, const std::string& options) {
+  const fs::path out = test::temp_dir() / "stream_logits.npy";
+  const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '" + kTokens + "' --out " +
+                             shell_quote(out.string()) + " --threads 2 " + options);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(out, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// At the minimum budget the cache holds one expert (per layer: one a layer), so every step evicts and
+// reads again; the logits are the resident run's bits, whole, in chunks of 5 and token by token (the
+// read buffers keep each tensor's address modulo 4096: the kernels take the same paths). Every MoE
+// family: Qwen3.5-MoE's stacked experts (row slices of one tensor), Kimi Linear's, K3's MXFP4 pairs
+// and bf16 shards, Qwen3-Next's.
+TEST(ExpertStream, EvictingEveryStepGivesTheResidentBits) {
+  for (const char* name : {"qwen3_5_moe/f32", "kimi_linear/f32", "kimi_k3/mxfp4_routed", "kimi_k3/bf16_sharded",
+                           "qwen3_next/f32_sharded"}) {
+    SCOPED_TRACE(name);
+    const fs::path dir = test::testdata() / name;
+    for (const char* policy : {"global", "per-layer"}) {
+      const uint64_t min = minimum_budget(dir, policy);
+      ASSERT_GT(min, 0u);
+      for (const char* chunk : {"", "--chunk 5", "--chunk 1"}) {
+        const std::string want = logits_bytes(dir, chunk);
+        const std::string got = logits_bytes(dir, cat(chunk, " --memory-budget ", min, " --expert-cache ", policy));
+        ASSERT_FALSE(want.empty());
+        EXPECT_TRUE(got == want) << policy << " " << chunk << ": not bit for bit";
+      }
+    }
+  }
+}
+
+// The quantized formats' experts (compressed-tensors int4 with zero points, int8, FP8 blocks,
+// transformers' FP8, NVFP4, MXFP4; Qwen3-Next checkpoints) and a GGUF file's stacked experts (Kimi
+// Linear's mirror, reference/gguf_mirror.py): the same bits at the minimum budget, whole and token by
+// token, each expert's codes and scales read together and prepared from the read buffer.
+TEST(ExpertStream, QuantizedAndGgufExpertsStreamExactly) {
+  const fs::path gguf = test::temp_dir() / "kimi.gguf";
+  const std::string cmd = "/usr/bin/python3 " + shell_quote((test::source_dir() / "reference" / "gguf_mirror.py").string()) +
+                          " " + shell_quote((test::testdata() / "kimi_linear" / "f32").string()) + " " + shell_quote(gguf.string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::vector<fs::path> models = {gguf};
+  for (const char* q : {"w4a16_asym_g32", "w8a16_g128", "fp8_block", "hf_fp8", "nvfp4", "mxfp4"})
+    models.push_back(test::testdata() / "quant" / q);
+  for (const fs::path& dir : models) {
+    SCOPED_TRACE(dir.string());
+    const uint64_t min = minimum_budget(dir, "global");
+    ASSERT_GT(min, 0u);
+    for (const char* chunk : {"", "--chunk 1"})
+      EXPECT_TRUE(logits_bytes(dir, cat(chunk, " --memory-budget ", min)) == logits_bytes(dir, chunk)) << chunk;
+  }
+}
+
+// The streamed model in a batch: sequences joining and leaving a state pool give each sequence's
+// logits alone (the harness's bound, bit for bit at B = 1), and decoding together is decoding alone
+// bit for bit, with every step evicting.
+TEST(ExpertStream, BatchedEqualsAloneWhileEvicting) {
+  for (const char* name : {"kimi_linear/f32", "qwen3_5_moe/f32"}) {
+    SCOPED_TRACE(name);
+    const fs::path dir = test::testdata() / name;
+    io::LoadedModel lm = io::load_model(dir, false);
+    lm.model.options.bf16_dot = false;
+    io::StreamOptions opt;
+    opt.budget = minimum_budget(dir, "global");
+    io::StreamPlan plan;
+    auto store = io::stream_experts(lm.model, opt, plan);
+    ASSERT_TRUE(store && plan.streaming);
+    for (int B : {1, 5}) test::expect_batched_equals_alone(lm.model, B, 3e-5);
+    test::expect_decode_together_bitwise(lm.model, 4);
+    const io::StreamStats st = io::stream_stats(*store);
+    EXPECT_GT(st.misses, 0u);
+    EXPECT_GT(st.evictions, 0u);
+    EXPECT_EQ(st.hits + st.misses, st.requests);
+    EXPECT_GT(st.bytes_read, 0u);
+  }
+}
+
+// A Kimi Linear checkpoint whose experts are 3 MiB each (moe_intermediate_size 4096, 72 MiB of routed
+// experts over 3 layers; the shared expert as wide), written from the tiny one with new seeded experts.
+// Returns the directory.
+fs::path big_experts_checkpoint() {
+  const fs::path src = test::testdata() / "kimi_linear" / "f32", dir = test::temp_dir() / "big_experts";
+  fs::create_directories(dir);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src / "config.json"));
+  const int64_t F = 4096, D = cfg["hidden_size"].get<int64_t>();
+  cfg["moe_intermediate_size"] = F;
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+  const io::Checkpoint ck = io::Checkpoint::open(src);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  Rng rng(11);
+  for (const std::string& n : ck.names()) {
+    Tensor t = ck.tensor(n);
+    if (n.find("experts.") != std::string::npos) {  // the routed experts and the shared one
+      const bool down = n.find(".w2.") != std::string::npos || n.find(".down_proj.") != std::string::npos;
+      t = Tensor::empty(DType::F32, down ? Shape{D, F} : Shape{F, D});
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(rng.normal() * (down ? 0.02 : 0.15));
+    }
+    tensors.emplace_back(n, t);
+  }
+  io::save_safetensors(dir / "model.safetensors", tensors);
+  return dir;
+}
+
+// Peak RSS (VmHWM, /proc/self/status) grows from before the load by at most the budget plus the state
+// and the workspace (the steps' buffers), plus 16 MiB for what the process allocates besides (thread
+// stacks, the kernels' per-thread scratch, the allocator's own): run in a child lineage (one process
+// per budget), over a prefill and 24 decoded tokens. The same bound is broken by the resident run,
+// whose experts, 72 MiB, all come into memory: the check can fail.
+TEST(ExpertStream, PeakRssStaysWithinTheBudget) {
+  const fs::path dir = big_experts_checkpoint();
+  const uint64_t min = minimum_budget(dir, "global");
+  ASSERT_GT(min, 0u);
+  const auto run = [&](const std::string& budget) {
+    const auto r = run_lineage("bench --model " + shell_quote(dir.string()) + " --prompt 0 --gen 24 --repetitions 1 " +
+                               "--json --no-roofline --threads 2 " + budget);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json rows = nlohmann::json::parse(r.out);
+    return rows.empty() ? nlohmann::json() : rows.back()["memory"];
+  };
+  const nlohmann::json streamed = run(cat("--memory-budget ", min + (6 << 20))), resident = run("");
+  ASSERT_TRUE(streamed["streaming"].get<bool>());
+  ASSERT_FALSE(resident["streaming"].get<bool>());
+  const auto growth = [](const nlohmann::json& m) {
+    return m["rss_peak_bytes"].get<double>() - m["rss_before_load_bytes"].get<double>();
+  };
+  const auto bound = [](const nlohmann::json& m, double budget) {
+    return budget + m["state_bytes"].get<double>() + m["workspace_bytes"].get<double>() + double(16 << 20);
+  };
+  const double budget = streamed["budget_bytes"].get<double>();
+  std::printf("peak RSS growth: streamed %.1f MiB (bound %.1f MiB), resident %.1f MiB\n", growth(streamed) / 1048576,
+              bound(streamed, budget) / 1048576, growth(resident) / 1048576);
+  EXPECT_LE(growth(streamed), bound(streamed, budget));
+  EXPECT_GT(growth(resident), bound(resident, budget));
+  EXPECT_GT(streamed["routed_expert_bytes"].get<double>(), 70.0 * 1048576);
+}
+
+// `info --tensors` (what scripts/make-stream-checkpoint.py writes a checkpoint from) lists what a
+// checkpoint of the config holds, as lineage binds it: on a directory with its config.json alone, every
+// tensor of the real checkpoint with its dtype and shape (Kimi Linear f32, its MLA kv_b_proj joined
+// from its parts; K3 with MXFP4 experts as weight_packed / weight_scale pairs), and nothing else.
+TEST(ExpertStream, InfoListsTheTensorsACheckpointHolds) {
+  for (const char* name : {"kimi_linear/f32", "kimi_k3/mxfp4_routed"}) {
+    SCOPED_TRACE(name);
+    const fs::path src = test::testdata() / name, dir = test::temp_dir() / "config_only";
+    fs::create_directories(dir);
+    fs::copy_file(src / "config.json", dir / "config.json", fs::copy_options::overwrite_existing);
+    const auto r = run_lineage("info --tensors --json --model " + shell_quote(dir.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const io::Checkpoint ck = io::Checkpoint::open(src);
+    size_t listed = 0;
+    for (const auto& t : nlohmann::json::parse(r.out)) {
+      const std::string n = t["name"];
+      ASSERT_TRUE(ck.has(n)) << n;
+      EXPECT_EQ(t["dtype"].get<std::string>(), std::string(dtype_name(ck.entry(n).dtype))) << n;
+      EXPECT_EQ(t["shape"].get<Shape>(), ck.entry(n).shape) << n;
+      ++listed;
+    }
+    size_t read = 0;  // K3's vision tower and projector are stored beside the text model, not read
+    for (const std::string& n : ck.names()) read += !n.starts_with("vision_tower.") && !n.starts_with("mm_projector.");
+    EXPECT_EQ(listed, read);
+  }
+}
+
+// Faults: a budget below the minimum names it (and what makes it); a model without routed experts,
+// or experts copied at load (--no-mmap), cannot stream and say so; a malformed size names the option;
+// a checkpoint file that changes under the run is an Error naming it at the next step.
+TEST(ExpertStream, FaultsAreNamed) {
+  const fs::path kimi = test::testdata() / "kimi_linear" / "f32";
+  const auto logits = [](const fs::path& dir, const std::string& options) {
+    return run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens '1 2 3' --out " +
+                       shell_quote((test::temp_dir() / "x.npy").string()) + " " + options);
+  };
+  auto r = logits(kimi, "--memory-budget 100K");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--memory-budget 102400 bytes is below this model's minimum"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("resident (every weight but the routed experts)"), std::string::npos) << r.err;
+  r = logits(test::testdata() / "gpt2" / "f32_gpt2_shapes", "--memory-budget 10K");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("this model has no routed experts to stream"), std::string::npos) << r.err;
+  r = logits(kimi, cat("--no-mmap --memory-budget ", minimum_budget(kimi, "global")));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("is not in a checkpoint file as stored"), std::string::npos) << r.err;
+  for (const char* bad : {"lots", "-4G", "12Q", "0"}) {
+    r = logits(kimi, cat("--memory-budget ", bad));
+    EXPECT_EQ(r.exit_code, 2) << bad;
+    EXPECT_NE(r.err.find(cat("--memory-budget: '", bad, "' is not a size")), std::string::npos) << r.err;
+  }
+
+  const fs::path copy = test::temp_dir() / "kimi_copy";
+  fs::create_directories(copy);
+  for (const auto& e : fs::directory_iterator(kimi))
+    if (e.is_regular_file()) fs::copy_file(e.path(), copy / e.path().filename(), fs::copy_options::overwrite_existing);
+  io::LoadedModel lm = io::load_model(copy, false);
+  io::StreamOptions opt;
+  opt.budget = minimum_budget(copy, "global");
+  io::StreamPlan plan;
+  auto store = io::stream_experts(lm.model, opt, plan);
+  ASSERT_TRUE(store);
+  runtime::Session s(lm.model);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  s.prefill(prompt);
+  fs::last_write_time(copy / "model.safetensors", fs::last_write_time(copy / "model.safetensors") + std::chrono::seconds(5));
+  try {
+    s.decode(4);
+    ADD_FAILURE() << "a changed file went unnoticed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find((copy / "model.safetensors").string() + ": the file changed"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lineage
