@@ -273,16 +273,18 @@ ModelPtr load(const fs::path& dir, bool mmap, bool int8_dot, bool bf16_exact, co
   auto h = std::make_shared<ModelHandle>();
   {
     py::gil_scoped_release release;
-    h->loaded = io::load_model(dir, true, mmap ? io::WeightStorage::Mapped : io::WeightStorage::Owned);
-    model::set_int8_dot(h->loaded.model, int8_dot && kernels::int8_dot_available());
-    h->loaded.model.options.bf16_dot = !bf16_exact;
     // As the CLI's --memory-budget / --expert-cache (docs/streaming.md).
     if (expert_cache != "global" && expert_cache != "per-layer")
       throw Error(cat("expert_cache \"", expert_cache, "\": expected \"global\" or \"per-layer\""));
     io::StreamOptions so;
     so.budget = budget ? io::parse_bytes(*budget, "memory_budget") : io::available_memory();
     so.policy = expert_cache == "per-layer" ? io::CachePolicy::PerLayer : io::CachePolicy::Global;
-    if (so.budget > 0) h->loaded.experts = io::stream_experts(h->loaded.model, so, h->loaded.stream_plan);
+    h->loaded = io::load_model(dir, true, mmap ? io::WeightStorage::Mapped : io::WeightStorage::Owned,
+                               so.budget > 0 ? &so : nullptr);
+    const bool int8 = int8_dot && kernels::int8_dot_available();
+    model::set_int8_dot(h->loaded.model, int8);
+    if (h->loaded.experts) io::set_stream_int8_dot(*h->loaded.experts, int8);
+    h->loaded.model.options.bf16_dot = !bf16_exact;
   }
   h->source = dir.string();
   return h;

@@ -6,7 +6,8 @@
 # a balloon holding all but B of the memory available (the page cache gets B, as llama.cpp would run),
 # and deletes the checkpoint before the next one. Not part of the test suite.
 #
-#   scripts/bench-streaming.sh [kimi-linear|k3|all]      (BUDGETS="4G 8G 16G" GEN=8 by default)
+#   scripts/bench-streaming.sh [kimi-linear|k3|all]      (BUDGETS="4G 8G 16G" GEN=8 by default;
+#                                                         KEEP=1 keeps the checkpoint and reuses it)
 #
 # kimi-linear: Kimi-Linear-48B-A3B's published config whole, its experts in MXFP4 (~25 GB + the bf16
 # trunk). k3: Kimi K3's published config cut to its first 3 layers (a dense one, two MoE ones: 896
@@ -24,31 +25,37 @@ mkdir -p "$dir"
 
 to_bytes() { numfmt --from=iec "$1"; }
 
-# Holds all but $1 bytes of MemAvailable in touched anonymous memory until killed.
+# Holds all but $1 bytes of MemAvailable in touched anonymous memory until killed (the page cache is
+# left the rest); returns once it holds it.
 balloon() {
   local keep; keep=$(to_bytes "$1")
-  /usr/bin/python3 - "$keep" <<'EOF' &
+  rm -f "$dir/balloon.ready"
+  /usr/bin/python3 - "$keep" "$dir/balloon.ready" <<'EOF' &
 import sys, time
+import numpy as np
 keep = int(sys.argv[1])
 avail = next(int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemAvailable:"))
 n = max(0, avail - keep)
-b = bytearray(n)
-for i in range(0, n, 4096):
-    b[i] = 1
+held = np.ones(n, np.uint8)  # every page written
 print(f"balloon: holding {n / 2**30:.1f} GiB, {keep / 2**30:.1f} GiB left", file=sys.stderr, flush=True)
+open(sys.argv[2], "w").close()
 time.sleep(86400)
 EOF
   balloon_pid=$!
-  sleep 20  # time to fill
+  while [ ! -e "$dir/balloon.ready" ] && kill -0 "$balloon_pid" 2>/dev/null; do sleep 1; done
 }
 
 run() {
   local name=$1; shift
   local out="$dir/$name"
-  rm -rf "$out"
-  local t0; t0=$(date +%s)
-  /usr/bin/python3 scripts/make-stream-checkpoint.py --out "$out" --lineage "$lineage" "$@"
-  echo "== $name: written in $(( $(date +%s) - t0 )) s, $(du -sh "$out" | cut -f1)"
+  if [ "${KEEP:-0}" = 1 ] && [ -e "$out/model.safetensors.index.json" ]; then
+    echo "== $name: reusing $out (KEEP=1)"
+  else
+    rm -rf "$out"
+    local t0; t0=$(date +%s)
+    /usr/bin/python3 scripts/make-stream-checkpoint.py --out "$out" --lineage "$lineage" "$@"
+    echo "== $name: written in $(( $(date +%s) - t0 )) s, $(du -sh "$out" | cut -f1)"
+  fi
   "$lineage" info --model "$out" --memory-budget "${budgets%% *}" | grep -E "parameters|weights|memory plan|stream"
   for b in $budgets; do
     for cache in global per-layer; do
@@ -64,7 +71,7 @@ run() {
     kill "$balloon_pid" 2>/dev/null || true
     wait "$balloon_pid" 2>/dev/null || true
   done
-  rm -rf "$out"
+  [ "${KEEP:-0}" = 1 ] || rm -rf "$out"
 }
 
 case "$which" in

@@ -264,11 +264,15 @@ void print_row(const Context& c, const BenchRow& r) {
   char tps[48];
   std::snprintf(tps, sizeof tps, "%.2f ± %.2f", r.mean, r.stddev);
   // "±" is two bytes in UTF-8 but one column: pad by hand.
-  char paired[16] = "";
-  if (r.decode) std::snprintf(paired, sizeof paired, "%.1f %%", 100.0 * r.share_paired);
-  std::printf("| %-18s | %-5s | %7d | %6s | %6lld | %5lld | %*s | %12.2f | %8.1f %% | %8s | %12s |\n",
+  // --no-roofline measured no ceiling: its columns say so.
+  const bool measured = r.roofline > 0 && std::isfinite(r.roofline);
+  char paired[16] = "-", share[16] = "-", roof[24] = "-";
+  if (measured && r.decode) std::snprintf(paired, sizeof paired, "%.1f %%", 100.0 * r.share_paired);
+  if (measured) std::snprintf(share, sizeof share, "%.1f %%", 100.0 * r.mean / r.roofline);
+  if (measured) std::snprintf(roof, sizeof roof, "%.2f", r.roofline);
+  std::printf("| %-18s | %-5s | %7d | %6s | %6lld | %5lld | %*s | %12s | %10s | %8s | %12s |\n",
               c.model.c_str(), c.dtype.c_str(), c.threads, r.test.c_str(), (long long)r.depth, (long long)r.batch, 21,
-              tps, r.roofline, 100.0 * r.mean / r.roofline, paired, per_token_label(r).c_str());
+              tps, roof, share, paired, per_token_label(r).c_str());
 }
 
 nlohmann::json row_json(const Context& c, const BenchRow& r, int repetitions) {
@@ -410,6 +414,7 @@ void run_bench(const BenchOpts& o) {
   const bool bf16 = has_bf16_weights(model::count_params(m));
   c.bf16_dot = bf16 && bf16_dot(m);
   c.products_label = bf16 ? ", bf16 weights: " + bf16_products_label(m) : "";
+  if (lm.experts && o.src.int8_dot && kernels::int8_dot_available()) io::set_stream_int8_dot(*lm.experts, true);
   if (o.src.int8_dot && kernels::int8_dot_available() && model::set_int8_dot(m, true))
     c.products_label += ", int4/int8 weights: int8 activations (--int8-dot)";
   if (!o.no_roofline) c.ceil = measure_ceilings(dtype, c.threads, {});

@@ -148,20 +148,23 @@ tokenizer::Tokenizer load_tokenizer(const std::filesystem::path& dir_or_gguf) {
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer, bool stream) {
   if (src.dir.empty() && src.preset.empty())
     throw Error("one of --model DIR or --preset NAME is required (the default model, models/kjv-gpt2, is not there)");
-  io::LoadedModel m;
-  if (!src.dir.empty()) {
-    m = io::load_model(src.dir, need_tokenizer, src.no_mmap ? io::WeightStorage::Owned : io::WeightStorage::Mapped);
-  } else {
-    m.model = model::make_preset(src.preset, src.seed, *dtype_from_user(src.weights_dtype));
-    if (!src.tokenizer_dir.empty()) m.tokenizer = load_tokenizer(src.tokenizer_dir);
-  }
-  if (src.check_tensors) model::check_tensors_finite(m.model, src.dir.empty() ? "--preset " + src.preset : src.dir);
-  apply_options(src, m.model);
   // Under the memory budget: the routed experts stream from the files when the weights do not fit.
   io::StreamOptions so;
   so.budget = src.memory_budget.empty() ? io::available_memory() : io::parse_bytes(src.memory_budget, "--memory-budget");
   so.policy = src.expert_cache == "per-layer" ? io::CachePolicy::PerLayer : io::CachePolicy::Global;
-  if (stream && so.budget > 0) m.experts = io::stream_experts(m.model, so, m.stream_plan);
+  const bool streams = stream && so.budget > 0;
+  io::LoadedModel m;
+  if (!src.dir.empty()) {
+    m = io::load_model(src.dir, need_tokenizer, src.no_mmap ? io::WeightStorage::Owned : io::WeightStorage::Mapped,
+                       streams ? &so : nullptr);
+  } else {
+    m.model = model::make_preset(src.preset, src.seed, *dtype_from_user(src.weights_dtype));
+    if (!src.tokenizer_dir.empty()) m.tokenizer = load_tokenizer(src.tokenizer_dir);
+    if (streams) m.experts = io::stream_experts(m.model, so, m.stream_plan);  // a preset's are owned: fits, or an Error
+  }
+  if (src.check_tensors) model::check_tensors_finite(m.model, src.dir.empty() ? "--preset " + src.preset : src.dir);
+  apply_options(src, m.model);
+  if (m.experts) io::set_stream_int8_dot(*m.experts, src.int8_dot && kernels::int8_dot_available());
   return m;
 }
 

@@ -165,6 +165,14 @@ class ExpertStore {
     return e.mlp;
   }
 
+  void set_int8_dot(bool on) {
+    int8_dot_ = on;
+    for (auto& [k, e] : entries_)
+      if (e->ready)
+        for (int i = 0; i < 3; ++i)
+          if (kernels::Matrix& w = matrix_of(e->mlp, i); w.quant.defined()) w.qw.int8_dot = on;
+  }
+
   StreamStats stats() const {
     StreamStats s = stats_;
     s.hits = s.requests - std::min(s.requests, s.misses);  // resident when the step asked, not read for it
@@ -449,10 +457,14 @@ class ExpertStore {
     }
     for (int i = 0; i < 3; ++i) {
       kernels::Matrix& w = matrix_of(e.mlp, i);
+      // The load's checks, as each expert is read: an MXFP4 scale of 255 (NaN), a quantized format's
+      // scales (prepare_quant).
+      if (const int64_t at = w.packed && !w.quant.defined() ? kernels::first_nan_scale(w.scales) : -1; at >= 0)
+        throw Error(cat("layer ", e.layer, "'s expert ", e.expert, " (", kMatrixNames[i], "): the MXFP4 block scale ", at,
+                        " is 255, which E8M0 reserves for NaN; the checkpoint is damaged"));
       if (!w.quant.defined()) continue;
-      const bool int8_dot = w.qw.int8_dot;  // model::set_int8_dot's choice, kept
       kernels::prepare_quant(w, cat("layer ", e.layer, " expert ", e.expert, " ", kMatrixNames[i]));
-      w.qw.int8_dot = int8_dot;
+      w.qw.int8_dot = int8_dot_;  // as model::set_int8_dot sets the resident matrices
     }
     e.ready = true;
   }
@@ -466,6 +478,7 @@ class ExpertStore {
   StreamStats stats_;
   bool uring_ = false;
   int64_t in_flight_ = 0;
+  bool int8_dot_ = false;
 #if LINEAGE_HAVE_URING
   io_uring ring_{};
 #endif
@@ -538,7 +551,7 @@ std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions
           const std::optional<MappedAt> at = t.is_borrowed() ? find_mapping(t.raw()) : std::nullopt;
           if (!at)
             throw Error(cat("--memory-budget: layer ", li, "'s expert ", ei, " (", kMatrixNames[k],
-                            ") is not in a checkpoint file as stored (copied with --no-mmap, or decoded at load); "
+                            ") is not in a checkpoint file as stored (decoded at load); "
                             "streaming reads experts from the files as they are"));
           auto [it, added] = file_index.emplace(at->path, int(files.size()));
           if (added) {
@@ -602,7 +615,7 @@ std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions
   } else {
     capacity.push_back(plan.cache_bytes);
   }
-  // The mapping's pages of the experts, touched at load (scale checks), leave this process.
+  // The mapping's pages of the experts, should anything have touched them, leave this process.
   for (int li : moe_layers)
     for (auto& g : std::get<layers::Moe>(m.blocks[size_t(li)].ffn).weights.experts)
       for (int k = 0; k < 3; ++k)
@@ -612,6 +625,13 @@ std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions
                             last = (b + uintptr_t(t.nbytes())) / kPage * kPage;
             if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
           }
+  // The model keeps the experts' shapes and formats; their tensors now live in the store's templates.
+  for (int li : moe_layers)
+    for (auto& g : std::get<layers::Moe>(m.blocks[size_t(li)].ffn).weights.experts)
+      for (int k = 0; k < 3; ++k) {
+        matrix_of(g, k).streamed = true;
+        for (int f = 0; f < kMembers; ++f) member_of(matrix_of(g, k), f) = Tensor();
+      }
   auto store = std::make_shared<ExpertStore>(std::move(files), std::move(layers), std::move(capacity), opt.uring);
   for (int li : moe_layers) std::get<layers::Moe>(m.blocks[size_t(li)].ffn).source = std::make_shared<LayerSource>(store, li);
   return store;
@@ -621,6 +641,7 @@ StreamStats stream_stats(const ExpertStore& s) { return s.stats(); }
 DiskRoofline measure_disk(ExpertStore& s, uint64_t max_bytes) { return s.measure_disk(max_bytes); }
 void reset_stream_stats(ExpertStore& s) { s.reset_stats(); }
 void clear_expert_cache(ExpertStore& s) { s.clear(); }
+void set_stream_int8_dot(ExpertStore& s, bool on) { s.set_int8_dot(on); }
 
 uint64_t available_memory() {
   std::ifstream in("/proc/meminfo");

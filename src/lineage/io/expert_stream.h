@@ -61,9 +61,11 @@ struct StreamStats {
 class ExpertStore;
 
 // Plans `m` under `opt` and, where it does not fit whole, makes its routed experts stream (each MoE
-// layer's Moe::source). Experts must lie in mapped checkpoint files as stored (not decoded or copied at
-// load: --no-mmap and decoded GGUF experts are an Error naming the tensor). Returns the store (null
-// when everything fits); the plan is filled either way. Throws Error for a budget below the minimum.
+// layer's Moe::source): their tensors move to the store, the model keeps their shapes and formats.
+// Called on a bound model before its checks and preparation (load_checkpoint), the experts must lie
+// in mapped checkpoint files as stored (decoded GGUF experts are an Error naming them). Returns the
+// store (null when everything fits); the plan is filled either way. Throws Error for a budget below
+// the minimum.
 std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions& opt, StreamPlan& plan);
 
 // The disk's own read roofline over the streamed files, measured now: sequential reads of up to
@@ -82,6 +84,9 @@ StreamStats stream_stats(const ExpertStore& s);
 void reset_stream_stats(ExpertStore& s);
 // Drops every cached expert (a cold start for a benchmark).
 void clear_expert_cache(ExpertStore& s);
+// The streamed int4 / int8 experts multiplied with int8 activations (model::set_int8_dot's choice for
+// the resident matrices; the CLI's --int8-dot).
+void set_stream_int8_dot(ExpertStore& s, bool on);
 
 // /proc/meminfo's MemAvailable in bytes (0 when unreadable): the default budget.
 uint64_t available_memory();

@@ -238,7 +238,7 @@ GgufHeaderModel gguf_header_model(const fs::path& path) {
   return out;
 }
 
-LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage storage) {
+LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage storage, const StreamOptions* stream) {
   MappedFile f;
   open_mapped(f, path, GgufRead::Whole);
   const std::shared_ptr<GgufFile>& file = f.files[0];
@@ -335,7 +335,7 @@ LoadedModel load_gguf(const fs::path& path, bool with_tokenizer, WeightStorage s
       ckpt->replace_held(name, decoded(kernels::ggml_block_info(b.type), static_cast<const uint8_t*>(rows.raw()), b.shape));
     }
   };
-  LoadedModel out = load_checkpoint(mapped.config, cat(where, " (its ", arch, ".* keys)"), ckpt, where, storage, adjust);
+  LoadedModel out = load_checkpoint(mapped.config, cat(where, " (its ", arch, ".* keys)"), ckpt, where, storage, adjust, stream);
   out.dir = path;
   if (with_tokenizer) out.tokenizer = gguf_tokenizer(*file);
   if (const json* t = key(*file, "tokenizer.chat_template")) {

@@ -22,7 +22,7 @@ bool is_gguf(const std::filesystem::path& path);
 // does not compute on yet, a shape the family does not expect. A file whose vocabulary is
 // `no_vocab` (llama.cpp's test models) loads without a tokenizer.
 LoadedModel load_gguf(const std::filesystem::path& path, bool with_tokenizer = true,
-                      WeightStorage storage = WeightStorage::Mapped);
+                      WeightStorage storage = WeightStorage::Mapped, const StreamOptions* stream = nullptr);
 
 // What `lineage info` reads of a GGUF file: its header alone (the tensor data may be absent, as in a
 // file cut after its tensor infos). The model as load_gguf builds it before binding: shapes and

@@ -405,11 +405,11 @@ Skeleton load_skeleton(const fs::path& dir) {
   return s;
 }
 
-LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage storage) {
-  if (is_gguf(dir)) return load_gguf(dir, with_tokenizer, storage);
+LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage storage, const StreamOptions* stream) {
+  if (is_gguf(dir)) return load_gguf(dir, with_tokenizer, storage, stream);
   const nlohmann::json cfg = read_config(dir);
   auto ckpt = std::make_shared<Checkpoint>(Checkpoint::open(dir));
-  LoadedModel out = load_checkpoint(cfg, (dir / "config.json").string(), ckpt, dir.string(), storage);
+  LoadedModel out = load_checkpoint(cfg, (dir / "config.json").string(), ckpt, dir.string(), storage, {}, stream);
   out.dir = dir;
   if (with_tokenizer && (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json") ||
                          fs::exists(dir / "tiktoken.model")))
@@ -419,7 +419,7 @@ LoadedModel load_model(const fs::path& dir, bool with_tokenizer, WeightStorage s
 
 LoadedModel load_checkpoint(const nlohmann::json& cfg, const std::string& cfg_path, std::shared_ptr<Checkpoint> ckpt,
                             const std::string& where, WeightStorage storage,
-                            const std::function<void(model::Model&)>& adjust) {
+                            const std::function<void(model::Model&)>& adjust, const StreamOptions* stream) {
   LoadedModel out;
   out.model = build_model_from_config(
       cfg, cfg_path, [&](const std::string& n) { return ckpt->has(n); },
@@ -432,6 +432,8 @@ LoadedModel load_checkpoint(const nlohmann::json& cfg, const std::string& cfg_pa
                          : cat("no tensor named ", out.model.names.layer_prefix, "N.*"),
                     "), found ", out.model.n_layers()));
   bind_weights(out.model, *ckpt, where);
+  // Streamed experts leave the model here, before the checks and the preparation below read them.
+  if (stream) out.experts = stream_experts(out.model, *stream, out.stream_plan);
   check_mxfp4_scales(out.model, where);
   // Owned: every tensor copied (Conv1D matrices then transposed for decode), and the mappings go
   // with `ckpt`, their last owner, at the return.

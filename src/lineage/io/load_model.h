@@ -54,8 +54,11 @@ enum class WeightStorage : uint8_t { Mapped, Owned };
 // Throws Error naming the file and field for a missing/malformed config.json, an unknown
 // model_type, and (in one message) every missing tensor, every unexpected tensor and every tensor
 // whose dtype or shape is wrong.
+// `stream` (may be null): the memory budget; a model whose weights do not fit it streams its routed
+// experts from the files (expert_stream.h), decided before any expert is read (their load-time checks
+// and preparation then happen as each is read).
 LoadedModel load_model(const std::filesystem::path& dir, bool with_tokenizer = true,
-                       WeightStorage storage = WeightStorage::Mapped);
+                       WeightStorage storage = WeightStorage::Mapped, const StreamOptions* stream = nullptr);
 
 // The part of load_model after reading the files: the model `config` (a config.json's content;
 // `config_where` names it in messages) describes, built against the checkpoint's tensors, changed by
@@ -63,7 +66,8 @@ LoadedModel load_model(const std::filesystem::path& dir, bool with_tokenizer = t
 // `storage`. dir and tokenizer are left for the caller.
 LoadedModel load_checkpoint(const nlohmann::json& config, const std::string& config_where,
                             std::shared_ptr<Checkpoint> ckpt, const std::string& where, WeightStorage storage,
-                            const std::function<void(model::Model&)>& adjust = {});
+                            const std::function<void(model::Model&)>& adjust = {},
+                            const StreamOptions* stream = nullptr);
 
 // The family's skeleton from a config (config.json's content; `cfg_path` names it in messages):
 // shapes and names, tensors empty, quantization applied. has_tensor answers for the checkpoint (or

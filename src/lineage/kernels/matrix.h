@@ -62,6 +62,9 @@ struct Matrix {
   Tensor zero_point, global_scale, weight_shape;
   Tensor codes, scale_table, zero_table;
   QuantWeight qw;
+  // A routed expert streamed from disk (io/expert_stream.h): its tensors live in the expert store,
+  // which prepares each copy it reads; this one is shapes and format only, never prepared or run.
+  bool streamed = false;
 
   // The format from the data's dtype (U8 data with scales: MXFP4).
   MatrixFormat format() const;

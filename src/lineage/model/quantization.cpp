@@ -287,7 +287,7 @@ void apply_quantization(Model& m, const QuantPlan& plan, const std::function<boo
 
 void prepare_quantized(Model& m, const std::string& where) {
   m.for_each_tensor(layers::TensorVisitor::with_matrices([&](const std::string& name, kernels::Matrix& w) {
-    if (!w.quant.defined()) return;
+    if (!w.quant.defined() || w.streamed) return;
     try {
       kernels::prepare_quant(w, name);
     } catch (const Error& e) {
