@@ -2,6 +2,7 @@
 # its own, no engine, no cache), streaming, usage and the prefix cache's cached tokens, the other
 # endpoints, and every error a client can cause, after which the server still serves.
 import json
+import os
 import socket
 import subprocess
 import time
@@ -23,7 +24,10 @@ def generate_cli(model_dir, prompt: str, max_tokens: int) -> str:
 @pytest.mark.parametrize("which", ["gpt2", "hybrid", "quantized"])
 def test_completion_equals_generate(which, request):
     server, model_dir = request.getfixturevalue(f"{which}_server"), request.getfixturevalue(f"{which}_dir")
-    for prompt, n in [("The quick brown fox", 12), ("Hello", 5), ("A longer prompt about the lineage of models, " * 3, 9)]:
+    prompts = [("The quick brown fox", 12), ("Hello", 5), ("A longer prompt about the lineage of models, " * 3, 9)]
+    if os.environ.get("LINEAGE_SANITIZED") == "1":  # each `lineage generate` starts a sanitized process: one will do
+        prompts = prompts[2:]
+    for prompt, n in prompts:
         status, body = server.post("/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0})
         assert status == 200, body
         want = generate_cli(model_dir, prompt, n)
