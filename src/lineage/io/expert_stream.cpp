@@ -130,9 +130,12 @@ class ExpertStore {
   void request(int layer, const int32_t* ids, int64_t n) {
     check_files();
     for (size_t j = 0; j < want_.size(); ++j) unpin(j);
+    // What an earlier step left half read (it failed before running all its experts): forgotten,
+    // read again. A step that ran them all left none, and nothing is scanned.
+    const bool failed = ran_ < want_.size();
     want_.clear();
-    // What an earlier step left half read (it failed): forgotten, read again.
-    for (auto it = entries_.begin(); it != entries_.end();) {
+    ran_ = 0;
+    for (auto it = entries_.begin(); failed && it != entries_.end();) {
       if (it->second->ready || it->second->pending) {
         ++it;
         continue;
@@ -154,7 +157,7 @@ class ExpertStore {
   }
 
   const layers::GatedMlp& expert(int64_t i) {
-    for (int64_t j = 0; j < i; ++j) unpin(size_t(j));  // run: evictable now
+    if (i > 0) unpin(size_t(i - 1));  // run (the ones before it were unpinned in their turn): evictable now
     Entry& e = wanted(size_t(i));
     if (!e.issued) issue(size_t(i), true);
     if (!e.issued)
@@ -164,6 +167,7 @@ class ExpertStore {
     while (e.pending) reap(true);
     stats_.read_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!e.ready) finish(e);
+    ran_ = size_t(i) + 1;
     return e.mlp;
   }
 
@@ -251,6 +255,7 @@ class ExpertStore {
   void clear() {
     drain();
     want_.clear();
+    ran_ = 0;
     for (auto& [k, e] : entries_) drop(*e);
     entries_.clear();
   }
@@ -522,6 +527,7 @@ class ExpertStore {
   std::vector<std::map<uint64_t, std::shared_ptr<uint8_t>>> spare_;  // per partition, by size
   std::unordered_map<uint64_t, std::unique_ptr<Entry>> entries_;
   std::vector<uint64_t> want_;  // the step's experts (keys), in the order they run
+  size_t ran_ = 0;              // how many of them expert() has handed out
   StreamStats stats_;
   bool uring_ = false;
   int64_t in_flight_ = 0;
