@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,7 @@
 #include "lineage/runtime/generate.h"
 #include "lineage/runtime/session.h"
 #include "lineage/runtime/state_file.h"
+#include "lineage/runtime/trace_record.h"
 
 namespace py = pybind11;
 
@@ -237,9 +239,97 @@ class PySession {
     if (!saved.logits.empty()) remember(saved.logits, 1, false);
   }
 
+  // lineage trace's recording of `prompt` from an empty sequence (runtime/trace_record.h), as NumPy
+  // arrays; this session's own sequence is left as it was.
+  py::dict trace(const std::variant<std::string, std::vector<int32_t>>& prompt, bool states) {
+    std::unique_lock lock = claim();
+    std::vector<int32_t> ids;
+    if (const auto* text = std::get_if<std::string>(&prompt)) {
+      const tokenizer::Tokenizer& tok = model_->tokenizer("trace");
+      ids = tok.encode(*text);
+      if (tok.adds_bos() && tok.bos_id()) ids.insert(ids.begin(), *tok.bos_id());
+    } else {
+      ids = std::get<std::vector<int32_t>>(prompt);
+    }
+    runtime::TraceOptions options;
+    if (states) options.keep_state = [](int64_t, int64_t) { return true; };
+    runtime::TraceRecording r;
+    {
+      py::gil_scoped_release release;
+      r = runtime::record_trace(model_->model(), ids, options);
+    }
+    return trace_dict(r, states);
+  }
+
   const ModelPtr& model() const { return model_; }
 
  private:
+  static py::array_t<float> floats(const std::vector<float>& v, std::vector<int64_t> shape) {
+    py::array_t<float> a(shape);
+    std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(float));
+    return a;
+  }
+
+  static py::dict trace_dict(const runtime::TraceRecording& r, bool states) {
+    const int64_t T = int64_t(r.tokens.size());
+    py::dict out;
+    out["tokens"] = r.tokens;
+    out["state_bytes"] = r.state_bytes;
+    out["softmax_bytes"] = r.softmax_bytes;
+    out["next_id"] = r.next_id;
+    out["next_p"] = r.next_p;
+    py::list layers;
+    for (const runtime::TraceLayer& l : r.layers) {
+      py::dict d;
+      d["kind"] = l.kind;
+      d["heads"] = l.heads;
+      d["bytes_per_token"] = l.bytes_per_token;
+      d["fixed_bytes"] = l.fixed_bytes;
+      if (l.mixer == runtime::TraceMixer::DeltaRule) {
+        const int64_t H = l.qk_heads, HV = l.heads, K = l.dk, V = l.dv;
+        d["mixer"] = "delta_rule";
+        d["erase"] = l.erase;
+        d["gate"] = l.gate == 0 ? "none" : l.gate == 1 ? "head" : "channel";
+        d["q"] = floats(l.q, {T, H, K});
+        d["k"] = floats(l.k, {T, H, K});
+        d["v"] = floats(l.v, {T, HV, V});
+        d["beta"] = floats(l.beta, {T, HV});
+        if (l.gate) d["log_decay"] = floats(l.log_decay, l.gate == 1 ? std::vector<int64_t>{T, HV} : std::vector<int64_t>{T, HV, K});
+        d["read_out"] = floats(l.out, {T, HV, V});
+        d["recalled"] = floats(l.recalled, {T, HV, V});
+        d["norms"] = floats(l.norms, {T, HV, 5});
+        d["residual"] = l.worst_residual;
+        if (states) {
+          py::array_t<float> S({T, HV, K, V});
+          for (int64_t h = 0; h < HV; ++h)
+            for (int64_t t = 0; t < T; ++t)
+              std::memcpy(S.mutable_data() + (t * HV + h) * K * V, l.states.at(h).data() + t * K * V,
+                          size_t(K * V) * sizeof(float));
+          d["states"] = S;
+        }
+      } else {
+        d["mixer"] = l.mixer == runtime::TraceMixer::Mla ? "mla" : "attention";
+        py::array_t<float> w({T, l.heads, T});  // token t's weights over keys 0 .. t, zeros after
+        float* dst = w.mutable_data();
+        std::fill(dst, dst + T * l.heads * T, 0.0f);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t h = 0; h < l.heads; ++h)
+            std::memcpy(dst + (t * l.heads + h) * T, l.weights.data() + l.heads * t * (t + 1) / 2 + h * (t + 1),
+                        size_t(t + 1) * sizeof(float));
+        d["weights"] = w;
+      }
+      if (l.experts) {
+        d["expert_ids"] = py::array_t<int32_t>(std::vector<int64_t>{T, l.top_k}, l.expert_ids.data());
+        d["expert_weights"] = floats(l.expert_weights, {T, l.top_k});
+      }
+      if (l.attn_res_sources) d["attn_res"] = floats(l.attn_res, {T, l.attn_res_sources});
+      if (l.mlp_res_sources) d["mlp_res"] = floats(l.mlp_res, {T, l.mlp_res_sources});
+      layers.append(d);
+    }
+    out["layers"] = layers;
+    return out;
+  }
+
   int64_t vocab() const { return model_->model().config.vocab_size; }
 
   std::unique_lock<std::mutex> claim() const {
@@ -395,6 +485,11 @@ PYBIND11_MODULE(lineage, m) {
          py::arg("top_p") = 1.0f, py::arg("seed") = 0, py::arg("stop_at_eos") = true,
          "Generates text after the prompt (a string, or token ids as given); temperature 0 is greedy. "
          "The prompt continues the session's sequence; \"\" or [] continues from the last logits.")
+      .def("trace", &PySession::trace, py::arg("prompt"), py::arg("states") = true,
+           "Records a sequence (text or token ids) from an empty state, one decode step a token, as lineage "
+           "trace does: per layer and token the softmax weights, or the delta rule's q, k, v, beta, decay, "
+           "read-out, recalled S~^T k, the parts' norms and (states=True) the state after each token; the "
+           "experts chosen; AttnRes weights. This session's own sequence is left as it was.")
       .def_property_readonly("position", &PySession::position)
       .def_property_readonly("tokens", &PySession::tokens)
       .def_property_readonly("logits", &PySession::logits, "The last logits returned (a copy), or None.")

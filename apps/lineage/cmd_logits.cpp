@@ -21,9 +21,7 @@ void add_logits(CLI::App& app) {
   add_model_options(*cmd, o.src, true);
   add_threads_option(*cmd);
   add_numerics_options(*cmd, o.src);
-  auto* t = cmd->add_option("--tokens", o.tokens, "token ids separated by spaces");
-  auto* p = cmd->add_option("--prompt", o.prompt, "text, tokenized with the model's tokenizer");
-  t->excludes(p);
+  add_token_options(*cmd, o.tokens, o.prompt);
   cmd->add_option("--out", o.out, "output .npy file")->required();
   cmd->add_option("--chunk", o.chunk, "feed the sequence in pieces of N tokens (1 = token-by-token decode)")
       ->check(CLI::PositiveNumber);
@@ -34,22 +32,14 @@ void add_logits(CLI::App& app) {
   cmd->callback([] {
     if (o.tokens.empty() && o.prompt.empty()) throw Error("logits: one of --tokens or --prompt is required");
     io::LoadedModel m = load(o.src, !o.prompt.empty());
-    std::vector<int32_t> ids;
     runtime::Session s(m.model);
     if (!o.state_in.empty()) {
       const runtime::SavedState saved = runtime::load_state(o.state_in, m.model);
       s.restore(saved.state, saved.tokens);
     }
-    if (!o.tokens.empty()) {
-      ids = parse_ids(o.tokens, "--tokens");
-    } else {
-      const tokenizer::Tokenizer& tok = require_tokenizer(m, "--prompt");
-      ids = tok.encode(o.prompt);
-      // A continued sequence has its BOS already.
-      if (tok.adds_bos() && tok.bos_id() && s.position() == 0) ids.insert(ids.begin(), *tok.bos_id());
-    }
+    // A continued sequence has its BOS already.
+    const std::vector<int32_t> ids = input_ids(m, o.tokens, o.prompt, s.position() == 0, "logits");
     const int64_t T = int64_t(ids.size()), V = m.model.config.vocab_size;
-    if (T == 0) throw Error("logits: the prompt encodes to no tokens");
     const int64_t chunk = o.chunk > 0 ? o.chunk : T;
     std::vector<float> all(size_t(T) * V);
     for (int64_t i = 0; i < T; i += chunk) {

@@ -244,6 +244,27 @@ std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag)
   return ids;
 }
 
+void add_token_options(CLI::App& cmd, std::string& tokens, std::string& prompt) {
+  auto* t = cmd.add_option("--tokens", tokens, "token ids separated by spaces");
+  auto* p = cmd.add_option("--prompt", prompt, "text, tokenized with the model's tokenizer");
+  t->excludes(p);
+}
+
+std::vector<int32_t> input_ids(const io::LoadedModel& m, const std::string& tokens, const std::string& prompt, bool bos,
+                               const std::string& command) {
+  if (tokens.empty() && prompt.empty()) throw Error(command + ": one of --tokens or --prompt is required");
+  std::vector<int32_t> ids;
+  if (!tokens.empty()) {
+    ids = parse_ids(tokens, "--tokens");
+  } else {
+    const tokenizer::Tokenizer& tok = require_tokenizer(m, "--prompt");
+    ids = tok.encode(prompt);
+    if (bos && tok.adds_bos() && tok.bos_id()) ids.insert(ids.begin(), *tok.bos_id());
+  }
+  if (ids.empty()) throw Error(command + ": the prompt encodes to no tokens");
+  return ids;
+}
+
 const tokenizer::Tokenizer& require_tokenizer(const io::LoadedModel& m, const std::string& why) {
   if (!m.tokenizer)
     throw Error(cat(why, " needs a tokenizer, but ",

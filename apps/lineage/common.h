@@ -75,6 +75,12 @@ std::optional<long long> parse_integer(const std::string& s);
 size_t parse_bytes(const std::string& text, const std::string& flag);
 // "12 5 7" → ids; a non-integer is an Error naming the flag.
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag);
+// --tokens "ID ..." and --prompt TEXT, excluding each other (logits, trace).
+void add_token_options(CLI::App& cmd, std::string& tokens, std::string& prompt);
+// The ids they give: --tokens as written, or --prompt through the model's tokenizer with its BOS first
+// where it adds one and `bos` is set. `command` names the caller in errors (neither given, no tokens).
+std::vector<int32_t> input_ids(const io::LoadedModel& m, const std::string& tokens, const std::string& prompt, bool bos,
+                               const std::string& command);
 const tokenizer::Tokenizer& require_tokenizer(const io::LoadedModel& m, const std::string& why);
 // The tokenizer of a model directory's files or of a GGUF file's metadata (an Error naming the file
 // when it has none).
@@ -105,5 +111,6 @@ void add_chat(CLI::App& app);
 void add_train(CLI::App& app);
 void add_bench_train(CLI::App& app);
 void add_study(CLI::App& app);
+void add_trace(CLI::App& app);
 
 }  // namespace lineage::app

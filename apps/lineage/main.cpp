@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   lineage::app::add_train(app);
   lineage::app::add_bench_train(app);
   lineage::app::add_study(app);
+  lineage::app::add_trace(app);
   try {
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](CLI::App* s) { return s->check_name(argv[1]); }).empty()) {
       std::string names;

@@ -210,4 +210,38 @@ void attention_causal(const float* q, int64_t ldq, int64_t T, int64_t p0, const 
   attention_causal({&s, 1}, {H, hd, hd, scale});
 }
 
+namespace {
+
+// softmax_j(scale · q·k_j) over n keys, row j at k + j·ldk, into w.
+void softmax_scores(const float* q, const float* k, int64_t ldk, int64_t n, int64_t dk, float scale, float* w) {
+  std::vector<double> s(size_t(std::max<int64_t>(n, 1)));
+  double top = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    double dot = 0;
+    for (int64_t c = 0; c < dk; ++c) dot += double(q[c]) * double(k[j * ldk + c]);
+    s[size_t(j)] = dot * scale;
+    top = std::max(top, s[size_t(j)]);
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += s[size_t(j)] = std::exp(s[size_t(j)] - top);
+  for (int64_t j = 0; j < n; ++j) w[j] = float(s[size_t(j)] / sum);
+}
+
+}  // namespace
+
+void attention_weights(const AttentionSeq& s, const AttentionHeads& hs, float* w, int64_t ldt) {
+  const int64_t L = s.p0 + s.T, ldk = s.ldk ? s.ldk : hs.dk;
+  for (int64_t t = 0; t < s.T; ++t)
+    for (int64_t h = 0; h < hs.H; ++h) {
+      float* row = w + t * ldt + h * L;
+      const int64_t n = s.p0 + t + 1;
+      softmax_scores(s.q + t * s.ldq + h * hs.dk, s.k + h * s.k_stride, ldk, n, hs.dk, hs.scale, row);
+      std::fill(row + n, row + L, 0.0f);
+    }
+}
+
+void latent_attention_weights(const LatentQuery& q, int64_t H, int64_t dk, float scale, float* w) {
+  for (int64_t h = 0; h < H; ++h) softmax_scores(q.q + h * q.ldq, q.kv, q.ldkv, q.n_keys, dk, scale, w + h * q.n_keys);
+}
+
 }  // namespace lineage::kernels

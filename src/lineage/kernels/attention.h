@@ -63,4 +63,11 @@ struct LatentQuery {
 constexpr int64_t kLatentMaxValue = 1024;
 void latent_attention(std::span<const LatentQuery> qs, int64_t H, int64_t dk, int64_t dv, float scale);
 
+// The softmax weights the calls above apply, for the trace hook (lineage trace): scalar, scores and
+// sums in f64, written as f32. Query t of s, head h: w + t·ldt + h·(s.p0 + s.T) gets its p0 + t + 1
+// weights over keys 0 .. p0+t, and zeros up to p0 + T.
+void attention_weights(const AttentionSeq& s, const AttentionHeads& heads, float* w, int64_t ldt);
+// The same for one latent query: w + h·n_keys gets head h's weights over q's n_keys rows.
+void latent_attention_weights(const LatentQuery& q, int64_t H, int64_t dk, float scale, float* w);
+
 }  // namespace lineage::kernels

@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -16,6 +17,7 @@
 
 #include "lineage/core/error.h"
 #include "lineage/serve/page_html.h"  // kChatPage, generated from page.html
+#include "lineage/serve/trace_page.h"
 
 namespace lineage::serve {
 
@@ -244,7 +246,7 @@ void Server::routes() {
 
   if (!options_.api_key.empty()) {
     http_->set_pre_routing_handler([this, error](const httplib::Request& req, httplib::Response& res) {
-      if (req.path == "/health" || req.path == "/") return httplib::Server::HandlerResponse::Unhandled;
+      if (req.path == "/health" || req.path == "/" || req.path == "/trace") return httplib::Server::HandlerResponse::Unhandled;
       if (bearer_matches(req.get_header_value("Authorization"), options_.api_key))
         return httplib::Server::HandlerResponse::Unhandled;
       res.set_header("WWW-Authenticate", "Bearer");
@@ -532,6 +534,69 @@ void Server::routes() {
     res.set_content(metrics(), "text/plain; version=0.0.4");
   });
   http_->Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content(kChatPage, "text/html; charset=utf-8"); });
+  http_->Get("/trace", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(trace_served_html(), "text/html; charset=utf-8");
+  });
+  // lineage trace's data for a prompt (or token ids), with any heads in full: the page at /trace
+  // asks again for a head it does not hold. One trace at a time, beside the engine's steps.
+  http_->Post("/trace/data", [this, error](const httplib::Request& req, httplib::Response& res) {
+    try {
+      const json body = json::parse(req.body, nullptr, false);
+      if (!body.is_object()) throw ApiError{400, "the body is not a JSON object", "invalid_request_error", "", "invalid_json"};
+      std::vector<int32_t> ids;
+      if (body.contains("tokens")) {
+        const json& t = body["tokens"];
+        if (!t.is_array() || t.empty())
+          throw ApiError{400, "tokens: expected a non-empty array of token ids", "invalid_request_error", "tokens", "invalid_value"};
+        for (const json& x : t) {
+          if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= model_.model.config.vocab_size)
+            throw ApiError{400, cat("tokens: expected ids in [0, ", model_.model.config.vocab_size, ")"),
+                           "invalid_request_error", "tokens", "invalid_value"};
+          ids.push_back(x.get<int32_t>());
+        }
+      } else {
+        if (!body.contains("prompt") || !body["prompt"].is_string() || body["prompt"].get<std::string>().empty())
+          throw ApiError{400, "prompt: expected a non-empty string (or tokens: an array of ids)", "invalid_request_error",
+                         "prompt", "invalid_value"};
+        ids = model_.tokenizer->encode(body["prompt"].get<std::string>());
+        if (model_.tokenizer->adds_bos() && model_.tokenizer->bos_id()) ids.insert(ids.begin(), *model_.tokenizer->bos_id());
+      }
+      const int64_t limit = options_.trace_max_tokens;
+      if (ids.empty() || int64_t(ids.size()) > limit)
+        throw ApiError{400, cat("the prompt has ", ids.size(), " tokens; a trace takes 1 to ", limit, " (--trace-max-tokens)"),
+                       "invalid_request_error", "prompt", "context_length_exceeded"};
+      if (body.contains("heads") && !body["heads"].is_string())
+        throw ApiError{400, "heads: expected a string LAYER:HEAD,...", "invalid_request_error", "heads", "invalid_value"};
+      const std::string heads = body.value("heads", std::string());
+      const std::vector<runtime::TraceLayer> layers = runtime::trace_layers(model_.model);
+      std::vector<LayerHead> wanted;
+      try {
+        if (!heads.empty()) wanted = parse_trace_heads(heads, layers, "heads");
+      } catch (const Error& e) {
+        throw ApiError{400, e.what(), "invalid_request_error", "heads", "invalid_value"};
+      }
+      size_t budget = size_t(4) << 20;
+      if (body.contains("detail_bytes")) {
+        const json& b = body["detail_bytes"];
+        if (!b.is_number_integer() || b.get<int64_t>() < 0 || b.get<int64_t>() > (int64_t(64) << 20))
+          throw ApiError{400, "detail_bytes: expected an integer from 0 to 67108864", "invalid_request_error",
+                         "detail_bytes", "invalid_value"};
+        budget = size_t(b.get<int64_t>());
+      }
+      const std::vector<LayerHead> detail = trace_detail_heads(layers, int64_t(ids.size()), budget, wanted);
+      std::lock_guard lock(trace_mu_);  // one recording at a time; the others wait their turn
+      runtime::TraceOptions options;
+      options.keep_state = [&](int64_t l, int64_t h) { return std::find(detail.begin(), detail.end(), LayerHead{l, h}) != detail.end(); };
+      const runtime::TraceRecording rec = runtime::record_trace(model_.model, ids, options);
+      res.set_content(trace_payload(rec, &*model_.tokenizer, detail, options_.model_name)
+                          .dump(-1, ' ', false, json::error_handler_t::replace),
+                      "application/json");
+    } catch (const ApiError& e) {
+      error(res, e);
+    } catch (const Error& e) {
+      error(res, ApiError{400, e.what(), "invalid_request_error", "", "invalid_value"});
+    }
+  });
 
   // Errors httplib answers itself (no route, a body over the limit, a malformed request) get an
   // OpenAI-style body too; every status >= 400 is counted for /metrics.

@@ -4,8 +4,9 @@
 //
 // `lineage serve`: an OpenAI-compatible HTTP server (Debian's cpp-httplib) over the serving engine.
 //   POST /v1/completions, POST /v1/chat/completions   (SSE streaming with "stream": true)
-//   GET  /v1/models, /health, /metrics (Prometheus text), / (the chat page)
-// With an API key, every endpoint but /health and / wants `Authorization: Bearer KEY` (401 otherwise).
+//   GET  /v1/models, /health, /metrics (Prometheus text), / (the chat page), /trace (lineage trace's
+//   page, fetching POST /trace/data)
+// With an API key, every endpoint but /health and the pages / and /trace wants `Authorization: Bearer KEY` (401 otherwise).
 // Every request decodes in the engine's shared steps over its own state slot; the prefix cache
 // reuses what earlier requests computed. Bad requests get an OpenAI-style error object and the
 // right status; a client that goes away frees its slot within a heartbeat (docs/serve.md).
@@ -47,6 +48,7 @@ struct ServerOptions {
   // Template variables every chat request gets (llama-server's --chat-template-kwargs), under the
   // request's own chat_template_kwargs: {"enable_thinking": false}.
   nlohmann::ordered_json template_kwargs;
+  int64_t trace_max_tokens = 512;  // the longest prompt POST /trace/data traces (the page at /trace)
 };
 
 // Whether `header` (an Authorization header's value) is "Bearer <key>", the scheme's case ignored;
@@ -82,6 +84,7 @@ class Server {
   int port_ = 0;
   int listen_fd_ = -1;
   mutable std::mutex mu_;
+  std::mutex trace_mu_;  // one /trace/data recording at a time
   std::map<int, int64_t> http_errors_;  // status → count
   std::atomic<int64_t> streams_{0}, disconnects_{0};
   std::atomic<bool> stopping_{false};

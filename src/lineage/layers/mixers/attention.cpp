@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/attention.h"
@@ -157,6 +158,12 @@ void forward(const Attention& a, const Call& call, const float* x, std::span<Att
   }
   const float scale = a.config.scale_attn_weights ? 1.0f / std::sqrt(float(hd)) : 1.0f;
   kernels::attention_causal(buf.seqs, {H, hd, hd, scale});
+  if (trace.on() && step.n_seqs() == 1) {  // the weights each query gave the cache (lineage trace)
+    const int64_t L = buf.seqs[0].p0 + N;
+    std::vector<float> w(size_t(N * H * L));
+    kernels::attention_weights(buf.seqs[0], {H, hd, hd, scale}, w.data(), H * L);
+    trace("attn.weights", w.data(), {N, H, L});
+  }
   trace("attn.context", ctx, {N, D});
   kernels::linear(ctx, N, a.weights.c_proj, &a.weights.c_proj_bias, y, std::nullopt, dot);
   trace("attn.out", y, {N, D});

@@ -381,6 +381,8 @@ void heads(Pass& p, const Trace& trace) {
   }
   normalize_heads(c.q_norm, p.q, N * H, K);
   normalize_heads(c.k_norm, p.k, N * H, K);
+  trace("attn.q_read", p.q, {N, H * K});  // as the recurrence reads and writes with them (lineage trace)
+  trace("attn.k_write", p.k, {N, H * K});
 }
 
 // Stage 4: β = sigmoid(b_proj x) (or 1; ×2 with negative eigenvalues) and the log decay

@@ -294,6 +294,23 @@ void forward(const Mla& m, const Call& call, const float* x, std::span<Mla::Stat
       scatter(out, rows, dv, ctx, n * dv, h * dv);
     }
   }
+  if (trace.on() && step.n_seqs() == 1) {  // the weights each query head gave the cache (lineage trace)
+    const int64_t L = states[0]->length;
+    std::vector<float> w(size_t(N * n * L), 0.0f);
+    if (expanded_rows) {
+      kernels::attention_weights(buf.seqs[0], {n, dqk, dv, scale}, w.data(), n * L);
+    } else {
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t h = 0; h < n; ++h) {
+          std::vector<float> row(size_t(buf.queries[size_t(t)].n_keys));
+          kernels::LatentQuery one = buf.queries[size_t(t)];
+          one.q += h * one.ldq;
+          kernels::latent_attention_weights(one, 1, W, scale, row.data());
+          std::copy(row.begin(), row.end(), w.begin() + (t * n + h) * L);
+        }
+    }
+    trace("attn.weights", w.data(), {N, n, L});
+  }
   trace("attn.context", ctx, {N, n * dv});
 
   if (c.output_gate) {

@@ -1,0 +1,43 @@
+// lineage trace's page: a recording (runtime/trace_record.h) as one self-contained HTML file (the
+// page trace.html, embedded at build time, with the data inside), and the same page served at
+// /trace, where it fetches its data from /trace/data. docs/trace.md says what the page holds.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lineage/runtime/trace_record.h"
+#include "lineage/tokenizer/tokenizer.h"
+
+namespace lineage::serve {
+
+using LayerHead = std::pair<int64_t, int64_t>;
+
+// "3:0,3:1" → {(3, 0), (3, 1)}; each layer and head must exist in `layers` and hold per-head detail
+// (a softmax, MLA or delta-rule head); anything else is an Error naming the flag and the entry.
+std::vector<LayerHead> parse_trace_heads(const std::string& text, const std::vector<runtime::TraceLayer>& layers,
+                                         const std::string& flag);
+
+// The heads a page holds in full for T tokens: `wanted` when given; otherwise head 0 of every layer,
+// then head 1 of every layer, ..., while their bytes stay within `budget` (the first always).
+std::vector<LayerHead> trace_detail_heads(const std::vector<runtime::TraceLayer>& layers, int64_t T, size_t budget,
+                                          const std::vector<LayerHead>& wanted = {});
+// What one head's detail costs in the page for T tokens (before base64).
+size_t trace_head_bytes(const runtime::TraceLayer& l, int64_t T);
+
+// The page's data: the recording's layers and tokens (with their text when tok is given), every
+// head's per-token scalars, and the `detail` heads in full (softmax weights as 16-bit fixed point,
+// delta-rule states as 8-bit with a scale per token, their vectors as f32).
+nlohmann::json trace_payload(const runtime::TraceRecording& r, const tokenizer::Tokenizer* tok,
+                             const std::vector<LayerHead>& detail, const std::string& model_name);
+
+// The self-contained page with `payload` inside.
+std::string trace_html(const nlohmann::json& payload);
+// The page as the server serves it at /trace: a prompt box, data fetched from /trace/data.
+std::string trace_served_html();
+
+}  // namespace lineage::serve
