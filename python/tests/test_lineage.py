@@ -440,3 +440,53 @@ def test_a_block_quantized_gguf_decodes_as_it_prefills():
     assert whole.shape == (12, 260)
     assert rel_rms(stepped, whole) <= 1e-5
     assert np.std(whole[1] - whole[0]) > 1e-3
+
+
+# --- trace ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["gpt2/f32_defaults", "kda/f32", "delta_net/f32", "kimi_linear/f32"])
+def test_trace_records_the_sequences_own_states_and_weights(case):
+    m = model(case)
+    ids = [(i * 7919 + 13) % m.config["vocab_size"] for i in range(10)]
+    s = lineage.Session(m)
+    s.prefill([1, 2])  # the trace runs from an empty state and leaves the session as it was
+    tr = s.trace(ids)
+    assert s.position == 2
+    assert tr["tokens"] == ids and len(tr["state_bytes"]) == len(ids)
+    replay = lineage.Session(m)
+    for t, tok in enumerate(ids):
+        replay.decode(tok)
+        for layer, state in zip(tr["layers"], replay.state()):
+            if layer["mixer"] == "delta_rule":  # S after token t: the session's own state, bit for bit
+                assert np.array_equal(layer["states"][t], state["arrays"]["S"]), (case, t)
+    assert tr["state_bytes"][-1] == replay.state_bytes
+    for layer in tr["layers"]:
+        if layer["mixer"] != "delta_rule":
+            w = layer["weights"]  # [T, heads, T]: rows are distributions over positions 0 .. t
+            T = w.shape[0]
+            assert np.allclose(w.sum(-1), 1, atol=1e-5) and (w >= 0).all()
+            future = np.broadcast_to(np.triu(np.ones((T, T), bool), 1)[:, None, :], w.shape)
+            assert not w[future].any(), "no weight on a later position"
+            continue
+        # The update in float64 numpy from the recorded pieces: S_t = a ⊙ S_{t−1} + β k (v − r)ᵀ with
+        # r = (a ⊙ S_{t−1})ᵀk for the delta rule (r = 0 for an additive one).
+        S, k, v, beta = (layer[n].astype(np.float64) for n in ("states", "k", "v", "beta"))
+        T, HV, K, V = S.shape
+        G = HV // k.shape[1]
+        prev = np.zeros((HV, K, V))
+        for t in range(T):
+            kk = np.repeat(k[t], G, axis=0)  # [HV, K]
+            if layer["gate"] == "none":
+                a = np.ones((HV, K))
+            elif layer["gate"] == "head":
+                a = np.repeat(np.exp(layer["log_decay"][t].astype(np.float64))[:, None], K, axis=1)
+            else:
+                a = np.exp(layer["log_decay"][t].astype(np.float64))
+            decayed = a[:, :, None] * prev
+            r = np.einsum("hkv,hk->hv", decayed, kk) if layer["erase"] else 0 * v[t]
+            want = decayed + beta[t][:, None, None] * np.einsum("hk,hv->hkv", kk, v[t] - r)
+            assert np.abs(want - S[t]).max() <= 2e-5 * max(1.0, np.abs(S[t]).max()), (case, t)
+            if layer["erase"]:
+                assert np.allclose(layer["recalled"][t], r, atol=1e-5 * max(1.0, np.abs(r).max()))
+            assert np.allclose(layer["norms"][t, :, 4], np.linalg.norm(S[t].reshape(HV, -1), axis=1), rtol=1e-5)
+            prev = S[t]
