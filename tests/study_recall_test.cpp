@@ -69,6 +69,28 @@ TEST(StudyRecall, SequencesHoldPairsThenEachKeyQueriedOnce) {
   }
 }
 
+// The repeated-key sequence (lineage trace's comparison, docs/trace.md): the first pair's key written
+// again with another value in the last pair, every query asking for a key that was written.
+TEST(StudyRecall, RepeatedKeySequenceWritesTheFirstKeyTwice) {
+  const int64_t P = 8, keys = 20, values = 30;
+  const std::vector<int32_t> x = study::repeated_key_sequence(P, keys, values, 5);
+  ASSERT_EQ(x.size(), size_t(4 * P));
+  EXPECT_EQ(x[2 * (P - 1)], x[0]);
+  EXPECT_NE(x[2 * (P - 1) + 1], x[1]);
+  EXPECT_GT(x[2 * (P - 1) + 1], keys);
+  std::set<int32_t> written;
+  for (int64_t i = 0; i < P; ++i) written.insert(x[2 * i]);
+  EXPECT_EQ(written.size(), size_t(P - 1));
+  int repeated = 0;
+  for (int64_t t = 2 * P; t < 4 * P; t += 2) {
+    EXPECT_TRUE(written.count(x[t])) << "a query for a key that was never written";
+    repeated += x[t] == x[0];
+  }
+  EXPECT_EQ(repeated, 2) << "the repeated key is asked for twice";
+  EXPECT_EQ(study::recall_model_dir("softmax attention + conv", 8), "softmax-attention-conv-p8");
+  EXPECT_EQ(study::recall_model_dir("Gated DeltaNet [use_gate=false]", 16), "gated-deltanet-use-gate-false-p16");
+}
+
 // --decay-scale starts the gated rows' decay slower (every A_log shifted by log S) and leaves the
 // rows without a decay as they were: after the same steps from the same seed, the gated rows'
 // losses move and DeltaNet's stays bit for bit.
@@ -155,6 +177,21 @@ TEST(StudyRecall, CommandTrainsTheRows) {
 // scripts/study-recall-sweep.sh as docs/study.md runs it, on a sweep small enough for a test: every
 // combination of rows × seeds ends as one JSON line (the row as given, its decay scale, seed and rate,
 // and the command's result, named with its --set), and the table gives each row's seeds and mean.
+// --save-models writes each trained row as a model directory lineage loads, and the repeated-key
+// sequence beside them, which lineage trace runs through two of them side by side.
+TEST(StudyRecall, SavedModelsLoadAndTraceSideBySide) {
+  const std::filesystem::path dir = test::temp_dir() / "recall-models";
+  const auto r = test::run_lineage("study recall --pairs 4 --steps 2 --batch 2 --eval 2 --d-model 16 --archs "
+                                   "'linear attention,DeltaNet' --save-models " + dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string tokens = test::slurp(dir / "repeated-key-p4.tokens");
+  const auto t = test::run_lineage("trace --model " + (dir / "deltanet-p4").string() + " --compare " +
+                                   (dir / "linear-attention-p4").string() + " --tokens '" + tokens + "' --out " +
+                                   (dir / "page.html").string());
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_NE(t.out.find("16 tokens, 2 models"), std::string::npos) << t.out;
+}
+
 TEST(StudyRecall, SweepScriptRunsEveryCombination) {
   const std::filesystem::path dir = test::temp_dir();
   const std::string cmd = "LINEAGE_BIN=" + test::shell_quote(test::lineage_bin()) +

@@ -198,6 +198,9 @@ void add_study(CLI::App& app) {
   rec->add_option("--eval", r.config.eval_sequences, "held-out sequences scored (default 64)")->check(CLI::Range(1, 100000));
   rec->add_option("--seed", r.config.seed, "seed of the weights and the sequences")->check(whole_number());
   rec->add_option("--out", r.out, "write recall.svg and recall.json into this directory");
+  rec->add_option("--save-models", r.config.save_dir,
+                  "write each trained model into this directory (ROW-pP: config.json, model.safetensors) and "
+                  "repeated-key-pP.tokens, an MQAR sequence with a repeated key, for lineage trace (docs/trace.md)");
   rec->add_flag("--json", r.json, "print the rows as one JSON array instead of the table");
   rec->callback([] { run_recall(r); });
 }

@@ -68,6 +68,20 @@ def test_hybrid_page_every_view(hybrid_dir, tmp_path):
     assert_png(shots(tmp_path) / "trace_file_start.png")
 
 
+def test_two_models_side_by_side(tmp_path):
+    data = Path(os.environ["LINEAGE_TESTDATA"])
+    out = tmp_path / "compare.html"
+    p = trace("--model", str(data / "gpt2" / "f32_defaults"), "--compare", str(data / "kda" / "f32"),
+              "--tokens", " ".join(str(i * 13 % 200) for i in range(24)), "--out", str(out))
+    assert p.returncode == 0 and "2 models" in p.stdout, p.stderr
+    r = browse("file", str(out), str(shots(tmp_path)))
+    assert [c["title"] for c in r["runs"]] == ["f32_defaults", "f32"] and all(c["drawn"] > 1 for c in r["runs"]), r
+    # Ids outside the second model's vocabulary: an error naming it.
+    p = trace("--model", str(data / "kda" / "f32"), "--compare", str(data / "gpt2" / "f32_defaults"), "--tokens", "250",
+              "--out", str(tmp_path / "x.html"))
+    assert p.returncode == 2 and "--compare" in p.stderr and "outside the vocabulary" in p.stderr, p.stderr
+
+
 def test_served_trace_fetches_heads(hybrid_dir, tmp_path):
     s = Server(hybrid_dir, "--ctx", "256")
     try:

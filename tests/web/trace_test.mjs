@@ -84,9 +84,12 @@ try {
   await page.waitForFunction(() => document.body.dataset.ready === "1" && document.getElementById("mixer"), { timeout: 60000 });
   const loadMs = Date.now() - t0;
   if (mode === "shot") {
-    const [, , , , t, layer, head] = process.argv;
-    await page.select("#layer", String(layer ?? 0));
-    await page.select("#head", String(head ?? 0));
+    const [t, layer, head] = process.argv.slice(5);
+    for (const sfx of ["", "-2"]) {  // every run of the page (a comparison has two)
+      if (!(await page.$("#layer" + sfx))) continue;
+      await page.select("#layer" + sfx, String(layer ?? 0));
+      await page.select("#head" + sfx, String(head ?? 0));
+    }
     await page.evaluate((u) => { const s = document.getElementById("slider"); s.value = u; s.dispatchEvent(new Event("input")); }, String(t ?? 0));
     await page.screenshot({ path: shots, fullPage: true });
     check(consoleErrors.length === 0, "console errors: " + consoleErrors.join("; "));
@@ -145,7 +148,9 @@ try {
     check(checked >= 6, `only ${checked} shown values checked`);
     check(foreign.length === 0, "requests outside the page: " + foreign.join(", "));
     check(consoleErrors.length === 0, "console errors: " + consoleErrors.join("; "));
-    console.log(JSON.stringify({ load_ms: loadMs, checked, views: [...kinds], tokens: T }));
+    const columns = await page.evaluate(() => Array.from(document.querySelectorAll(".run"), (r) => ({
+      title: r.querySelector("h3").textContent, drawn: r.querySelectorAll("canvas").length })));
+    console.log(JSON.stringify({ load_ms: loadMs, checked, views: [...kinds], tokens: T, runs: columns }));
   }
 } catch (e) {
   failed = true;

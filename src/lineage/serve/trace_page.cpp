@@ -121,7 +121,8 @@ nlohmann::json trace_payload(const runtime::TraceRecording& r, const tokenizer::
   j["tokens"] = r.tokens;
   std::vector<std::string> pieces, next;
   for (int64_t t = 0; t < T; ++t) {
-    pieces.push_back(tok ? tok->decode(std::span<const int32_t>(&r.tokens[size_t(t)], 1)) : std::to_string(r.tokens[size_t(t)]));
+    // Without a tokenizer, the ids with a space after each.
+    pieces.push_back(tok ? tok->decode(std::span<const int32_t>(&r.tokens[size_t(t)], 1)) : cat(r.tokens[size_t(t)], " "));
     next.push_back(tok ? tok->decode(std::span<const int32_t>(&r.next_id[size_t(t)], 1)) : std::to_string(r.next_id[size_t(t)]));
   }
   j["pieces"] = pieces;

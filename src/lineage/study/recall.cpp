@@ -1,13 +1,18 @@
 #include "lineage/study/recall.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "lineage/core/error.h"
 #include "lineage/core/rng.h"
+#include "lineage/io/safetensors.h"
+#include "lineage/model/binding.h"
 #include "lineage/model/accounting.h"
 #include "lineage/model/archs/arch.h"
 #include "lineage/model/archs/presets.h"
@@ -149,6 +154,51 @@ void mqar_batch(int64_t count, int64_t pairs, int64_t keys, int64_t values, uint
   }
 }
 
+std::string recall_model_dir(const std::string& row, int64_t pairs) {
+  std::string out;
+  for (char ch : row) {
+    if (std::isalnum(static_cast<unsigned char>(ch))) out += char(std::tolower(static_cast<unsigned char>(ch)));
+    else if (!out.empty() && out.back() != '-') out += '-';
+  }
+  while (!out.empty() && out.back() == '-') out.pop_back();
+  return cat(out, "-p", pairs);
+}
+
+std::vector<int32_t> repeated_key_sequence(int64_t pairs, int64_t keys, int64_t values, uint64_t seed) {
+  LINEAGE_CHECK(pairs >= 2 && values >= 2, "a repeated key needs two pairs and two values");
+  std::vector<int32_t> in, tg;
+  mqar_batch(1, pairs, keys, values, seed, in, tg);
+  const int64_t last = 2 * (pairs - 1);
+  const int32_t dropped = in[size_t(last)], first_value = in[1], v0 = int32_t(1 + keys);
+  in[size_t(last)] = in[0];
+  in[size_t(last + 1)] = v0 + int32_t((first_value - v0 + values / 2) % values);  // another value
+  // The query of the key no longer written asks for the repeated one: it is asked for twice.
+  for (int64_t q = 2 * pairs; q < 4 * pairs; q += 2)
+    if (in[size_t(q)] == dropped) in[size_t(q)] = in[0];
+  return in;
+}
+
+namespace {
+
+void save_recall_model(const RecallConfig& c, const std::string& row, int64_t P, const nlohmann::json& config,
+                       model::Model& m) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(c.save_dir) / recall_model_dir(row, P);
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << config.dump(2) << "\n";
+  std::vector<std::pair<std::string, Tensor>> params;
+  m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape&, layers::Init) {
+    if (t.defined()) params.emplace_back(name, t);
+  });
+  io::save_safetensors(dir / "model.safetensors", model::stored_tensors(m.binding, params));
+  std::ofstream tokens(fs::path(c.save_dir) / cat("repeated-key-p", P, ".tokens"));
+  for (int32_t t : repeated_key_sequence(P, c.keys, c.values, ~c.seed)) tokens << t << ' ';
+  tokens << '\n';
+  if (!tokens) throw Error(cat("study recall: cannot write into ", c.save_dir));
+}
+
+}  // namespace
+
 std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<void(const RecallRow&)>& progress) {
   std::vector<RecallRow> rows;
   for (const auto& [name, config] : arch_configs(c, longest(c))) {
@@ -191,6 +241,7 @@ std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<voi
       const model::StateCost cost = model::state_cost(m);
       row.state_bytes = cost.fixed + cost.per_token * size_t(T);
       row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!c.save_dir.empty()) save_recall_model(c, row.arch, P, config, m);
       rows.push_back(row);
       if (progress) progress(row);
     }

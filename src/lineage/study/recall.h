@@ -39,6 +39,11 @@ struct RecallConfig {
   uint64_t seed = 1;
   std::vector<std::string> archs;  // empty: every row that has a backward
   std::vector<RecallOverride> overrides;
+  // Non-empty: each trained model is written here as a Hugging Face directory named after its row and
+  // P ("deltanet-p16": config.json, model.safetensors), with repeated-key-p16.tokens beside them (one
+  // MQAR sequence whose last pair repeats the first pair's key with another value; its ids as
+  // `lineage trace --tokens` takes them).
+  std::string save_dir;
 };
 
 struct RecallRow {
@@ -68,6 +73,14 @@ std::string recall_label(const RecallConfig& c, const std::string& row);
 // targets [count, 4P]; a target is the value at a query's position and −1 elsewhere.
 void mqar_batch(int64_t count, int64_t pairs, int64_t keys, int64_t values, uint64_t seed,
                 std::vector<int32_t>& inputs, std::vector<int32_t>& targets);
+
+// The directory name save_dir gives a row: lower case, words joined by '-', "-p" and P.
+std::string recall_model_dir(const std::string& row, int64_t pairs);
+
+// An MQAR sequence of `pairs` pairs (mqar_batch's first, from `seed`) whose last pair's key is the
+// first pair's with another value: a repeated key, the delta rule's overwrite against the additive
+// rule's blend.
+std::vector<int32_t> repeated_key_sequence(int64_t pairs, int64_t keys, int64_t values, uint64_t seed);
 
 // Trains a fresh model per (arch, P) and measures it on held-out sequences; `progress` is called
 // after each row.
