@@ -224,6 +224,15 @@ for name, body, control in [
     put("fuzz_openai_request", f"{name}.json", json.dumps(body).encode() + bytes([control]))
 
 
+# ---- POST /trace/data bodies and --heads values (fuzz_trace_request) ----
+for name, body in [
+        ("prompt", {"prompt": "In the beginning"}),
+        ("tokens_heads", {"tokens": [1, 2, 3, 99], "heads": "0:3,1:1,2:0", "detail_bytes": 1}),
+        ("budget", {"tokens": [5] * 40, "detail_bytes": 4096})]:
+    put("fuzz_trace_request", f"{name}.json", json.dumps(body).encode())
+put("fuzz_trace_request", "heads.txt", b"0:1,1:0,0:1")
+
+
 # ---- quantization_config + tensor bytes (fuzz_quantization: section 1 fills the stored tensors) ----
 # The quant goldens' configs (reference/quant_goldens.py) are seeds too: each case's quantization_config
 # with the same filler, written as <case>.txt.

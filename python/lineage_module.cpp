@@ -306,6 +306,12 @@ class PySession {
               std::memcpy(S.mutable_data() + (t * HV + h) * K * V, l.states.at(h).data() + t * K * V,
                           size_t(K * V) * sizeof(float));
           d["states"] = S;
+          py::array_t<float> P({T, HV, int64_t(3), K, V});
+          for (int64_t h = 0; h < HV; ++h)
+            for (int64_t t = 0; t < T; ++t)
+              std::memcpy(P.mutable_data() + (t * HV + h) * 3 * K * V, l.parts.at(h).data() + t * 3 * K * V,
+                          size_t(3 * K * V) * sizeof(float));
+          d["parts"] = P;
         }
       } else {
         d["mixer"] = l.mixer == runtime::TraceMixer::Mla ? "mla" : "attention";

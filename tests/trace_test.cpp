@@ -95,6 +95,20 @@ TEST_P(TraceFamilies, RecordsWhatTheEngineComputes) {
         for (int64_t c = 0; c < HV * V; ++c) ASSERT_EQ(l.out[size_t(t * HV * V + c)], engine_core[size_t(t)][size_t(c)]);
       }
       EXPECT_EQ(l.states.count(2), 0u) << "only the heads asked for keep their states";
+      // The kept parts add up to the change of the engine's state: S_{t−1} + decay + erase + write = S_t.
+      const std::vector<float>& P = l.parts.at(0);
+      ASSERT_EQ(P.size(), size_t(T * 3 * K * V));
+      for (int t = 0; t < T; ++t) {
+        double worst = 0, top = 1e-30;
+        for (int64_t c = 0; c < K * V; ++c) {
+          const double prev = t ? S[size_t((t - 1) * K * V + c)] : 0.0, now = S[size_t(t * K * V + c)];
+          double sum = prev;
+          for (int n = 0; n < 3; ++n) sum += P[size_t((t * 3 + n) * K * V + c)];
+          worst = std::max(worst, std::abs(sum - now));
+          top = std::max(top, std::abs(now));
+        }
+        EXPECT_LE(worst / top, 2e-5) << "layer " << i << " token " << t;
+      }
       if (!l.erase) {
         for (int t = 0; t < T; ++t) EXPECT_EQ(l.norms[size_t(t * HV * 5 + 2)], 0.0f) << "an additive rule erases nothing";
       }

@@ -489,4 +489,10 @@ def test_trace_records_the_sequences_own_states_and_weights(case):
             if layer["erase"]:
                 assert np.allclose(layer["recalled"][t], r, atol=1e-5 * max(1.0, np.abs(r).max()))
             assert np.allclose(layer["norms"][t, :, 4], np.linalg.norm(S[t].reshape(HV, -1), axis=1), rtol=1e-5)
+            # The recorded parts: decay, erase and write, as this replay computes them.
+            parts = layer["parts"][t].astype(np.float64)  # [HV, 3, K, V]
+            assert np.abs(parts[:, 0] - (decayed - prev)).max() <= 1e-6 * max(1.0, np.abs(prev).max())
+            write = beta[t][:, None, None] * np.einsum("hk,hv->hkv", kk, v[t])
+            assert np.abs(parts[:, 2] - write).max() <= 1e-5 * max(1.0, np.abs(write).max())
+            assert np.abs(parts[:, 1] - (want - decayed - write)).max() <= 1e-5 * max(1.0, np.abs(want).max())
             prev = S[t]

@@ -56,6 +56,10 @@ async function checkCells(page, D) {
       if (name === "β") want = sc[base];
       else if (name === "‖S after‖") want = sc[base + 6];
       else if (d && name === "S after[0,0]") want = decode(d.state)[s.t * K * V] * decode(d.state_scale)[s.t];
+      else if (d && /^(write|erase)\[(\d+),(\d+)\]$/.test(name)) {
+        const [, which, i, j] = /^(write|erase)\[(\d+),(\d+)\]$/.exec(name), n = which === "erase" ? 1 : 2;
+        want = decode(d.parts)[((s.t * 3 + n) * K + Number(i)) * V + Number(j)] * decode(d.parts_scale)[s.t * 3 + n];
+      }
       else if (d && name === "k[0]") want = decode(d.k)[s.t * K];
       else if (d && name === "v[0]") want = decode(d.v)[s.t * V];
       else if (d && name === "read-out[0]") want = decode(d.out)[s.t * V];

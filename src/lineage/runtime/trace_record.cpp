@@ -62,7 +62,7 @@ struct DeltaToken {
 
 class Recorder {
  public:
-  Recorder(const model::Model& m, const TraceOptions& o, TraceRecording& r) : m_(m), opt_(o), rec_(r) {
+  Recorder(const model::Model& m, const TraceOptions& o, TraceRecording& r) : opt_(o), rec_(r) {
     rec_.layers = trace_layers(m);
     prev_.resize(rec_.layers.size());
     cur_.resize(rec_.layers.size());
@@ -164,13 +164,18 @@ class Recorder {
       if (opt_.keep_state && opt_.keep_state(int64_t(i), j)) {
         std::vector<float>& kept = l.states[j];
         kept.insert(kept.end(), S1, S1 + K * V);
+        std::vector<float>& p = l.parts[j];
+        for (int64_t c = 0; c < K * V; ++c) p.push_back(float(delta[size_t(c)]));
+        for (int64_t a = 0; a < K; ++a)
+          for (int64_t b = 0; b < V; ++b) p.push_back(l.erase ? float(-beta * k[a] * r[size_t(b)]) : 0.0f);
+        for (int64_t a = 0; a < K; ++a)
+          for (int64_t b = 0; b < V; ++b) p.push_back(float(beta * k[a] * v[b]));
       }
     }
     std::copy(after, after + HV * K * V, prev.begin());
     c = DeltaToken{};
   }
 
-  const model::Model& m_;
   const TraceOptions& opt_;
   TraceRecording& rec_;
   std::vector<std::vector<float>> prev_;

@@ -48,8 +48,9 @@ struct TraceLayer {
   // [T, HV, K] (empty without decay); per head the Frobenius norms of S_{t−1}, the decay part, the
   // erase, the write and S_t: [T, HV, 5].
   std::vector<float> q, k, v, out, recalled, beta, log_decay, norms;
-  // S_t [T, K, V] for the heads the options asked to keep.
-  std::map<int64_t, std::vector<float>> states;
+  // For the heads the options asked to keep: S_t [T, K, V], and the token's three parts of its
+  // change [T, 3, K, V]: decay S̃ − S_{t−1}, erase −β k rᵀ (zeros for an additive rule), write β k vᵀ.
+  std::map<int64_t, std::vector<float>> states, parts;
   double worst_residual = 0;  // max |S̃ + erase + write − S_t| / max |S_t| over tokens and heads
   // MoE: the experts token t chose and their weights [T, top_k], in the router's order.
   std::vector<int32_t> expert_ids;

@@ -541,49 +541,16 @@ void Server::routes() {
   // asks again for a head it does not hold. One trace at a time, beside the engine's steps.
   http_->Post("/trace/data", [this, error](const httplib::Request& req, httplib::Response& res) {
     try {
-      const json body = json::parse(req.body, nullptr, false);
-      if (!body.is_object()) throw ApiError{400, "the body is not a JSON object", "invalid_request_error", "", "invalid_json"};
-      std::vector<int32_t> ids;
-      if (body.contains("tokens")) {
-        const json& t = body["tokens"];
-        if (!t.is_array() || t.empty())
-          throw ApiError{400, "tokens: expected a non-empty array of token ids", "invalid_request_error", "tokens", "invalid_value"};
-        for (const json& x : t) {
-          if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= model_.model.config.vocab_size)
-            throw ApiError{400, cat("tokens: expected ids in [0, ", model_.model.config.vocab_size, ")"),
-                           "invalid_request_error", "tokens", "invalid_value"};
-          ids.push_back(x.get<int32_t>());
-        }
-      } else {
-        if (!body.contains("prompt") || !body["prompt"].is_string() || body["prompt"].get<std::string>().empty())
-          throw ApiError{400, "prompt: expected a non-empty string (or tokens: an array of ids)", "invalid_request_error",
-                         "prompt", "invalid_value"};
-        ids = model_.tokenizer->encode(body["prompt"].get<std::string>());
+      const std::vector<runtime::TraceLayer> layers = runtime::trace_layers(model_.model);
+      const int64_t limit = options_.trace_max_tokens;
+      const TraceRequest r = parse_trace_request(req.body, layers, model_.model.config.vocab_size, limit);
+      std::vector<int32_t> ids = r.tokens;
+      if (ids.empty()) {
+        ids = model_.tokenizer->encode(r.prompt);
         if (model_.tokenizer->adds_bos() && model_.tokenizer->bos_id()) ids.insert(ids.begin(), *model_.tokenizer->bos_id());
       }
-      const int64_t limit = options_.trace_max_tokens;
-      if (ids.empty() || int64_t(ids.size()) > limit)
-        throw ApiError{400, cat("the prompt has ", ids.size(), " tokens; a trace takes 1 to ", limit, " (--trace-max-tokens)"),
-                       "invalid_request_error", "prompt", "context_length_exceeded"};
-      if (body.contains("heads") && !body["heads"].is_string())
-        throw ApiError{400, "heads: expected a string LAYER:HEAD,...", "invalid_request_error", "heads", "invalid_value"};
-      const std::string heads = body.value("heads", std::string());
-      const std::vector<runtime::TraceLayer> layers = runtime::trace_layers(model_.model);
-      std::vector<LayerHead> wanted;
-      try {
-        if (!heads.empty()) wanted = parse_trace_heads(heads, layers, "heads");
-      } catch (const Error& e) {
-        throw ApiError{400, e.what(), "invalid_request_error", "heads", "invalid_value"};
-      }
-      size_t budget = size_t(4) << 20;
-      if (body.contains("detail_bytes")) {
-        const json& b = body["detail_bytes"];
-        if (!b.is_number_integer() || b.get<int64_t>() < 0 || b.get<int64_t>() > (int64_t(64) << 20))
-          throw ApiError{400, "detail_bytes: expected an integer from 0 to 67108864", "invalid_request_error",
-                         "detail_bytes", "invalid_value"};
-        budget = size_t(b.get<int64_t>());
-      }
-      const std::vector<LayerHead> detail = trace_detail_heads(layers, int64_t(ids.size()), budget, wanted);
+      check_trace_length(ids.size(), limit);
+      const std::vector<LayerHead> detail = trace_detail_heads(layers, int64_t(ids.size()), r.detail_bytes, r.heads);
       std::lock_guard lock(trace_mu_);  // one recording at a time; the others wait their turn
       runtime::TraceOptions options;
       options.keep_state = [&](int64_t l, int64_t h) { return std::find(detail.begin(), detail.end(), LayerHead{l, h}) != detail.end(); };

@@ -6,6 +6,7 @@
 #include <span>
 
 #include "lineage/core/error.h"
+#include "lineage/serve/openai.h"
 #include "lineage/serve/trace_html.h"  // kTracePage, generated from trace.html
 
 namespace lineage::serve {
@@ -50,6 +51,21 @@ std::vector<float> head_rows(const std::vector<float>& all, int64_t T, int64_t h
   return out;
 }
 
+// Maps [T, n, size] as int8 codes with one scale per (t, map): the codes and the scales [T, n].
+std::pair<std::vector<int8_t>, std::vector<float>> int8_maps(const std::vector<float>& x, int64_t T, int64_t n,
+                                                             int64_t size) {
+  std::vector<int8_t> codes(x.size());
+  std::vector<float> scale(static_cast<size_t>(T * n));
+  for (int64_t m = 0; m < T * n; ++m) {
+    const float* s = x.data() + m * size;
+    float top = 0;
+    for (int64_t c = 0; c < size; ++c) top = std::max(top, std::abs(s[c]));
+    scale[size_t(m)] = top > 0 ? top / 127.0f : 1.0f;
+    for (int64_t c = 0; c < size; ++c) codes[size_t(m * size + c)] = int8_t(std::lround(s[c] / scale[size_t(m)]));
+  }
+  return {std::move(codes), std::move(scale)};
+}
+
 const char* mixer_name(TraceMixer m) {
   return m == TraceMixer::DeltaRule ? "delta" : m == TraceMixer::Mla ? "mla" : "softmax";
 }
@@ -61,7 +77,7 @@ bool has_heads(const TraceLayer& l) { return l.heads > 0; }
 size_t trace_head_bytes(const TraceLayer& l, int64_t T) {
   if (l.mixer != TraceMixer::DeltaRule) return size_t(T * (T + 1) / 2) * sizeof(uint16_t);
   const int64_t vectors = 2 * l.dk + 3 * l.dv + (l.gate == 2 ? l.dk : 0);
-  return size_t(T) * (size_t(l.dk * l.dv) + sizeof(float) * size_t(vectors + 1));
+  return size_t(T) * (4 * size_t(l.dk * l.dv) + sizeof(float) * size_t(vectors + 4));
 }
 
 std::vector<LayerHead> parse_trace_heads(const std::string& text, const std::vector<TraceLayer>& layers,
@@ -176,19 +192,15 @@ nlohmann::json trace_payload(const runtime::TraceRecording& r, const tokenizer::
         if (l.gate == 2) d["decay"] = f32(head_rows(l.log_decay, T, HV, h, K), {T, K});
         const auto it = l.states.find(h);
         LINEAGE_CHECK(it != l.states.end(), "trace: a detail head's states were not kept");
-        const std::vector<float>& S = it->second;
-        std::vector<int8_t> codes(S.size());
-        std::vector<float> scale(static_cast<size_t>(T));
-        for (int64_t t = 0; t < T; ++t) {  // symmetric 8-bit codes, one scale a token: S ≈ code · scale
-          const float* s = S.data() + t * K * V;
-          float top = 0;
-          for (int64_t c = 0; c < K * V; ++c) top = std::max(top, std::abs(s[c]));
-          scale[size_t(t)] = top > 0 ? top / 127.0f : 1.0f;
-          for (int64_t c = 0; c < K * V; ++c)
-            codes[size_t(t * K * V + c)] = int8_t(std::lround(s[c] / scale[size_t(t)]));
-        }
+        const auto parts = l.parts.find(h);
+        LINEAGE_CHECK(parts != l.parts.end(), "trace: a detail head's parts were not kept");
+        // S_t and the three parts, each map as symmetric 8-bit codes with one scale a token: x ≈ code · scale.
+        const auto [codes, scale] = int8_maps(it->second, T, 1, K * V);
         d["state"] = array<int8_t>("i8", codes, {T, K, V});
         d["state_scale"] = f32(scale, {T});
+        const auto [part_codes, part_scale] = int8_maps(parts->second, T, 3, K * V);
+        d["parts"] = array<int8_t>("i8", part_codes, {T, 3, K, V});
+        d["parts_scale"] = f32(part_scale, {T, 3});
         heads[std::to_string(h)] = d;
       }
     } else {
@@ -215,6 +227,53 @@ nlohmann::json trace_payload(const runtime::TraceRecording& r, const tokenizer::
   }
   j["layers"] = std::move(layers);
   return j;
+}
+
+void check_trace_length(size_t n, int64_t max_tokens) {
+  if (n == 0 || int64_t(n) > max_tokens)
+    throw ApiError{400, cat("the prompt has ", n, " tokens; a trace takes 1 to ", max_tokens, " (--trace-max-tokens)"),
+                   "invalid_request_error", "prompt", "context_length_exceeded"};
+}
+
+TraceRequest parse_trace_request(std::string_view body, const std::vector<TraceLayer>& layers, int64_t vocab,
+                                 int64_t max_tokens) {
+  using json = nlohmann::json;
+  const auto bad = [](const std::string& field, const std::string& message) {
+    return ApiError{400, field.empty() ? message : field + ": " + message, "invalid_request_error", field, "invalid_value"};
+  };
+  const json j = json::parse(body, nullptr, false);
+  if (!j.is_object()) throw ApiError{400, "the body is not a JSON object", "invalid_request_error", "", "invalid_json"};
+  TraceRequest r;
+  if (j.contains("tokens")) {
+    const json& t = j["tokens"];
+    if (!t.is_array() || t.empty()) throw bad("tokens", "expected a non-empty array of token ids");
+    if (int64_t(t.size()) > max_tokens) check_trace_length(t.size(), max_tokens);
+    for (const json& x : t) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab)
+        throw bad("tokens", cat("expected ids in [0, ", vocab, ")"));
+      r.tokens.push_back(int32_t(x.get<int64_t>()));
+    }
+  } else {
+    if (!j.contains("prompt") || !j["prompt"].is_string() || j["prompt"].get<std::string>().empty())
+      throw bad("prompt", "expected a non-empty string (or tokens: an array of ids)");
+    r.prompt = j["prompt"].get<std::string>();
+  }
+  if (j.contains("heads")) {
+    if (!j["heads"].is_string()) throw bad("heads", "expected a string LAYER:HEAD,...");
+    const std::string heads = j["heads"].get<std::string>();
+    try {
+      if (!heads.empty()) r.heads = parse_trace_heads(heads, layers, "heads");
+    } catch (const Error& e) {
+      throw ApiError{400, e.what(), "invalid_request_error", "heads", "invalid_value"};
+    }
+  }
+  if (j.contains("detail_bytes")) {
+    const json& b = j["detail_bytes"];
+    if (!b.is_number_integer() || b.get<int64_t>() < 0 || b.get<int64_t>() > (int64_t(64) << 20))
+      throw bad("detail_bytes", "expected an integer from 0 to 67108864");
+    r.detail_bytes = size_t(b.get<int64_t>());
+  }
+  return r;
 }
 
 std::string trace_html(const nlohmann::json& payload) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -34,6 +35,21 @@ size_t trace_head_bytes(const runtime::TraceLayer& l, int64_t T);
 // delta-rule states as 8-bit with a scale per token, their vectors as f32).
 nlohmann::json trace_payload(const runtime::TraceRecording& r, const tokenizer::Tokenizer* tok,
                              const std::vector<LayerHead>& detail, const std::string& model_name);
+
+// A POST /trace/data body: {"prompt": TEXT} or {"tokens": [ids]}, optional "heads": "L:H,..." and
+// "detail_bytes" (0 .. 64 MiB, default 4 MiB). Anything else wrong is an ApiError 400 naming the
+// field; ids must lie in [0, vocab) and number at most max_tokens (the prompt's count is checked
+// once it is encoded: check_trace_length).
+struct TraceRequest {
+  std::string prompt;           // when no tokens were given
+  std::vector<int32_t> tokens;  // when given
+  std::vector<LayerHead> heads;
+  size_t detail_bytes = size_t(4) << 20;
+};
+TraceRequest parse_trace_request(std::string_view body, const std::vector<runtime::TraceLayer>& layers, int64_t vocab,
+                                 int64_t max_tokens);
+// An ApiError 400 unless 1 <= n <= max_tokens.
+void check_trace_length(size_t n, int64_t max_tokens);
 
 // The self-contained page with `payload` inside.
 std::string trace_html(const nlohmann::json& payload);
