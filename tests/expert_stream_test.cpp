@@ -259,5 +259,47 @@ TEST(ExpertStream, FaultsAreNamed) {
   }
 }
 
+// A read that fails (EIO) or comes back one byte short is an Error naming the file and the bytes, on
+// the first read of a step and on one in the middle of a prefill's batch of reads; the failed step's
+// leftovers are dropped, and the same model then gives the undamaged run's logits bit for bit.
+TEST(ExpertStream, ReadErrorsAreNamedAndTheRunGoesOn) {
+  const fs::path kimi = test::testdata() / "kimi_linear" / "f32";
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  const auto run = [&](runtime::Session& s) {
+    s.reset();
+    s.prefill(prompt);
+    const auto l = s.decode(9);
+    return std::vector<float>(l.begin(), l.end());
+  };
+  io::LoadedModel ref = io::load_model(kimi, false);
+  runtime::Session rs(ref.model);
+  const std::vector<float> want = run(rs);
+
+  io::LoadedModel lm = io::load_model(kimi, false);
+  io::StreamOptions opt;
+  opt.budget = minimum_budget(kimi, "global");
+  io::StreamPlan plan;
+  auto store = io::stream_experts(lm.model, opt, plan);
+  ASSERT_TRUE(store);
+  runtime::Session s(lm.model);
+  for (const int err : {EIO, 0})
+    for (const int64_t nth : {int64_t(1), int64_t(3)}) {
+      SCOPED_TRACE(cat("fault ", err, " at read ", nth));
+      io::clear_expert_cache(*store);
+      io::inject_read_fault(nth, err);
+      try {
+        run(s);
+        ADD_FAILURE() << "a failed read went unnoticed";
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find((kimi / "model.safetensors").string() + ": "), std::string::npos) << what;
+        EXPECT_NE(what.find(err ? "failed: Input/output error" : "a short read of experts at byte"), std::string::npos)
+            << what;
+      }
+      io::inject_read_fault(0, 0);
+      EXPECT_EQ(run(s), want) << "the run after a failed read";
+    }
+}
+
 }  // namespace
 }  // namespace lineage

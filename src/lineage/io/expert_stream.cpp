@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -31,6 +32,10 @@
 namespace lineage::io {
 
 namespace {
+
+// inject_read_fault's state: reads until the fault (0: none) and the errno it gives (0: a short read).
+std::atomic<int64_t> g_fault_countdown{0};
+std::atomic<int> g_fault_err{0};
 
 constexpr uint64_t kPage = 4096;           // O_DIRECT's alignment, and the mapping's
 constexpr uint64_t kHuge = 2 << 20;        // a transparent huge page
@@ -130,16 +135,20 @@ class ExpertStore {
   void request(int layer, const int32_t* ids, int64_t n) {
     check_files();
     for (size_t j = 0; j < want_.size(); ++j) unpin(j);
-    // What an earlier step left half read (it failed before running all its experts): forgotten,
-    // read again. A step that ran them all left none, and nothing is scanned.
+    // What an earlier step left half read (it failed before running all its experts: a read that
+    // failed, one never submitted after it, an error in between): its reads still in flight are
+    // waited for, and every expert not ready is forgotten and read again when asked for. A step that
+    // ran them all left none, and nothing is scanned.
     const bool failed = ran_ < want_.size();
     want_.clear();
     ran_ = 0;
+    if (failed) drain();
     for (auto it = entries_.begin(); failed && it != entries_.end();) {
-      if (it->second->ready || it->second->pending) {
+      if (it->second->ready) {
         ++it;
         continue;
       }
+      it->second->pending = 0;
       drop(*it->second);
       it = entries_.erase(it);
     }
@@ -457,6 +466,10 @@ class ExpertStore {
 
   void completed(const Read& rd, int64_t res) {
     const Range& r = *rd.r;
+    if (g_fault_countdown.load() > 0 && g_fault_countdown.fetch_sub(1) == 1) {
+      const int err = g_fault_err.load();
+      res = err > 0 ? -int64_t(err) : int64_t(r.need) - 1;
+    }
     if (res < 0) fail_read(r, int(res));
     if (uint64_t(res) < r.need)
       throw Error(cat(files_[size_t(r.file)].path, ": a short read of experts at byte ", r.begin, ": ", res, " of ", r.need,
@@ -551,6 +564,11 @@ class LayerSource : public layers::ExpertSource {
 };
 
 }  // namespace
+
+void inject_read_fault(int64_t nth, int err) {
+  g_fault_err.store(err);
+  g_fault_countdown.store(std::max<int64_t>(nth, 0));
+}
 
 std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions& opt, StreamPlan& plan) {
   plan = StreamPlan{};

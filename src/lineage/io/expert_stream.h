@@ -88,6 +88,12 @@ void clear_expert_cache(ExpertStore& s);
 // the resident matrices; the CLI's --int8-dot).
 void set_stream_int8_dot(ExpertStore& s, bool on);
 
+// Fault injection for the tests: the `nth` expert read completed from now on (1: the next) fails with
+// errno `err` (> 0), or comes back one byte short of what it needed (err = 0), as a damaged disk or a
+// file cut under the run would; nth = 0 disarms it. Process-wide, for every store and both read paths
+// (io_uring and pread).
+void inject_read_fault(int64_t nth, int err);
+
 // /proc/meminfo's MemAvailable in bytes (0 when unreadable): the default budget.
 uint64_t available_memory();
 
