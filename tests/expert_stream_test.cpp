@@ -3,11 +3,13 @@
 // every split; peak RSS stays within the budget; the faults are errors naming the file or the minimum.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -43,6 +45,14 @@ uint64_t minimum_budget(const fs::path& dir, const std::string& policy) {
   std::smatch m;
   EXPECT_TRUE(std::regex_search(r.err, m, std::regex("below this model's minimum, ([0-9]+) bytes"))) << r.err;
   return m.empty() ? 0 : std::stoull(m[1].str());
+}
+
+// lm's routed experts streamed from dir's files at the smallest global budget (one expert cached).
+std::shared_ptr<io::ExpertStore> stream_at_minimum(io::LoadedModel& lm, const fs::path& dir) {
+  io::StreamOptions opt;
+  opt.budget = minimum_budget(dir, "global");
+  io::StreamPlan plan;
+  return io::stream_experts(lm.model, opt, plan);
 }
 
 std::string logits_bytes(const fs::path& dir, const std::string& options) {
@@ -241,10 +251,7 @@ TEST(ExpertStream, FaultsAreNamed) {
   for (const auto& e : fs::directory_iterator(kimi))
     if (e.is_regular_file()) fs::copy_file(e.path(), copy / e.path().filename(), fs::copy_options::overwrite_existing);
   io::LoadedModel lm = io::load_model(copy, false);
-  io::StreamOptions opt;
-  opt.budget = minimum_budget(copy, "global");
-  io::StreamPlan plan;
-  auto store = io::stream_experts(lm.model, opt, plan);
+  auto store = stream_at_minimum(lm, copy);
   ASSERT_TRUE(store);
   runtime::Session s(lm.model);
   const std::vector<int32_t> prompt = {1, 2, 3};
@@ -276,10 +283,7 @@ TEST(ExpertStream, ReadErrorsAreNamedAndTheRunGoesOn) {
   const std::vector<float> want = run(rs);
 
   io::LoadedModel lm = io::load_model(kimi, false);
-  io::StreamOptions opt;
-  opt.budget = minimum_budget(kimi, "global");
-  io::StreamPlan plan;
-  auto store = io::stream_experts(lm.model, opt, plan);
+  auto store = stream_at_minimum(lm, kimi);
   ASSERT_TRUE(store);
   runtime::Session s(lm.model);
   for (const int err : {EIO, 0})
