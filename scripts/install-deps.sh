@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 packages=(g++ cmake ninja-build pkg-config libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev
           libgtest-dev libbenchmark-dev python3-torch python3-numpy libcpp-httplib-dev pybind11-dev
-          python3-dev liburing-dev)
+          python3-dev liburing-dev libopenmpi-dev openmpi-bin)
 # --test and --fuzz: clang with libFuzzer and LLVM's OpenMP for the sanitizer + fuzz tree (build-asan).
 case "${1:-}" in --test|--fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;; esac
 # --test: pytest for the Python bindings, Chromium for the web page's test.

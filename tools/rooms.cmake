@@ -2,8 +2,9 @@
 # rooms it builds directly on; it may include and link those and everything they build on, never a
 # room above. Read by the top-level CMakeLists.txt (one static library per room) and by
 # tools/check_layers.cmake (the #include check), so the two cannot disagree.
-set(LINEAGE_ROOMS core kernels layers model tokenizer chat io runtime serve plot train study)
+set(LINEAGE_ROOMS core dist kernels layers model tokenizer chat io runtime serve plot train study)
 set(LINEAGE_ROOM_core)
+set(LINEAGE_ROOM_dist core)
 set(LINEAGE_ROOM_kernels core)
 set(LINEAGE_ROOM_layers kernels)
 set(LINEAGE_ROOM_model layers)

@@ -1,0 +1,122 @@
+// The MPI transport: the only file of lineage that includes mpi.h (built with LINEAGE_HAVE_MPI).
+#include "lineage/dist/transport.h"
+
+#include "lineage/core/error.h"
+
+#if LINEAGE_HAVE_MPI
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lineage::dist {
+
+namespace {
+
+// An MPI call's result: an Error naming the call and MPI's own words when it failed.
+void check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int n = 0;
+  MPI_Error_string(rc, text, &n);
+  throw Error(cat("MPI: ", call, " failed: ", std::string(text, size_t(std::max(n, 0)))));
+}
+
+class Mpi final : public Transport {
+ public:
+  Mpi() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) throw Error("MPI: the transport is made once per process");
+    int provided = 0;
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    if (provided < MPI_THREAD_FUNNELED) {
+      MPI_Finalize();
+      throw Error("MPI: the library does not provide MPI_THREAD_FUNNELED");
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+    int n = 0;
+    MPI_Get_library_version(version, &n);
+    library_ = std::string(version, size_t(std::max(n, 0)));
+    library_ = library_.substr(0, library_.find_first_of(",\n"));
+  }
+  ~Mpi() override { MPI_Finalize(); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "MPI (" + library_ + ")"; }
+
+  void all_gather(const float* mine, std::span<const int64_t> counts, float* out) override {
+    if (int64_t(counts.size()) != size_) throw Error(cat("all_gather: ", counts.size(), " counts for ", size_, " ranks"));
+    counts_.resize(counts.size());
+    displs_.resize(counts.size());
+    int64_t at = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (counts[r] < 0 || counts[r] > INT_MAX || at > INT_MAX)
+        throw Error(cat("all_gather: rank ", r, "'s ", counts[r], " floats at ", at, " do not fit MPI's int counts"));
+      counts_[r] = int(counts[r]);
+      displs_[r] = int(at);
+      at += counts[r];
+    }
+    check(MPI_Allgatherv(mine, counts_[size_t(rank_)], MPI_FLOAT, out, counts_.data(), displs_.data(), MPI_FLOAT,
+                         MPI_COMM_WORLD),
+          "MPI_Allgatherv");
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    if (root < 0 || root >= size_) throw Error(cat("broadcast: root ", root, " of ", size_, " ranks"));
+    auto* p = static_cast<char*>(data);
+    for (size_t at = 0; at < bytes;) {  // MPI counts are ints: pieces of at most 1 GiB
+      const int n = int(std::min<size_t>(bytes - at, size_t(1) << 30));
+      check(MPI_Bcast(p + at, n, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+      at += size_t(n);
+    }
+  }
+
+  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+
+  std::optional<std::string> any_failed(bool failed, const std::string& message) override {
+    int mine = failed ? rank_ : size_, first = size_;
+    check(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce");
+    if (first == size_) return std::nullopt;
+    uint64_t length = rank_ == first ? message.size() : 0;
+    broadcast(&length, sizeof length, first);
+    std::string text(size_t(length), '\0');
+    if (rank_ == first) text = message;
+    broadcast(text.data(), text.size(), first);
+    return cat("rank ", first, ": ", text);
+  }
+
+ private:
+  int rank_ = 0, size_ = 1;
+  std::string library_;
+  std::vector<int> counts_, displs_;
+};
+
+}  // namespace
+
+bool mpi_built() { return true; }
+
+std::unique_ptr<Transport> mpi_transport() { return std::make_unique<Mpi>(); }
+
+}  // namespace lineage::dist
+
+#else
+
+namespace lineage::dist {
+
+bool mpi_built() { return false; }
+
+std::unique_ptr<Transport> mpi_transport() {
+  throw Error("this lineage was built without MPI (Debian's libopenmpi-dev was not found, or -DLINEAGE_MPI=OFF)");
+}
+
+}  // namespace lineage::dist
+
+#endif
