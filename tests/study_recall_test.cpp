@@ -190,6 +190,10 @@ TEST(StudyRecall, SavedModelsLoadAndTraceSideBySide) {
                                    (dir / "page.html").string());
   ASSERT_EQ(t.exit_code, 0) << t.err;
   EXPECT_NE(t.out.find("16 tokens, 2 models"), std::string::npos) << t.out;
+  const auto one = test::run_lineage("study recall --pairs 1 --steps 1 --batch 1 --eval 1 --d-model 16 --archs DeltaNet "
+                                     "--save-models " + dir.string());
+  EXPECT_EQ(one.exit_code, 2);
+  EXPECT_NE(one.err.find("--save-models: the repeated-key sequence"), std::string::npos) << one.err;
 }
 
 TEST(StudyRecall, SweepScriptRunsEveryCombination) {

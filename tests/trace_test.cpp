@@ -153,6 +153,20 @@ TEST_P(TraceFamilies, RecordsWhatTheEngineComputes) {
   EXPECT_EQ(r.softmax_bytes[1] - r.softmax_bytes[0], 2 * size_t(m.n_layers() * m.config.d_model) * 4);
   EXPECT_EQ(r.state_bytes.back(), s.state().bytes()) << "the recording's bytes against the session's own";
 
+  // The server's estimate of a recording's memory covers what the recorder holds (and not much more).
+  size_t held = 0;
+  for (const runtime::TraceLayer& l : r.layers) {
+    held += (l.q.size() + l.k.size() + l.v.size() + l.out.size() + l.recalled.size() + l.beta.size() +
+             l.log_decay.size() + l.norms.size() + l.weights.size()) * sizeof(float);
+    for (const auto& [head, s] : l.states) held += (s.size() + l.parts.at(head).size()) * sizeof(float);
+  }
+  std::vector<serve::LayerHead> kept;
+  for (size_t i = 0; i < r.layers.size(); ++i)
+    for (const auto& [head, s] : r.layers[i].states) kept.emplace_back(int64_t(i), head);
+  const size_t estimate = serve::trace_record_bytes(r.layers, T, kept);
+  EXPECT_GE(estimate, held);
+  EXPECT_LE(estimate, 2 * held + 4096);
+
   // The page's data: the detail heads it was given, every delta head's scalars, decodable sizes.
   const std::vector<serve::LayerHead> detail = serve::trace_detail_heads(r.layers, T, 1, {});
   ASSERT_EQ(detail.size(), 1u) << "a budget below one head still holds the first";

@@ -120,8 +120,10 @@ void add_serve(CLI::App& app) {
       ->check(CLI::Range(1, 3600));
   cmd->add_option("--http-threads", s.threads, "HTTP worker threads (default: slots + queue + 16)")
       ->check(CLI::Range(1, 65536));
-  cmd->add_option("--trace-max-tokens", s.trace_max_tokens, "the longest prompt the trace page at /trace records (default 512)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  cmd->add_option("--trace-max-tokens", s.trace_max_tokens,
+                  "the longest prompt the trace page at /trace records (default 512, at most 4096; a trace that would "
+                  "hold more than 1 GiB while it records is refused)")
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
   cmd->add_option("--name", s.model_name, "model id in /v1/models and responses (default: the directory's name)");
   auto* key = cmd->add_option("--api-key", s.api_key,
                               "require Authorization: Bearer KEY on every endpoint but /health and the pages at / and /trace (401 otherwise)");

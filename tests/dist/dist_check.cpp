@@ -7,6 +7,7 @@
 //   lineage_dist_check --die R      rank R exits at once (signal-like, code 9) before a collective:
 //                                   the others must not hang (mpirun ends them)
 // Prints "dist ok: rank r of p over NAME" per rank on success.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +40,13 @@ void collectives(dist::Transport& t) {
   for (int q = 0; q < p; ++q)
     for (int64_t i = 0; i < counts[size_t(q)]; ++i, ++at)
       expect(all[size_t(at)] == float(q * 1000 + int(i)), cat("all_gather: rank ", q, "'s value ", i, " at ", at));
+  // In place: this rank's floats already at their place in the output.
+  std::vector<float> again(size_t(total), -1.0f);
+  int64_t offset = 0;
+  for (int q = 0; q < r; ++q) offset += counts[size_t(q)];
+  std::copy(mine.begin(), mine.end(), again.begin() + offset);
+  t.all_gather(again.data() + offset, counts, again.data());
+  expect(again == all, "all_gather in place");
   // Broadcast from every root: 0 bytes, 1 byte, 3 MiB.
   for (int root = 0; root < p; ++root)
     for (size_t bytes : {size_t(0), size_t(1), size_t(3) << 20}) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -46,7 +47,12 @@ class Mpi final : public Transport {
     library_ = std::string(version, size_t(std::max(n, 0)));
     library_ = library_.substr(0, library_.find_first_of(",\n"));
   }
-  ~Mpi() override { MPI_Finalize(); }
+  // Going away during an exception on this rank alone: the others may be waiting in a collective,
+  // and MPI_Finalize would wait for them; the job is ended instead (mpirun reports it).
+  ~Mpi() override {
+    if (std::uncaught_exceptions() > 0) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -64,8 +70,10 @@ class Mpi final : public Transport {
       displs_[r] = int(at);
       at += counts[r];
     }
-    check(MPI_Allgatherv(mine, counts_[size_t(rank_)], MPI_FLOAT, out, counts_.data(), displs_.data(), MPI_FLOAT,
-                         MPI_COMM_WORLD),
+    // This rank's floats already at their place in `out`: MPI forbids aliased buffers, MPI_IN_PLACE says so.
+    const bool in_place = mine == out + displs_[size_t(rank_)];
+    check(MPI_Allgatherv(in_place ? MPI_IN_PLACE : mine, counts_[size_t(rank_)], MPI_FLOAT, out, counts_.data(),
+                         displs_.data(), MPI_FLOAT, MPI_COMM_WORLD),
           "MPI_Allgatherv");
   }
 

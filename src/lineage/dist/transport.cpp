@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
 
 #include "lineage/core/error.h"
 
@@ -34,8 +33,10 @@ class SingleRank final : public Transport {
 std::unique_ptr<Transport> single_rank() { return std::make_unique<SingleRank>(); }
 
 bool under_mpirun() {
-  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
-  return size && *size;
+  // Open MPI's mpirun, or a PMIx / PMI launcher (srun) starting Open MPI's processes.
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"})
+    if (const char* v = std::getenv(name); v && *v) return true;
+  return false;
 }
 
 std::unique_ptr<Transport> world() {

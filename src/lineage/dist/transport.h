@@ -38,7 +38,7 @@ std::unique_ptr<Transport> single_rank();
 
 // Whether this build has the MPI transport.
 bool mpi_built();
-// Whether this process was started by mpirun (Open MPI's environment says so).
+// Whether this process was started by mpirun or a PMIx / PMI launcher (their environment says so).
 bool under_mpirun();
 // The MPI transport over MPI_COMM_WORLD, MPI initialized with MPI_THREAD_FUNNELED (only the thread
 // that made it calls MPI; the kernels' worker threads never do) and errors returned, not aborted:

@@ -122,7 +122,10 @@ class ExpertStore {
   ~ExpertStore() {
 #if LINEAGE_HAVE_URING
     if (uring_) {
-      drain();
+      try {
+        drain();
+      } catch (const Error&) {  // the ring itself failed: nothing more can be waited for
+      }
       io_uring_queue_exit(&ring_);
     }
 #endif
@@ -501,7 +504,9 @@ class ExpertStore {
 #if LINEAGE_HAVE_URING
     while (uring_ && in_flight_) {
       io_uring_cqe* cqe = nullptr;
-      if (io_uring_wait_cqe(&ring_, &cqe) != 0 || !cqe) continue;
+      const int rc = io_uring_wait_cqe(&ring_, &cqe);
+      if (rc == -EINTR || rc == -EAGAIN || (rc == 0 && !cqe)) continue;
+      if (rc < 0) throw Error(cat("expert reads: io_uring: waiting for the reads in flight: ", std::strerror(-rc)));
       std::unique_ptr<Read> tag(static_cast<Read*>(io_uring_cqe_get_data(cqe)));
       if (tag->e->pending) --tag->e->pending;
       io_uring_cqe_seen(&ring_, cqe);

@@ -83,7 +83,8 @@ class Recorder {
     const int64_t n = shape_numel(shape);
     const auto append = [&](std::vector<float>& v) { v.insert(v.end(), d, d + n); };
     if (what == "attn.weights") {  // [1, heads, t + 1]
-      LINEAGE_CHECK(shape.size() == 3 && shape[0] == 1 && shape[2] == t_ + 1, "trace: attn.weights of another shape");
+      if (shape.size() != 3 || shape[0] != 1 || shape[2] != t_ + 1)
+        throw Error(cat("trace: ", name, " of another shape than [1, heads, ", t_ + 1, "]"));
       append(l.weights);
     } else if (what == "moe.expert_ids") {
       for (int64_t j = 0; j < n; ++j) l.expert_ids.push_back(int32_t(d[j]));
@@ -114,9 +115,9 @@ class Recorder {
     TraceLayer& l = rec_.layers[i];
     DeltaToken& c = cur_[i];
     const int64_t HV = l.heads, H = l.qk_heads, K = l.dk, V = l.dv, G = HV / H;
-    LINEAGE_CHECK(int64_t(c.q.size()) == H * K && int64_t(c.k.size()) == H * K && int64_t(c.v.size()) == HV * V &&
-                      int64_t(c.out.size()) == HV * V,
-                  "trace: a delta-rule layer traced no q_read / k_write / v / core this token");
+    if (int64_t(c.q.size()) != H * K || int64_t(c.k.size()) != H * K || int64_t(c.v.size()) != HV * V ||
+        int64_t(c.out.size()) != HV * V)
+      throw Error(cat("trace: layer ", i, " traced no q_read / k_write / v / core of the expected sizes this token"));
     if (c.beta.empty()) c.beta.assign(size_t(HV), 1.0f);
     l.q.insert(l.q.end(), c.q.begin(), c.q.end());
     l.k.insert(l.k.end(), c.k.begin(), c.k.end());

@@ -551,7 +551,17 @@ void Server::routes() {
       }
       check_trace_length(ids.size(), limit);
       const std::vector<LayerHead> detail = trace_detail_heads(layers, int64_t(ids.size()), r.detail_bytes, r.heads);
-      std::lock_guard lock(trace_mu_);  // one recording at a time; the others wait their turn
+      const size_t bytes = trace_record_bytes(layers, int64_t(ids.size()), detail), limit_bytes = size_t(1) << 30;
+      if (bytes > limit_bytes)
+        throw ApiError{400, cat("this trace would hold ", bytes, " bytes while it records (", ids.size(), " tokens, ",
+                                detail.size(), " heads in full); the server records at most ", limit_bytes,
+                                ": fewer tokens or heads"),
+                       "invalid_request_error", "prompt", "trace_too_large"};
+      std::unique_lock lock(trace_mu_, std::try_to_lock);  // one recording at a time, no HTTP thread left waiting
+      if (!lock.owns_lock()) {
+        res.set_header("Retry-After", "1");
+        throw ApiError{503, "another trace is being recorded; try again in a moment", "server_error", "", "busy"};
+      }
       runtime::TraceOptions options;
       options.keep_state = [&](int64_t l, int64_t h) { return std::find(detail.begin(), detail.end(), LayerHead{l, h}) != detail.end(); };
       const runtime::TraceRecording rec = runtime::record_trace(model_.model, ids, options);

@@ -80,6 +80,24 @@ size_t trace_head_bytes(const TraceLayer& l, int64_t T) {
   return size_t(T) * (4 * size_t(l.dk * l.dv) + sizeof(float) * size_t(vectors + 4));
 }
 
+size_t trace_record_bytes(const std::vector<TraceLayer>& layers, int64_t T, const std::vector<LayerHead>& detail) {
+  size_t floats = 0;
+  for (const TraceLayer& l : layers) {
+    if (l.mixer != TraceMixer::DeltaRule) {
+      floats += size_t(l.heads) * size_t(T) * size_t(T + 1) / 2;
+      continue;
+    }
+    const int64_t decay = l.gate == 2 ? l.dk : int64_t(l.gate);  // log decay floats a head: K, 1 or none
+    const size_t per_token = size_t(2 * l.qk_heads * l.dk + 3 * l.heads * l.dv + l.heads * (6 + decay));
+    floats += per_token * size_t(T);
+  }
+  for (const auto& [layer, head] : detail) {
+    const TraceLayer& l = layers[size_t(layer)];
+    if (l.mixer == TraceMixer::DeltaRule) floats += 4 * size_t(l.dk * l.dv) * size_t(T);
+  }
+  return floats * sizeof(float);
+}
+
 std::vector<LayerHead> parse_trace_heads(const std::string& text, const std::vector<TraceLayer>& layers,
                                          const std::string& flag) {
   std::vector<LayerHead> out;
@@ -191,9 +209,9 @@ nlohmann::json trace_payload(const runtime::TraceRecording& r, const tokenizer::
         d["recalled"] = f32(head_rows(l.recalled, T, HV, h, V), {T, V});
         if (l.gate == 2) d["decay"] = f32(head_rows(l.log_decay, T, HV, h, K), {T, K});
         const auto it = l.states.find(h);
-        LINEAGE_CHECK(it != l.states.end(), "trace: a detail head's states were not kept");
+        if (it == l.states.end()) throw Error(cat("trace: layer ", i, " head ", h, "'s states were not kept"));
         const auto parts = l.parts.find(h);
-        LINEAGE_CHECK(parts != l.parts.end(), "trace: a detail head's parts were not kept");
+        if (parts == l.parts.end()) throw Error(cat("trace: layer ", i, " head ", h, "'s parts were not kept"));
         // S_t and the three parts, each map as symmetric 8-bit codes with one scale a token: x ≈ code · scale.
         const auto [codes, scale] = int8_maps(it->second, T, 1, K * V);
         d["state"] = array<int8_t>("i8", codes, {T, K, V});
@@ -281,11 +299,15 @@ std::string trace_html(const nlohmann::json& payload) {
   const size_t at = page.find(kDataMarker);
   LINEAGE_CHECK(at != std::string::npos, "trace.html lost its data marker");
   std::string data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  std::string safe;  // "</" could close the script element: JSON lets it be written "<\/"
+  // Inside JSON strings "<", ">" and "&" may be written \u003c, \u003e, \u0026: a token "</script>"
+  // or "<!--" then cannot end or bend the script element the data sits in.
+  std::string safe;
   safe.reserve(data.size());
-  for (size_t i = 0; i < data.size(); ++i) {
-    safe += data[i];
-    if (data[i] == '<' && i + 1 < data.size() && data[i + 1] == '/') safe += '\\';
+  for (char ch : data) {
+    if (ch == '<') safe += "\\u003c";
+    else if (ch == '>') safe += "\\u003e";
+    else if (ch == '&') safe += "\\u0026";
+    else safe += ch;
   }
   const std::string open = "<script id=\"trace-data\" type=\"application/json\">";
   page.replace(at, std::strlen(kDataMarker), open + safe + "</script>");

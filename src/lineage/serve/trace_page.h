@@ -29,6 +29,10 @@ std::vector<LayerHead> trace_detail_heads(const std::vector<runtime::TraceLayer>
                                           const std::vector<LayerHead>& wanted = {});
 // What one head's detail costs in the page for T tokens (before base64).
 size_t trace_head_bytes(const runtime::TraceLayer& l, int64_t T);
+// About what recording T tokens with `detail` heads in full holds in memory: every softmax head's
+// weights, every delta-rule head's vectors and scalars, the detail heads' f32 maps (the server
+// refuses a trace past its limit).
+size_t trace_record_bytes(const std::vector<runtime::TraceLayer>& layers, int64_t T, const std::vector<LayerHead>& detail);
 
 // The page's data: the recording's layers and tokens (with their text when tok is given), every
 // head's per-token scalars, and the `detail` heads in full (softmax weights as 16-bit fixed point,

@@ -165,7 +165,8 @@ std::string recall_model_dir(const std::string& row, int64_t pairs) {
 }
 
 std::vector<int32_t> repeated_key_sequence(int64_t pairs, int64_t keys, int64_t values, uint64_t seed) {
-  LINEAGE_CHECK(pairs >= 2 && values >= 2, "a repeated key needs two pairs and two values");
+  if (pairs < 2 || values < 2)
+    throw Error(cat("a repeated-key sequence needs at least 2 pairs and 2 values (got ", pairs, " and ", values, ")"));
   std::vector<int32_t> in, tg;
   mqar_batch(1, pairs, keys, values, seed, in, tg);
   const int64_t last = 2 * (pairs - 1);
@@ -185,21 +186,26 @@ void save_recall_model(const RecallConfig& c, const std::string& row, int64_t P,
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(c.save_dir) / recall_model_dir(row, P);
   fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << config.dump(2) << "\n";
+  if (!(std::ofstream(dir / "config.json") << config.dump(2) << "\n"))
+    throw Error(cat("study recall: cannot write ", (dir / "config.json").string()));
   std::vector<std::pair<std::string, Tensor>> params;
   m.for_each_tensor([&](const std::string& name, Tensor& t, const Shape&, layers::Init) {
     if (t.defined()) params.emplace_back(name, t);
   });
   io::save_safetensors(dir / "model.safetensors", model::stored_tensors(m.binding, params));
-  std::ofstream tokens(fs::path(c.save_dir) / cat("repeated-key-p", P, ".tokens"));
+  const fs::path tokens_file = fs::path(c.save_dir) / cat("repeated-key-p", P, ".tokens");
+  std::ofstream tokens(tokens_file);
   for (int32_t t : repeated_key_sequence(P, c.keys, c.values, ~c.seed)) tokens << t << ' ';
   tokens << '\n';
-  if (!tokens) throw Error(cat("study recall: cannot write into ", c.save_dir));
+  if (!tokens.flush()) throw Error(cat("study recall: cannot write ", tokens_file.string()));
 }
 
 }  // namespace
 
 std::vector<RecallRow> run_recall(const RecallConfig& c, const std::function<void(const RecallRow&)>& progress) {
+  if (!c.save_dir.empty() && (c.values < 2 || *std::min_element(c.pairs.begin(), c.pairs.end()) < 2))
+    throw Error("study recall --save-models: the repeated-key sequence written beside the models needs at least 2 "
+                "pairs (--pairs) and 2 values (--values)");
   std::vector<RecallRow> rows;
   for (const auto& [name, config] : arch_configs(c, longest(c))) {
     if (!c.archs.empty() && std::find(c.archs.begin(), c.archs.end(), name) == c.archs.end()) continue;

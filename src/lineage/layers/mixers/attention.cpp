@@ -158,7 +158,7 @@ void forward(const Attention& a, const Call& call, const float* x, std::span<Att
   }
   const float scale = a.config.scale_attn_weights ? 1.0f / std::sqrt(float(hd)) : 1.0f;
   kernels::attention_causal(buf.seqs, {H, hd, hd, scale});
-  if (trace.on() && step.n_seqs() == 1) {  // the weights each query gave the cache (lineage trace)
+  if (trace.on() && N == 1) {  // one decode token: the weights its query gave the cache (lineage trace)
     const int64_t L = buf.seqs[0].p0 + N;
     std::vector<float> w(size_t(N * H * L));
     kernels::attention_weights(buf.seqs[0], {H, hd, hd, scale}, w.data(), H * L);

@@ -110,7 +110,7 @@ void forward(const GatedAttention& a, const Call& call, const float* x, std::spa
                           s.v.data<float>() + h * s.capacity * hd, 0, 0, ctx + t0 * Q + h * group * hd, Q});
   }
   kernels::attention_causal(buf.seqs, {group, hd, hd, 1.0f / std::sqrt(float(hd))});
-  if (trace.on() && step.n_seqs() == 1) {  // the weights each query head gave the cache (lineage trace)
+  if (trace.on() && N == 1) {  // one decode token: the weights its query head gave the cache (lineage trace)
     const int64_t L = buf.seqs[0].p0 + N, heads = KVH * group;
     std::vector<float> w(size_t(N * heads * L));
     for (int64_t h = 0; h < KVH; ++h)

@@ -294,7 +294,7 @@ void forward(const Mla& m, const Call& call, const float* x, std::span<Mla::Stat
       scatter(out, rows, dv, ctx, n * dv, h * dv);
     }
   }
-  if (trace.on() && step.n_seqs() == 1) {  // the weights each query head gave the cache (lineage trace)
+  if (trace.on() && N == 1) {  // one decode token: the weights its query head gave the cache (lineage trace)
     const int64_t L = states[0]->length;
     std::vector<float> w(size_t(N * n * L), 0.0f);
     if (expanded_rows) {
