@@ -1,6 +1,5 @@
 // lineage trace: one self-contained HTML page that plays back what each layer stores, overwrites and
 // reads back, token by token (runtime/trace_record.h records it, serve/trace_page.h draws it).
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -49,14 +48,8 @@ void add_trace(CLI::App& app) {
       const std::vector<serve::LayerHead> wanted = heads.empty() ? std::vector<serve::LayerHead>{}
                                                                  : serve::parse_trace_heads(heads, layers, "--heads");
       const std::vector<serve::LayerHead> detail = serve::trace_detail_heads(layers, int64_t(ids.size()), bytes, wanted);
-      runtime::TraceOptions options;
-      options.keep_state = [&](int64_t layer, int64_t head) {
-        return std::find(detail.begin(), detail.end(), serve::LayerHead{layer, head}) != detail.end();
-      };
-      const runtime::TraceRecording rec = runtime::record_trace(lm.model, ids, options);
       heads_in_full += detail.size();
-      for (const auto& l : rec.layers) residual = std::max(residual, l.worst_residual);
-      return serve::trace_payload(rec, lm.tokenizer ? &*lm.tokenizer : nullptr, detail, label);
+      return serve::record_trace_payload(lm.model, lm.tokenizer ? &*lm.tokenizer : nullptr, ids, detail, label, &residual);
     };
     nlohmann::json payload = record(m, name, o.heads, o.compare.empty() ? budget : budget / 2);
     if (!o.compare.empty()) {

@@ -2,8 +2,7 @@
 // loads it, sends two messages, waits for each streamed reply, checks the numbers the page shows
 // against the server's own (/metrics), that the page fetched nothing but the server, and takes a
 // screenshot. Usage: node page_test.mjs PORT SCREENSHOT.png   (tests/serve/test_page.py runs it)
-import puppeteer from "puppeteer-core";
-import { existsSync } from "node:fs";
+import { check, run, watch } from "./chromium.mjs";
 
 const [port, screenshot] = process.argv.slice(2);
 if (!port || !screenshot) {
@@ -11,29 +10,10 @@ if (!port || !screenshot) {
   process.exit(2);
 }
 const origin = `http://127.0.0.1:${port}`;
-const executablePath = ["/usr/lib/chromium/chromium", "/usr/bin/chromium"].find(existsSync);
-if (!executablePath) {
-  console.error("Debian's chromium is not installed (scripts/install-deps.sh --test installs it)");
-  process.exit(2);
-}
-
-function check(ok, what) {
-  if (!ok) throw new Error(what);
-}
-
-const browser = await puppeteer.launch({
-  executablePath,
-  headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"],
-});
-let failed = false;
-try {
+await run("page test", async (browser) => {
   const page = await browser.newPage();
   await page.setViewport({ width: 1000, height: 700 });
-  const foreign = [], consoleErrors = [];
-  page.on("request", (r) => { if (!r.url().startsWith(origin) && !r.url().startsWith("data:")) foreign.push(r.url()); });
-  page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
-  page.on("pageerror", (e) => consoleErrors.push(String(e)));
+  const { foreign, consoleErrors } = watch(page, (u) => u.startsWith(origin) || u.startsWith("data:"));
 
   await page.goto(origin + "/", { waitUntil: "networkidle0", timeout: 30000 });
   check((await page.title()) === "lineage chat", "the page's title");
@@ -74,10 +54,4 @@ try {
   check(consoleErrors.length === 0, "console errors: " + consoleErrors.join("; "));
   await page.screenshot({ path: screenshot });
   console.log(JSON.stringify({ replies: replies.map((r) => r.meta), screenshot }));
-} catch (e) {
-  failed = true;
-  console.error("page test failed:", e.message);
-} finally {
-  await browser.close();
-}
-process.exit(failed ? 1 : 0);
+});

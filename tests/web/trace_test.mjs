@@ -7,23 +7,17 @@
 // a request to anywhere but the page (and, served, its server); and checks the numbers the page shows
 // against the page's data decoded here, independently of the page's own decoding. Prints JSON.
 // (tests/serve/test_trace_page.py runs it.)
-import puppeteer from "puppeteer-core";
-import { existsSync, readFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { pathToFileURL } from "node:url";
 import path from "node:path";
+
+import { check, run, watch } from "./chromium.mjs";
 
 const [mode, target, shots] = process.argv.slice(2);
 if (!["file", "served", "load", "shot"].includes(mode) || !target) {
   console.error("usage: node trace_test.mjs file PAGE.html SHOTS | served PORT SHOTS | load PAGE.html | shot PAGE.html OUT.png T LAYER HEAD");
   process.exit(2);
 }
-const executablePath = ["/usr/lib/chromium/chromium", "/usr/bin/chromium"].find(existsSync);
-if (!executablePath) {
-  console.error("Debian's chromium is not installed (scripts/install-deps.sh --test installs it)");
-  process.exit(2);
-}
-function check(ok, what) { if (!ok) throw new Error(what); }
-
 // The page's data decoded here from the file (Buffer, not the page's atob).
 function decode(o) {
   const b = Buffer.from(o.b64, "base64");
@@ -69,19 +63,13 @@ async function checkCells(page, D) {
   return checked;
 }
 
-const browser = await puppeteer.launch({ executablePath, headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--allow-file-access-from-files"] });
-let failed = false;
-try {
+await run("trace page test", async (browser) => {
   const page = await browser.newPage();
   await page.setViewport({ width: 1200, height: 900 });
   const origin = mode === "served" ? `http://127.0.0.1:${target}` : null;
   // Served with one head in full, so that picking another fetches it.
   const url = mode === "served" ? origin + "/trace?detail_bytes=1" : pathToFileURL(path.resolve(target)).href;
-  const foreign = [], consoleErrors = [];
-  page.on("request", (r) => { const u = r.url(); if (!(u === url || u.startsWith("data:") || (origin && u.startsWith(origin + "/")))) foreign.push(u); });
-  page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
-  page.on("pageerror", (e) => consoleErrors.push(String(e)));
+  const { foreign, consoleErrors } = watch(page, (u) => u === url || u.startsWith("data:") || (origin && u.startsWith(origin + "/")));
 
   const t0 = Date.now();
   await page.goto(url, { waitUntil: "load", timeout: 60000 });
@@ -156,10 +144,4 @@ try {
       title: r.querySelector("h3").textContent, drawn: r.querySelectorAll("canvas").length })));
     console.log(JSON.stringify({ load_ms: loadMs, checked, views: [...kinds], tokens: T, runs: columns }));
   }
-} catch (e) {
-  failed = true;
-  console.error("trace page test failed:", e.message);
-} finally {
-  await browser.close();
-}
-process.exit(failed ? 1 : 0);
+});

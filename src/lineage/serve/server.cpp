@@ -562,10 +562,7 @@ void Server::routes() {
         res.set_header("Retry-After", "1");
         throw ApiError{503, "another trace is being recorded; try again in a moment", "server_error", "", "busy"};
       }
-      runtime::TraceOptions options;
-      options.keep_state = [&](int64_t l, int64_t h) { return std::find(detail.begin(), detail.end(), LayerHead{l, h}) != detail.end(); };
-      const runtime::TraceRecording rec = runtime::record_trace(model_.model, ids, options);
-      res.set_content(trace_payload(rec, &*model_.tokenizer, detail, options_.model_name)
+      res.set_content(record_trace_payload(model_.model, &*model_.tokenizer, ids, detail, options_.model_name)
                           .dump(-1, ' ', false, json::error_handler_t::replace),
                       "application/json");
     } catch (const ApiError& e) {

@@ -294,6 +294,19 @@ TraceRequest parse_trace_request(std::string_view body, const std::vector<TraceL
   return r;
 }
 
+nlohmann::json record_trace_payload(const model::Model& m, const tokenizer::Tokenizer* tok,
+                                    std::span<const int32_t> tokens, const std::vector<LayerHead>& detail,
+                                    const std::string& model_name, double* residual) {
+  runtime::TraceOptions options;
+  options.keep_state = [&](int64_t layer, int64_t head) {
+    return std::find(detail.begin(), detail.end(), LayerHead{layer, head}) != detail.end();
+  };
+  const runtime::TraceRecording rec = runtime::record_trace(m, tokens, options);
+  if (residual)
+    for (const TraceLayer& l : rec.layers) *residual = std::max(*residual, l.worst_residual);
+  return trace_payload(rec, tok, detail, model_name);
+}
+
 std::string trace_html(const nlohmann::json& payload) {
   std::string page = kTracePage;
   const size_t at = page.find(kDataMarker);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -54,6 +55,12 @@ TraceRequest parse_trace_request(std::string_view body, const std::vector<runtim
                                  int64_t max_tokens);
 // An ApiError 400 unless 1 <= n <= max_tokens.
 void check_trace_length(size_t n, int64_t max_tokens);
+
+// Records `tokens` through m keeping the `detail` heads in full, and returns the page's data (the
+// recording's worst delta-rule residual in *residual when given): lineage trace and /trace/data.
+nlohmann::json record_trace_payload(const model::Model& m, const tokenizer::Tokenizer* tok,
+                                    std::span<const int32_t> tokens, const std::vector<LayerHead>& detail,
+                                    const std::string& model_name, double* residual = nullptr);
 
 // The self-contained page with `payload` inside.
 std::string trace_html(const nlohmann::json& payload);
