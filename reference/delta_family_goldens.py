@@ -18,7 +18,10 @@ from golden_io import (FamilyCases, bf16_dot_golden, case_tokens, check_causal, 
                        f32_errors, f32_manifest_entries, manifest_head, read_model_dir, write_golden)
 
 # A float32 PyTorch run must agree with the float64 reference this well on every intermediate.
-F32_SELF_CHECK_TOL = 2e-6
+# OpenBLAS's kernel choice (OPENBLAS_CORETYPE=Haswell or the CPU's own) moves these float32 figures by up
+# to 2x (measured: 1e-6 to 2.2e-6 here), so the bound sits well above both; a float32 path that
+# went wrong is off by 1e-3 or more.
+F32_SELF_CHECK_TOL = 6e-6
 # Logits of a prefix, and states after a split feed, must match the one-shot float64 run this well.
 EXACT_TOL = 1e-12
 

@@ -18,7 +18,10 @@ from gpt2 import (GPT2Config, bf16_weight_names, canonical_weights, gpt2_forward
 
 # A float32 PyTorch run must agree with the float64 reference this well on every intermediate;
 # the C++ tests hold float32 weights to 1e-5, so the reference itself must sit well inside that.
-F32_SELF_CHECK_TOL = 2e-6
+# OpenBLAS's kernel choice (OPENBLAS_CORETYPE=Haswell or the CPU's own) moves these float32 figures by up
+# to 2x (measured: 1e-6 to 2.2e-6 here), so the bound sits well above both; a float32 path that
+# went wrong is off by 1e-3 or more.
+F32_SELF_CHECK_TOL = 5e-6
 # Rows 0..T/2-1 of the float64 logits must not depend on later tokens.
 CAUSAL_TOL = 1e-12
 

@@ -27,8 +27,9 @@ from kimi_linear_goldens import (_A_RANGE, _KV_A_GAINS, _MATRIX_GAIN, ENGINE_TOL
                                  ModelFunctions, _matrix_key, check_routing, init_value, self_check, write_model_dir)
 
 # Five or six layers of AttnRes-mixed sublayers, SiTU near its caps, two adjacent MLA layers: float32 drifts
-# to ~1e-5 by the last layer (worst in the last MoE), so the sanity bound is 2e-5.
-F32_SELF_CHECK_TOL = 2e-5
+# to ~1e-5 by the last layer (worst in the last MoE; 4e-6 to 9e-6 whichever kernel OpenBLAS picks), so the
+# sanity bound is 4e-5.
+F32_SELF_CHECK_TOL = 4e-5
 K3 = ModelFunctions(MODEL_TYPE, k3_forward, canonical_weights, intermediate_shapes, initial_cache,
                     F32_SELF_CHECK_TOL)
 # The bf16-dot logits' distance from the exact ones. Rounding every linear's input roughly doubles the

@@ -30,7 +30,10 @@ from qwen import (ARCHITECTURES, FAMILIES as FAMILY_NAMES, FULL, LINEAR, SKIPPED
                   intermediate_shapes, qwen_forward, tensor_specs, text_tensors)
 
 # A float32 PyTorch run must agree with the float64 reference this well on every intermediate.
-F32_SELF_CHECK_TOL = 5e-6
+# OpenBLAS's kernel choice (OPENBLAS_CORETYPE=Haswell or the CPU's own) moves these float32 figures by up
+# to 2x (measured: 1e-6 to 2.2e-6 here), so the bound sits well above both; a float32 path that
+# went wrong is off by 1e-3 or more.
+F32_SELF_CHECK_TOL = 1.5e-5
 # Prefix logits and split feeds must match the one-shot float64 run.
 EXACT_TOL = 1e-12
 # Every top-k selection must win by this much in softmax probability (float64 and bf16-dot runs).
