@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "ranks.h"
+#include "lineage/kernels/row_split.h"
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
 #include "lineage/core/rng.h"
@@ -67,7 +69,20 @@ struct BenchRow {
   double roofline = 0;         // tokens/s at the best bandwidth (or peak) seen anywhere in the run
   double roofline_paired = 0;  // decode: tokens/s at the mean of `bandwidth`
   double share_paired = 0;     // decode: mean over repetitions of t/s ÷ that repetition's roofline
+  // Decode rows under mpirun: the row gathers of the timed repetitions (kernels/row_split.h), their
+  // wall time and the tokens they decoded.
+  kernels::RowSplitStats gathers;
+  double timed_seconds = 0;
+  int64_t timed_tokens = 0;
 };
+
+// The row gathers between two readings of kernels::row_split_stats(), added to `into`.
+void add_gathers(kernels::RowSplitStats& into, const kernels::RowSplitStats& before, const kernels::RowSplitStats& after) {
+  into.gathers += after.gathers - before.gathers;
+  into.floats_sent += after.floats_sent - before.floats_sent;
+  into.floats_received += after.floats_received - before.floats_received;
+  into.seconds += after.seconds - before.seconds;
+}
 
 // The per-repetition bandwidth probe: 256 MiB read twice (≈ 10 ms), far past the caches.
 constexpr size_t kProbeBytes = size_t(256) << 20;
@@ -140,10 +155,13 @@ BenchRow bench_decode(runtime::Session& s, const BenchOpts& o, int64_t depth, co
   for (int rep = 0; rep <= o.repetitions; ++rep) {
     s.restore(context);
     if (rep == 1) before = probe ? probe->measure(kProbePasses) : 0.0;
+    const kernels::RowSplitStats g0 = kernels::row_split_stats();
     const double t0 = steady_seconds();
     for (int32_t t : tokens) s.decode(t);
     const double t1 = steady_seconds();
     if (rep == 0) continue;
+    add_gathers(r.gathers, g0, kernels::row_split_stats());
+    r.timed_seconds += t1 - t0, r.timed_tokens += o.gen;
     const double after = probe ? probe->measure(kProbePasses) : 0.0;
     r.samples.push_back(double(o.gen) / (t1 - t0));
     r.bandwidth.push_back(0.5 * (before + after));
@@ -177,6 +195,7 @@ BenchRow bench_decode_batch(runtime::Session& s, const BenchOpts& o, int64_t dep
   for (int rep = 0; rep <= o.repetitions; ++rep) {
     for (int32_t slot : slots) pool.state(slot).assign(context);
     if (rep == 1) before = probe ? probe->measure(kProbePasses) : 0.0;
+    const kernels::RowSplitStats g0 = kernels::row_split_stats();
     const double t0 = steady_seconds();
     for (int64_t i = 0; i < o.gen; ++i) {
       step.clear();
@@ -185,6 +204,8 @@ BenchRow bench_decode_batch(runtime::Session& s, const BenchOpts& o, int64_t dep
     }
     const double t1 = steady_seconds();
     if (rep == 0) continue;
+    add_gathers(r.gathers, g0, kernels::row_split_stats());
+    r.timed_seconds += t1 - t0, r.timed_tokens += B * o.gen;
     const double after = probe ? probe->measure(kProbePasses) : 0.0;
     r.samples.push_back(double(B * o.gen) / (t1 - t0));
     r.bandwidth.push_back(0.5 * (before + after));
@@ -295,6 +316,15 @@ nlohmann::json row_json(const Context& c, const BenchRow& r, int repetitions) {
                       {"peak_flops", c.ceil.peak},
                       {"read_kernel", c.ceil.read_kernel},
                       {"peak_kernel", c.ceil.peak_kernel}};
+  if (r.decode && ranks().size() > 1 && r.timed_tokens > 0) {
+    const double n = double(r.timed_tokens);
+    j["ranks"] = ranks().size();
+    j["seconds_per_token"] = r.timed_seconds / n;
+    j["gather_seconds_per_token"] = r.gathers.seconds / n;
+    j["gathers_per_token"] = double(r.gathers.gathers) / n;
+    j["bytes_sent_per_token"] = 4.0 * double(r.gathers.floats_sent) / n;
+    j["bytes_received_per_token"] = 4.0 * double(r.gathers.floats_received) / n;
+  }
   if (r.decode) {
     j["roofline_paired_tokens_per_s"] = r.roofline_paired;
     j["roofline_share_paired"] = r.share_paired;
@@ -442,15 +472,23 @@ void run_bench(const BenchOpts& o) {
   }
   for (const BenchRow& r : rows)
     for (double bw : r.bandwidth) c.ceil.bandwidth = std::max(c.ceil.bandwidth, bw);
+  // Under mpirun each rank reads its rows of the split matrices and the replicated rest: its decode
+  // roofline counts those bytes (at the bandwidth this rank measured).
+  double weight_share = 1.0;
+  if (ranks().size() > 1) {
+    const auto [split, replicated] = split_and_replicated(m, DType::F32);
+    if (split + replicated > 0) weight_share = (replicated + split / ranks().size()) / (split + replicated);
+  }
   for (BenchRow& r : rows) {
     if (r.decode) {
       // A step of B sequences reads the weights once and each sequence's state: B tokens for
       // weights + B·state bytes. It also does B tokens' FLOPs; whichever ceiling binds first.
       const double context = runtime::mean_decode_context(r.depth, o.gen), B = double(r.batch);
       const auto bound = [&](double bandwidth) {
-        return runtime::decode_roofline(m, context, B, bandwidth, c.ceil.peak).tokens_per_second;
+        return runtime::decode_roofline(m, context, B, bandwidth, c.ceil.peak, weight_share).tokens_per_second;
       };
-      const runtime::DecodeRoofline best = runtime::decode_roofline(m, context, B, c.ceil.bandwidth, c.ceil.peak);
+      const runtime::DecodeRoofline best =
+          runtime::decode_roofline(m, context, B, c.ceil.bandwidth, c.ceil.peak, weight_share);
       r.bytes = best.bytes;
       r.decode_flops = best.flops;
       r.roofline = best.tokens_per_second;
@@ -515,6 +553,21 @@ void run_bench(const BenchOpts& o) {
   }
   print_header(c, m, rows);
   for (const BenchRow& r : rows) print_row(c, r);
+  if (ranks().size() > 1) {  // tensor parallelism: what the gathers cost a decoded token (rank 0's view)
+    std::printf("\nranks: %d over %s, each linear map's output rows split and gathered; the rooflines count the "
+                "%.1f %% of the weights' bytes a rank reads; per decoded token on rank 0:\n",
+                ranks().size(), ranks().name().c_str(), 100.0 * weight_share);
+    for (const BenchRow& r : rows) {
+      if (!r.decode || r.timed_tokens == 0) continue;
+      const double n = double(r.timed_tokens), total = r.timed_seconds / n, comm = r.gathers.seconds / n;
+      std::printf("  %s at depth %lld, batch %lld: %.3f ms = %.3f ms compute + %.3f ms in %.1f gathers (%.1f %%); "
+                  "sends %s, receives %s\n",
+                  r.test.c_str(), (long long)r.depth, (long long)r.batch, 1e3 * total, 1e3 * (total - comm), 1e3 * comm,
+                  double(r.gathers.gathers) / n, 100.0 * comm / total,
+                  format_bytes(4.0 * double(r.gathers.floats_sent) / n).c_str(),
+                  format_bytes(4.0 * double(r.gathers.floats_received) / n).c_str());
+    }
+  }
   if (plan.streaming) {
     std::printf("\nexperts streamed: budget %s = %s resident + %s expert cache (%s of routed experts on disk); %s\n",
                 format_bytes(double(plan.budget)).c_str(), format_bytes(double(plan.resident_bytes)).c_str(),

@@ -1,11 +1,13 @@
 // lineage info: architecture, layer table, parameters, weight bytes and state cost.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <set>
 #include <tuple>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 #include <unordered_map>
 #include <nlohmann/json.hpp>
@@ -133,6 +135,7 @@ void add_info(CLI::App& app) {
   struct Opts {
     ModelSource src;
     int64_t context = 0;
+    int ranks = 0;
     bool json = false, tensors = false;
   };
   static Opts o;
@@ -141,6 +144,9 @@ void add_info(CLI::App& app) {
   add_threads_option(*cmd);
   add_numerics_options(*cmd, o.src);
   cmd->add_option("--context", o.context, "also report the state bytes after N tokens")->check(CLI::PositiveNumber);
+  cmd->add_option("--ranks", o.ranks,
+                  "also report each rank's share of the weights under `mpirun -np P` (tensor parallelism)")
+      ->check(CLI::Range(1, 4096));
   cmd->add_flag("--json", o.json, "print one JSON object");
   cmd->add_flag("--tensors", o.tensors,
                 "print every tensor the model reads as the checkpoint stores it instead: name, dtype, shape (a line "
@@ -223,6 +229,12 @@ void add_info(CLI::App& app) {
                            : has_bf16_weights(pc);
     const kernels::KernelTable kt = kernels::kernel_table();
     const std::string gemm = kt.own_gemm ? "lineage AVX-512 tile" : "OpenBLAS";
+    // Each rank's share under `mpirun -np P`: the split matrices' bytes over P (the largest share), the
+    // rest whole. A GGUF file counted from its header has no matrices bound: its weights count whole.
+    const auto [split_bytes, replicated_bytes] =
+        gguf ? std::pair(0.0, weight_bytes) : split_and_replicated(m, unallocated, !o.src.preset.empty());
+    const int P = std::max(o.ranks, 1);
+    const double per_rank = replicated_bytes + std::ceil(split_bytes / P);
     nlohmann::json by_dtype = nlohmann::json::object();
     for (const auto& [type, bytes] : stored_bytes) by_dtype[type] = bytes;
     if (o.json) {
@@ -259,6 +271,11 @@ void add_info(CLI::App& app) {
                                   {"budget_bytes", budgeted ? nlohmann::json(budget) : nlohmann::json()},
                                   {"minimum_budget_bytes", plan.minimum},
                                   {"stream_bytes_per_token", plan.stream_per_token}}},
+                                {"ranks",
+                                 {{"ranks", P},
+                                  {"split_bytes", split_bytes},
+                                  {"replicated_bytes", replicated_bytes},
+                                  {"weight_bytes_per_rank", per_rank}}},
                                 {"layers", layers}};
       std::printf("%s\n", j.dump(2).c_str());
       return;
@@ -310,6 +327,11 @@ void add_info(CLI::App& app) {
     if (!plan.fits && plan.resident_fits)
       std::printf("               experts stream from the files (--memory-budget; the minimum is %s: all but the routed "
                   "experts, and the largest one)\n", format_bytes(plan.minimum).c_str());
+    if (o.ranks > 0)
+      std::printf("ranks          %d: weights %s on each rank (%s split by output rows, 1/%d each; %s on every "
+                  "rank: embeddings, norms, convolutions, matrices stored [in, out])\n",
+                  P, format_bytes(per_rank).c_str(), format_bytes(split_bytes).c_str(), P,
+                  format_bytes(replicated_bytes).c_str());
     std::printf("\n%5s  %-44s  %-34s  %12s  %12s  %12s\n", "layer", "token mixer", "channel mixer", "params",
                 "state/token", "state fixed");
     for (const auto& l : layers)

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "common.h"
+#include "ranks.h"
 #include "lineage/core/error.h"
 #include "lineage/io/npy.h"
 #include "lineage/runtime/session.h"
@@ -47,6 +48,7 @@ void add_logits(CLI::App& app) {
       const auto logits = s.prefill(std::span<const int32_t>(ids.data() + i, n), true);
       std::copy(logits.begin(), logits.end(), all.begin() + i * V);
     }
+    if (!is_root()) return;  // under mpirun: every rank holds the same logits; rank 0 writes them
     io::save_npy(o.out, all.data(), {T, V});
     if (!o.state_out.empty())
       runtime::save_state(o.state_out, m.model,

@@ -10,13 +10,17 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
+#include <variant>
 
 #include "lineage/core/error.h"
 #include "lineage/core/rng.h"
 #include "lineage/io/expert_stream.h"
 #include "lineage/io/gguf_model.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/matrix.h"
+#include "lineage/layers/common.h"
 #include "lineage/kernels/threads.h"
 #include "lineage/model/archs/presets.h"
 #include "lineage/model/model.h"
@@ -285,5 +289,25 @@ std::string format_bytes(double b) {
 double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+std::pair<double, double> split_and_replicated(model::Model& m, DType unallocated, bool will_own) {
+  std::set<const Tensor*> split;
+  const layers::MatrixVisitor rows = [&](kernels::Matrix& w) {
+    if (w.layout != kernels::Layout::OutIn && !will_own) return;
+    split.insert(&w.data);
+    split.insert(&w.scales);
+  };
+  for (model::Block& b : m.blocks) {
+    std::visit([&](auto& mixer) { mixer.for_each_matrix(rows); }, b.mixer);
+    std::visit([&](auto& ffn) { ffn.for_each_matrix(rows); }, b.ffn);
+  }
+  if (!m.config.tied_lm_head) split.insert(&m.lm_head);
+  double split_bytes = 0, replicated = 0;
+  model::for_each_stored(m, unallocated, [&](const model::StoredTensor& t) {
+    (split.count(&t.t) ? split_bytes : replicated) += double(t.bytes());
+  });
+  return {split_bytes, replicated};
+}
+
 
 }  // namespace lineage::app

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lineage/io/load_model.h"
@@ -54,6 +55,11 @@ std::string bf16_products_label(const model::Model& m);
 // available) its routed experts stream from the files when the weights do not fit (io/expert_stream.h;
 // `info` only plans).
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer, bool stream = true);
+// Under tensor parallelism (mpirun, kernels/row_split.h): the bytes of the matrices whose output rows
+// the ranks split (those stored [out, in], and an untied LM head), and the rest, which every rank
+// holds whole (embeddings, norms, convolutions, matrices stored [in, out]). `will_own`: the weights are
+// not drawn yet and will be owned (a preset's skeleton), so every matrix will be [out, in].
+std::pair<double, double> split_and_replicated(model::Model& m, DType unallocated, bool will_own = false);
 // The model a subcommand uses when given neither --model nor --preset: $LINEAGE_MODEL, else the one
 // lineage ships (models/kjv-gpt2 in the source tree, trained by scripts/train-kjv.sh), else "".
 std::string default_model_dir();

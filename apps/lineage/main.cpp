@@ -5,6 +5,20 @@
 #include "common.h"
 #include "lineage/core/error.h"
 #include "lineage/io/mapping_guard.h"
+#include "ranks.h"
+
+namespace {
+
+// An error on this rank: printed (with the rank where there are several), and the other ranks ended.
+int failed(const char* what) {
+  const lineage::dist::Transport& t = lineage::app::ranks();
+  if (t.size() > 1) std::fprintf(stderr, "lineage: error (rank %d of %d): %s\n", t.rank(), t.size(), what);
+  else std::fprintf(stderr, "lineage: error: %s\n", what);
+  lineage::app::fail_ranks(2);
+  return 2;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   lineage::io::install_mapping_fault_handler();
@@ -33,6 +47,7 @@ int main(int argc, char** argv) {
       for (const auto* sub : app.get_subcommands([](CLI::App*) { return true; })) names += (names.empty() ? "" : ", ") + sub->get_name();
       throw lineage::Error(std::string("unknown command \"") + argv[1] + "\"; expected one of: " + names);
     }
+    lineage::app::start_ranks(argc > 1 ? argv[1] : "");
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
@@ -42,11 +57,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lineage: error: %s\nRun with --help for usage.\n", e.what());
     return 2;
   } catch (const lineage::Error& e) {
-    std::fprintf(stderr, "lineage: error: %s\n", e.what());
-    return 2;
+    return failed(e.what());
   } catch (const std::exception& e) {  // e.g. a filesystem error on a path the user gave
-    std::fprintf(stderr, "lineage: error: %s\n", e.what());
-    return 2;
+    return failed(e.what());
   }
+  lineage::app::end_ranks();
   return 0;
 }

@@ -5,13 +5,8 @@
 #   run.sh die BIN NP                   a rank that dies ends the others within 60 s, not a hang
 set -uo pipefail
 mode=$1 bin=$2 np=$3 transport=${4:-shm}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0  # Open MPI's own allocations at exit
-# vader (shared memory) without its single-copy mechanism (CMA needs ptrace rights a container may lack).
-btl="self,vader"
-[ "$transport" = tcp ] && btl="self,tcp"
-mpi=(mpirun --oversubscribe -np "$np" --mca btl "$btl" --mca btl_vader_single_copy_mechanism none
-     --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo --bind-to none)
+source "$(dirname "$0")/mpirun.sh"
+mpirun_for "$np" "$transport"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 case $mode in

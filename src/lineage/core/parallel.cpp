@@ -172,6 +172,8 @@ void run_region(int parts, const Body& body) {
 
 void set_num_threads(int n) { g_threads = n > 0 ? n : omp_get_num_procs(); }
 
+bool in_parallel_region() { return Pool::t_in_region; }
+
 int num_threads() { return g_threads > 0 ? g_threads : g_default_threads; }
 
 int parts_for(int64_t items) {

@@ -40,6 +40,10 @@ inline constexpr int kMaxParts = 255;
 // The threads a region of `items` items runs on: min(num_threads(), kMaxParts, items), at least 1.
 int parts_for(int64_t items);
 
+// Whether this thread is running a share of a parallel region (its own calls then run serially, and
+// which thread runs which share can differ from run to run).
+bool in_parallel_region();
+
 // Sets the thread count for its lifetime, then restores the previous one.
 class ScopedThreads {
  public:

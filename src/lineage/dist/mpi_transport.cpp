@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -99,6 +100,11 @@ class Mpi final : public Transport {
     if (rank_ == first) text = message;
     broadcast(text.data(), text.size(), first);
     return cat("rank ", first, ": ", text);
+  }
+
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::exit(code);  // MPI_Abort does not return; in case it does
   }
 
  private:

@@ -26,6 +26,7 @@ class SingleRank final : public Transport {
     if (failed) return cat("rank 0: ", message);
     return std::nullopt;
   }
+  [[noreturn]] void abort(int code) override { std::exit(code); }
 };
 
 }  // namespace

@@ -31,6 +31,9 @@ class Transport {
   // Collective: every rank says whether it failed (and why); every rank gets the message of the
   // lowest-numbered rank that failed, or nothing when none did.
   virtual std::optional<std::string> any_failed(bool failed, const std::string& message) = 0;
+  // Ends every rank's process with exit status `code` (MPI_Abort; one rank: exit), for an error on
+  // this rank alone that the others cannot learn of in a collective they are waiting in.
+  [[noreturn]] virtual void abort(int code) = 0;
 };
 
 // One process, no communication: all_gather copies, broadcast and barrier do nothing.

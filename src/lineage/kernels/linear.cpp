@@ -17,6 +17,7 @@
 #include "lineage/core/parallel.h"
 #include "lineage/core/scratch.h"
 #include "lineage/kernels/blas_threads.h"
+#include "lineage/kernels/row_split.h"
 #include "lineage/kernels/x86/gemm.h"
 #include "lineage/kernels/x86/gemv.h"
 
@@ -541,13 +542,9 @@ void gemm_quant_int8(const float* x, int64_t T, const Weight& W, float* y) {
   });
 }
 
-}  // namespace
-
-void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y, std::optional<Activation> act) {
-  LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
-  if (W.mxfp4()) check_mxfp4(W);
-  if (W.quant) check_quant(W);
-  if (T <= 0) return;
+// linear() on every row of W, on this process alone.
+void linear_whole(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y,
+                  std::optional<Activation> act) {
   if (T > kGemvRowsMax && W.quant && runs_int8_dot(*W.quant)) {
     gemm_quant_int8(x, T, W, y);
     add_bias(bias, T, W.out(), y);
@@ -600,6 +597,16 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
   if (act) activate(*act, y, T * W.out());
 }
 
+}  // namespace
+
+void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y, std::optional<Activation> act) {
+  LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
+  if (W.mxfp4()) check_mxfp4(W);
+  if (W.quant) check_quant(W);
+  if (T <= 0) return;
+  if (!linear_split(x, T, W, bias, y, act, linear_whole)) linear_whole(x, T, W, bias, y, act);
+}
+
 bool linear_strided(const float* x, int64_t ldx, bool x_trans, int64_t T, const Weight& W, float* y, int64_t ldy,
                     bool accumulate) {
   LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");
@@ -619,8 +626,11 @@ void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs) {
     if (o.W.mxfp4()) check_mxfp4(o.W);
     if (o.W.quant) check_quant(o.W);
   }
-  if (T != 1) {  // GEMMs are one region each anyway
-    for (const LinearOut& o : outs) linear(x, T, o.W, o.bias, o.y, o.act);
+  if (T != 1 || row_split_active()) {  // GEMMs are one region each anyway; split rows are gathered one by one
+    for (const LinearOut& o : outs) {
+      linear(x, T, o.W, o.bias, o.y, o.act);
+      if (o.then) o.then(0, o.W.out());
+    }
     return;
   }
   gemv_group(x, outs);

@@ -76,9 +76,11 @@ PrefillFlops prefill_flops_per_token(model::Model& m, int64_t tokens, int64_t de
   return p;
 }
 
-DecodeRoofline decode_roofline(model::Model& m, double context, double batch, double bandwidth, double peak) {
+DecodeRoofline decode_roofline(model::Model& m, double context, double batch, double bandwidth, double peak,
+                               double weight_share) {
   DecodeRoofline r;
   r.bytes = decode_bytes_per_token(m, context, DType::F32, batch);
+  r.bytes.weights *= weight_share;
   r.flops = prefill_flops_per_token(m, 1, int64_t(context) - 1);
   const double memory = batch * bandwidth / (r.bytes.weights + batch * r.bytes.state);
   const double compute = peak / r.flops.total();

@@ -56,6 +56,9 @@ struct DecodeRoofline {
   DecodeBytes bytes;  // per token, the step's weights whole
   PrefillFlops flops;  // per token
 };
-DecodeRoofline decode_roofline(model::Model& m, double context, double batch, double bandwidth, double peak);
+// `weight_share`: the part of the weights' bytes this process reads (one rank's under tensor
+// parallelism: its rows of the split matrices and everything replicated), 1 alone.
+DecodeRoofline decode_roofline(model::Model& m, double context, double batch, double bandwidth, double peak,
+                               double weight_share = 1.0);
 
 }  // namespace lineage::runtime

@@ -1,0 +1,74 @@
+#include "ranks.h"
+
+#include <cstdio>
+#include <memory>
+#include <span>
+
+#include "lineage/core/error.h"
+#include "lineage/kernels/row_split.h"
+
+namespace lineage::app {
+
+namespace {
+
+std::unique_ptr<dist::Transport>& transport() {
+  static std::unique_ptr<dist::Transport> t;
+  return t;
+}
+
+// The commands whose work is linear maps on the main thread: they run split across ranks.
+constexpr const char* kAcrossRanks[] = {"generate", "logits", "perplexity", "bench", "info", "tokenize"};
+
+}  // namespace
+
+void start_ranks(const std::string& command) {
+  if (!dist::under_mpirun()) {
+    transport() = dist::single_rank();
+    return;
+  }
+  transport() = dist::mpi_transport();
+  dist::Transport& t = *transport();
+  if (t.size() <= 1) return;
+  bool allowed = false;
+  std::string names;
+  for (const char* name : kAcrossRanks) {
+    allowed = allowed || command == name;
+    names += (names.empty() ? "" : ", ") + std::string(name);
+  }
+  if (!allowed)
+    throw Error(cat("\"", command, "\" runs on one rank; under mpirun with ", t.size(), " ranks these run: ", names));
+  if (t.rank() != 0 && !std::freopen("/dev/null", "w", stdout))
+    throw Error(cat("rank ", t.rank(), ": cannot send its standard output to /dev/null"));
+  dist::Transport* tp = &t;
+  kernels::set_row_split({t.rank(), t.size(), [tp](const float* mine, std::span<const int64_t> counts, float* out) {
+                            tp->all_gather(mine, counts, out);
+                          }});
+}
+
+dist::Transport& ranks() {
+  if (!transport()) transport() = dist::single_rank();
+  return *transport();
+}
+
+bool is_root() { return ranks().rank() == 0; }
+
+void fail_ranks(int code) {
+  if (transport() && transport()->size() > 1) {
+    kernels::clear_row_split();
+    std::fflush(stderr);
+    transport()->abort(code);
+  }
+}
+
+void end_ranks() {
+  if (transport() && transport()->size() > 1 && transport()->rank() == 0) {
+    const kernels::RowSplitStats st = kernels::row_split_stats();
+    std::fprintf(stderr, "lineage: %d ranks over %s: %lld row gathers, rank 0 sent %.3g MB and received %.3g MB in %.3f s\n",
+                 transport()->size(), transport()->name().c_str(), static_cast<long long>(st.gathers),
+                 double(st.floats_sent) * 4e-6, double(st.floats_received) * 4e-6, st.seconds);
+  }
+  kernels::clear_row_split();
+  transport().reset();
+}
+
+}  // namespace lineage::app

@@ -1,0 +1,29 @@
+// The ranks a command runs among: one process, or P processes started by `mpirun -np P lineage ...`
+// (issue 41, docs/distributed.md). Under mpirun every rank loads the model and runs the same command;
+// each linear map's output rows are split among the ranks and gathered (kernels/row_split.h), so
+// every rank holds the whole result, bit for bit what one process computes. Rank 0 alone prints and
+// writes files.
+#pragma once
+
+#include <string>
+
+#include "lineage/dist/transport.h"
+
+namespace lineage::app {
+
+// Starts the ranks (MPI under mpirun, else one rank), installs the row split where there are several,
+// and sends the standard output of every rank but rank 0 to /dev/null. `command`: the subcommand
+// about to run; one that cannot run across ranks (serve, chat, train, ...) is an Error naming those
+// that can, before any model loads.
+void start_ranks(const std::string& command);
+// The transport (the single rank before start_ranks).
+dist::Transport& ranks();
+// Whether this process prints and writes files: rank 0.
+bool is_root();
+// The command failed on this rank with `message` (already printed): with several ranks, ends the
+// job (the others may wait in a collective) with exit code `code`. Returns otherwise.
+void fail_ranks(int code);
+// Ends the ranks (MPI finalized) after a command that succeeded on every rank.
+void end_ranks();
+
+}  // namespace lineage::app

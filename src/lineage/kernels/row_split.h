@@ -1,0 +1,58 @@
+// Tensor parallelism's hook in the kernels (issue 41, docs/distributed.md): while a RowSplit is
+// installed, linear() and linear_group() called on the installing thread compute only this rank's
+// share of each [out, in] weight's output rows, and `gather` assembles every rank's rows in rank
+// order on every rank. Nothing is ever summed across ranks: each output row is the dot products of
+// one rank, computed by the same kernels a lone process runs, so the ranks' results are bit for bit
+// those of one process whatever the rank count. Weights stored [in, out] (GPT-2's mapped Conv1D) are
+// computed whole on every rank. The hook knows nothing of MPI: the caller (the lineage command)
+// gives the gather over its transport (dist/).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <utility>
+
+#include "lineage/core/tensor.h"
+#include "lineage/kernels/activation.h"
+#include "lineage/kernels/linear.h"
+
+namespace lineage::kernels {
+
+struct RowSplit {
+  int rank = 0, ranks = 1;
+  // Every rank's counts[r] floats, gathered in rank order into `out` on every rank; `mine` holds
+  // this rank's counts[rank].
+  std::function<void(const float* mine, std::span<const int64_t> counts, float* out)> gather;
+};
+
+// Installs `split` for linear() calls on this thread (the one that calls the collectives), or
+// removes it (ranks <= 1). Calls on other threads compute every row, as do calls inside a parallel
+// region.
+void set_row_split(const RowSplit& split);
+void clear_row_split();
+bool row_split_active();
+
+// Rank `rank`'s rows of `out` among `ranks`: [out·rank/ranks, out·(rank+1)/ranks).
+std::pair<int64_t, int64_t> rank_rows(int64_t out, int rank, int ranks);
+
+// What the split has done since the last reset: gathers made, floats this rank contributed and
+// floats it received, and the seconds spent in gather (communication, waiting for the slowest rank
+// included).
+struct RowSplitStats {
+  int64_t gathers = 0, floats_sent = 0, floats_received = 0;
+  double seconds = 0;
+};
+RowSplitStats row_split_stats();
+void reset_row_split_stats();
+
+// For linear(): where a split applies to this call (installed on this thread, outside a parallel
+// region, W stored [out, in], T > 0), computes this rank's rows of y with `whole` on the rows of W
+// (and of bias) that are this rank's, gathers every rank's, and returns true; false otherwise.
+using LinearFn = void (*)(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y,
+                          std::optional<Activation> act);
+bool linear_split(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y,
+                  std::optional<Activation> act, LinearFn whole);
+
+}  // namespace lineage::kernels

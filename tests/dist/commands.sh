@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The lineage commands under mpirun as users run them (tests/CMakeLists.txt):
+#   commands.sh LINEAGE TESTDATA SHIPPED_MODEL
+# generate at 2 ranks prints what one process prints; bench at 2 ranks reports the gathers' share of
+# a decoded token; info --ranks 3 splits the weights into split + replicated bytes; a command that
+# cannot run across ranks (serve) and a model that is not there each end every rank with the error
+# and a non-zero exit within the timeout, not a hang.
+set -uo pipefail
+lineage=$1 testdata=$2 shipped=$3
+source "$(dirname "$0")/mpirun.sh"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+gen=(generate --model "$shipped" --prompt "And God said" --max-tokens 12 --temperature 0.8 --seed 7 --threads 1)
+"$lineage" "${gen[@]}" >"$work/one.txt" 2>/dev/null || fail "generate, one process"
+mpirun_for 2 shm
+timeout 120 "${mpi[@]}" "$lineage" "${gen[@]}" >"$work/two.txt" 2>"$work/err" || { fail "generate at 2 ranks"; cat "$work/err"; }
+if cmp -s "$work/one.txt" "$work/two.txt" && [ -s "$work/one.txt" ]; then echo "ok   generate: 2 ranks print what one process prints"
+else fail "generate: 2 ranks printed '$(cat "$work/two.txt")', one process '$(cat "$work/one.txt")'"; fi
+
+timeout 120 "${mpi[@]}" "$lineage" bench --model "$testdata/kimi_linear/f32" --threads 1 --prompt 0 --gen 8 --repetitions 1 \
+  >"$work/bench.txt" 2>&1 || fail "bench at 2 ranks"
+if grep -qE "^  tg8 at depth 0, batch 1: [0-9.]+ ms = [0-9.]+ ms compute \+ [0-9.]+ ms in [1-9][0-9.]* gathers" "$work/bench.txt"; then
+  echo "ok   bench: $(grep "^  tg8" "$work/bench.txt")"
+else fail "bench at 2 ranks reported no gathers:"; cat "$work/bench.txt"; fi
+
+"$lineage" info --model "$testdata/kimi_linear/f32" --ranks 3 --json >"$work/info.json" || fail "info --ranks 3"
+if /usr/bin/python3 - "$work/info.json" <<'PY'
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+r, total = j["ranks"], sum(j["weight_bytes_by_dtype"].values())
+assert r["ranks"] == 3 and r["split_bytes"] > 0.5 * total, r
+assert r["split_bytes"] + r["replicated_bytes"] == total, (r, total)
+assert r["weight_bytes_per_rank"] == r["replicated_bytes"] + math.ceil(r["split_bytes"] / 3), r
+PY
+then echo "ok   info --ranks 3: split + replicated = the weights, a rank holds a third of the split"
+else fail "info --ranks 3: $(cat "$work/info.json" | head -c 400)"; fi
+
+start=$(date +%s)
+timeout 120 "${mpi[@]}" "$lineage" serve --model "$shipped" >"$work/serve.txt" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q '"serve" runs on one rank; under mpirun with 2 ranks these run: generate, logits' "$work/serve.txt"
+then echo "ok   serve at 2 ranks: refused by name, exit $rc in $(( $(date +%s) - start )) s"
+else fail "serve at 2 ranks: exit $rc"; cat "$work/serve.txt"; fi
+
+start=$(date +%s)
+mpirun_for 3 shm
+timeout 120 "${mpi[@]}" "$lineage" logits --model "$work/no-such-model" --tokens "1 2 3" --out "$work/x.npy" >"$work/missing.txt" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "lineage: error (rank [0-2] of 3): .*no-such-model" "$work/missing.txt"
+then echo "ok   a missing model at 3 ranks: named, exit $rc in $(( $(date +%s) - start )) s"
+else fail "a missing model at 3 ranks: exit $rc"; cat "$work/missing.txt"; fi
+[ "$failures" -eq 0 ] || { echo "$failures failed"; exit 1; }
