@@ -1,4 +1,5 @@
 #include "common.h"
+#include "ranks.h"
 
 #include <algorithm>
 #include <cctype>
@@ -291,23 +292,26 @@ double steady_seconds() {
 }
 
 std::pair<double, double> split_and_replicated(model::Model& m, DType unallocated, bool will_own) {
+  std::map<const Tensor*, double> stored;
+  model::for_each_stored(m, unallocated, [&](const model::StoredTensor& t) { stored[&t.t] += double(t.bytes()); });
+  const auto bytes_of = [&](const Tensor& t) {
+    const auto it = stored.find(&t);
+    return it == stored.end() ? 0.0 : it->second;
+  };
+  const double min_bytes = double(split_min_bytes());
   std::set<const Tensor*> split;
   const layers::MatrixVisitor rows = [&](kernels::Matrix& w) {
-    if (w.layout != kernels::Layout::OutIn && !will_own) return;
-    split.insert(&w.data);
-    split.insert(&w.scales);
+    if ((w.layout == kernels::Layout::OutIn || will_own) && bytes_of(w.data) + bytes_of(w.scales) >= min_bytes)
+      split.insert({&w.data, &w.scales});
   };
   for (model::Block& b : m.blocks) {
     std::visit([&](auto& mixer) { mixer.for_each_matrix(rows); }, b.mixer);
     std::visit([&](auto& ffn) { ffn.for_each_matrix(rows); }, b.ffn);
   }
-  if (!m.config.tied_lm_head) split.insert(&m.lm_head);
+  if (!m.config.tied_lm_head && bytes_of(m.lm_head) >= min_bytes) split.insert(&m.lm_head);
   double split_bytes = 0, replicated = 0;
-  model::for_each_stored(m, unallocated, [&](const model::StoredTensor& t) {
-    (split.count(&t.t) ? split_bytes : replicated) += double(t.bytes());
-  });
+  for (const auto& [t, bytes] : stored) (split.count(t) ? split_bytes : replicated) += bytes;
   return {split_bytes, replicated};
 }
-
 
 }  // namespace lineage::app

@@ -57,7 +57,8 @@ std::string bf16_products_label(const model::Model& m);
 io::LoadedModel load(const ModelSource& src, bool need_tokenizer, bool stream = true);
 // Under tensor parallelism (mpirun, kernels/row_split.h): the bytes of the matrices whose output rows
 // the ranks split (those stored [out, in], and an untied LM head), and the rest, which every rank
-// holds whole (embeddings, norms, convolutions, matrices stored [in, out]). `will_own`: the weights are
+// holds whole (embeddings, norms, convolutions, matrices stored [in, out], matrices smaller than
+// split_min_bytes(): ranks.h). `will_own`: the weights are
 // not drawn yet and will be owned (a preset's skeleton), so every matrix will be [out, in].
 std::pair<double, double> split_and_replicated(model::Model& m, DType unallocated, bool will_own = false);
 // The model a subcommand uses when given neither --model nor --preset: $LINEAGE_MODEL, else the one

@@ -1,9 +1,11 @@
 #include "ranks.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <span>
 
+#include "common.h"
 #include "lineage/core/error.h"
 #include "lineage/kernels/row_split.h"
 
@@ -15,6 +17,10 @@ std::unique_ptr<dist::Transport>& transport() {
   static std::unique_ptr<dist::Transport> t;
   return t;
 }
+
+// Matrices below this size are computed whole on every rank (LINEAGE_TP_MIN_BYTES overrides): reading
+// 1 MiB takes ~4 µs at a socket's bandwidth, about one gather's latency on a fast fabric.
+constexpr size_t kSplitMinBytes = size_t(1) << 20;
 
 // The commands whose work is linear maps on the main thread: they run split across ranks.
 constexpr const char* kAcrossRanks[] = {"generate", "logits", "perplexity", "bench", "info", "tokenize"};
@@ -40,9 +46,15 @@ void start_ranks(const std::string& command) {
   if (t.rank() != 0 && !std::freopen("/dev/null", "w", stdout))
     throw Error(cat("rank ", t.rank(), ": cannot send its standard output to /dev/null"));
   dist::Transport* tp = &t;
-  kernels::set_row_split({t.rank(), t.size(), [tp](const float* mine, std::span<const int64_t> counts, float* out) {
+  kernels::set_row_split({t.rank(), t.size(), split_min_bytes(),
+                          [tp](const float* mine, std::span<const int64_t> counts, float* out) {
                             tp->all_gather(mine, counts, out);
                           }});
+}
+
+size_t split_min_bytes() {
+  const char* v = std::getenv("LINEAGE_TP_MIN_BYTES");
+  return v && *v ? parse_bytes(v, "LINEAGE_TP_MIN_BYTES") : kSplitMinBytes;
 }
 
 dist::Transport& ranks() {

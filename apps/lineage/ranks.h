@@ -5,6 +5,7 @@
 // writes files.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "lineage/dist/transport.h"
@@ -18,6 +19,9 @@ namespace lineage::app {
 void start_ranks(const std::string& command);
 // The transport (the single rank before start_ranks).
 dist::Transport& ranks();
+// Matrices smaller than this many bytes are computed whole on every rank, not split: $LINEAGE_TP_MIN_BYTES
+// (K, M, G), 1 MiB when unset.
+size_t split_min_bytes();
 // Whether this process prints and writes files: rank 0.
 bool is_root();
 // The command failed on this rank with `message` (already printed): with several ranks, ends the

@@ -37,6 +37,11 @@ assert r["weight_bytes_per_rank"] == r["replicated_bytes"] + math.ceil(r["split_
 PY
 then echo "ok   info --ranks 3: split + replicated = the weights, a rank holds a third of the split"
 else fail "info --ranks 3: $(cat "$work/info.json" | head -c 400)"; fi
+# By default matrices under 1 MiB stay whole on every rank: all of this checkpoint's.
+env -u LINEAGE_TP_MIN_BYTES "$lineage" info --model "$testdata/kimi_linear/f32" --ranks 3 --json >"$work/info.json" || fail "info --ranks 3"
+if /usr/bin/python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["ranks"]; assert r["split_bytes"] == 0, r' "$work/info.json"
+then echo "ok   info --ranks 3 at the default LINEAGE_TP_MIN_BYTES: this tiny checkpoint's matrices stay whole"
+else fail "info --ranks 3 with the default threshold split matrices under 1 MiB"; fi
 
 start=$(date +%s)
 timeout 120 "${mpi[@]}" "$lineage" serve --model "$shipped" >"$work/serve.txt" 2>&1

@@ -604,7 +604,8 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
   if (W.mxfp4()) check_mxfp4(W);
   if (W.quant) check_quant(W);
   if (T <= 0) return;
-  if (!linear_split(x, T, W, bias, y, act, linear_whole)) linear_whole(x, T, W, bias, y, act);
+  const LinearOut one{W, bias, y, act};
+  if (!linear_group_split(x, T, {&one, 1}, linear_whole)) linear_whole(x, T, W, bias, y, act);
 }
 
 bool linear_strided(const float* x, int64_t ldx, bool x_trans, int64_t T, const Weight& W, float* y, int64_t ldy,
@@ -626,11 +627,13 @@ void linear_group(const float* x, int64_t T, std::span<const LinearOut> outs) {
     if (o.W.mxfp4()) check_mxfp4(o.W);
     if (o.W.quant) check_quant(o.W);
   }
-  if (T != 1 || row_split_active()) {  // GEMMs are one region each anyway; split rows are gathered one by one
-    for (const LinearOut& o : outs) {
-      linear(x, T, o.W, o.bias, o.y, o.act);
+  if (row_split_active() && linear_group_split(x, T, outs, linear_whole)) {  // the outputs' rows in one gather
+    for (const LinearOut& o : outs)
       if (o.then) o.then(0, o.W.out());
-    }
+    return;
+  }
+  if (T != 1) {  // GEMMs are one region each anyway
+    for (const LinearOut& o : outs) linear(x, T, o.W, o.bias, o.y, o.act);
     return;
   }
   gemv_group(x, outs);

@@ -53,61 +53,97 @@ Tensor rows_of(const Tensor& t, int64_t o0, int64_t n, int64_t row_bytes) {
 
 }  // namespace
 
-bool linear_split(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y,
-                  std::optional<Activation> act, LinearFn whole) {
+namespace {
+
+// This rank's rows [o0, o0 + n) of W (its codes, block scales, group scales and zeros) and of a bias,
+// borrowed from the whole ones.
+struct RowsOf {
+  Tensor w, scales, bias;
+  QuantWeight quant;
+  Weight W;
+  RowsOf(const Weight& whole, const Tensor* b, int64_t o0, int64_t n) : W(whole) {
+    w = rows_of(*whole.w, o0, n, int64_t(whole.w->nbytes()) / whole.w->dim(0));
+    W.w = &w;
+    if (whole.scales) {
+      scales = rows_of(*whole.scales, o0, n, int64_t(whole.scales->nbytes()) / whole.scales->dim(0));
+      W.scales = &scales;
+    }
+    if (whole.quant) {
+      quant = *whole.quant;
+      quant.out = n;
+      quant.q += o0 * quant.row_bytes;
+      if (quant.scale) quant.scale += o0 * quant.groups;
+      if (quant.zero) quant.zero += o0 * quant.groups;
+      W.quant = &quant;
+    }
+    if (b) bias = Tensor::borrow(b->dtype(), Shape{n}, static_cast<const char*>(b->raw()) + o0 * dtype_size(b->dtype()), nullptr);
+  }
+};
+
+// Whether W's rows are split: stored [out, in] and at least s.min_bytes.
+bool splits(const RowSplit& s, const Weight& W) {
+  if (W.layout != Layout::OutIn) return false;
+  const size_t bytes = W.w->nbytes() + (W.scales ? W.scales->nbytes() : 0);
+  return bytes >= s.min_bytes;
+}
+
+}  // namespace
+
+bool linear_group_split(const float* x, int64_t T, std::span<const LinearOut> outs, LinearFn whole) {
   const RowSplit* s = row_split_here();
-  if (!s || T <= 0 || W.layout != Layout::OutIn || in_parallel_region()) return false;
-  const int64_t out = W.out();
-  const auto [o0, o1] = rank_rows(out, s->rank, s->ranks);
-  const int64_t n = o1 - o0;
-  // This rank's rows of W (its codes, block scales, group scales and zeros) and of the bias.
-  Tensor w_rows, scale_rows, bias_rows;
-  QuantWeight q_rows;
-  Weight mine = W;
-  if (n > 0) {
-    w_rows = rows_of(*W.w, o0, n, int64_t(W.w->nbytes()) / W.w->dim(0));
-    mine.w = &w_rows;
-    if (W.scales) {
-      scale_rows = rows_of(*W.scales, o0, n, int64_t(W.scales->nbytes()) / W.scales->dim(0));
-      mine.scales = &scale_rows;
-    }
-    if (W.quant) {
-      q_rows = *W.quant;
-      q_rows.out = n;
-      q_rows.q += o0 * q_rows.row_bytes;
-      if (q_rows.scale) q_rows.scale += o0 * q_rows.groups;
-      if (q_rows.zero) q_rows.zero += o0 * q_rows.groups;
-      mine.quant = &q_rows;
-    }
-    if (bias) bias_rows = Tensor::borrow(bias->dtype(), Shape{n},
-                                         static_cast<const char*>(bias->raw()) + o0 * dtype_size(bias->dtype()), nullptr);
-  }
+  if (!s || T <= 0 || in_parallel_region()) return false;
+  const int P = s->ranks;
+  // Each split output's rows of this rank, one after another in `rows` ([T, n_j] each); every rank's
+  // part of the gather is its blocks in the outputs' order.
   thread_local std::vector<float> rows, all;
-  rows.resize(size_t(T * n));
-  if (n > 0) whole(x, T, mine, bias ? &bias_rows : nullptr, rows.data(), act);
-  std::vector<int64_t> counts(size_t(s->ranks));
-  for (int r = 0; r < s->ranks; ++r) {
-    const auto [a, b] = rank_rows(out, r, s->ranks);
-    counts[size_t(r)] = T * (b - a);
-  }
-  const auto start = std::chrono::steady_clock::now();
-  if (T == 1) {
-    s->gather(rows.data(), counts, y);  // one token: the ranks' rows in rank order are y
-  } else {  // each rank's [T, n_r] block, then every token's row put together
-    all.resize(size_t(T * out));
-    s->gather(rows.data(), counts, all.data());
-    const float* block = all.data();
-    for (int r = 0; r < s->ranks; ++r) {
-      const auto [a, b] = rank_rows(out, r, s->ranks);
-      for (int64_t t = 0; t < T; ++t)
-        std::copy(block + t * (b - a), block + (t + 1) * (b - a), y + t * out + a);
-      block += T * (b - a);
+  std::vector<const LinearOut*> split;
+  std::vector<int64_t> counts(size_t(P), 0);
+  int64_t mine = 0;
+  for (const LinearOut& o : outs) {
+    if (!splits(*s, o.W)) {
+      whole(x, T, o.W, o.bias, o.y, o.act);
+      continue;
+    }
+    split.push_back(&o);
+    for (int r = 0; r < P; ++r) {
+      const auto [a, b] = rank_rows(o.W.out(), r, P);
+      counts[size_t(r)] += T * (b - a);
     }
   }
+  if (split.empty()) return true;
+  rows.resize(size_t(counts[size_t(s->rank)]));
+  for (const LinearOut* o : split) {
+    const auto [o0, o1] = rank_rows(o->W.out(), s->rank, P);
+    if (o1 == o0) continue;
+    const RowsOf part(o->W, o->bias, o0, o1 - o0);
+    whole(x, T, part.W, o->bias ? &part.bias : nullptr, rows.data() + mine, o->act);
+    mine += T * (o1 - o0);
+  }
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  const auto start = std::chrono::steady_clock::now();
+  float* gathered = nullptr;
+  if (split.size() == 1 && T == 1) {
+    gathered = split.front()->y;  // one output of one token: the ranks' rows in rank order are y
+  } else {
+    all.resize(size_t(total));
+    gathered = all.data();
+  }
+  s->gather(rows.data(), counts, gathered);
   g_stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   g_stats.gathers += 1;
-  g_stats.floats_sent += T * n;
-  g_stats.floats_received += T * (out - n);
+  g_stats.floats_sent += mine;
+  g_stats.floats_received += total - mine;
+  if (gathered != all.data()) return true;
+  // Rank r's part holds, for each split output, its [T, n_r] block: put every token's row together.
+  const float* block = all.data();
+  for (int r = 0; r < P; ++r)
+    for (const LinearOut* o : split) {
+      const int64_t out = o->W.out();
+      const auto [a, b] = rank_rows(out, r, P);
+      for (int64_t t = 0; t < T; ++t) std::copy(block + t * (b - a), block + (t + 1) * (b - a), o->y + t * out + a);
+      block += T * (b - a);
+    }
   return true;
 }
 

@@ -8,6 +8,7 @@
 // gives the gather over its transport (dist/).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -22,6 +23,9 @@ namespace lineage::kernels {
 
 struct RowSplit {
   int rank = 0, ranks = 1;
+  // Matrices smaller than this are computed whole on every rank: a gather costs more than reading
+  // them (MLA's per-head absorbed products, routers of few experts).
+  size_t min_bytes = 0;
   // Every rank's counts[r] floats, gathered in rank order into `out` on every rank; `mine` holds
   // this rank's counts[rank].
   std::function<void(const float* mine, std::span<const int64_t> counts, float* out)> gather;
@@ -47,12 +51,13 @@ struct RowSplitStats {
 RowSplitStats row_split_stats();
 void reset_row_split_stats();
 
-// For linear(): where a split applies to this call (installed on this thread, outside a parallel
-// region, W stored [out, in], T > 0), computes this rank's rows of y with `whole` on the rows of W
-// (and of bias) that are this rank's, gathers every rank's, and returns true; false otherwise.
+// For linear() and linear_group(): where a split is installed on this thread and the call is not
+// inside a parallel region, computes each output whose W is split (stored [out, in], at least
+// min_bytes) on this rank's rows of W (and of its bias) with `whole`, gathers every rank's rows of
+// all of them in one gather, computes the other outputs whole, and returns true; false otherwise
+// (the caller computes everything). `then` callbacks are the caller's.
 using LinearFn = void (*)(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y,
                           std::optional<Activation> act);
-bool linear_split(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y,
-                  std::optional<Activation> act, LinearFn whole);
+bool linear_group_split(const float* x, int64_t T, std::span<const LinearOut> outs, LinearFn whole);
 
 }  // namespace lineage::kernels

@@ -163,7 +163,7 @@ void DeltaRule::for_each_matrix(const MatrixVisitor& f) {
   Weights& w = weights;
   for (kernels::Matrix* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.fm_q1_w, &w.fm_q2_w, &w.fm_k1_w, &w.fm_k2_w, &w.b_proj,
                              &w.a_proj, &w.f_a, &w.f_b, &w.f_proj, &w.g_proj, &w.g_a, &w.g_b, &w.o_proj})
-    if (m->data.defined()) f(*m);
+    f(*m);  // the optional ones too, undefined where absent (and everywhere in a skeleton)
 }
 
 void DeltaRule::prepare() {

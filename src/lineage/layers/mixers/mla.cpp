@@ -99,7 +99,7 @@ void Mla::for_each_tensor(const std::string& p, const TensorVisitor& f) {
 void Mla::for_each_matrix(const MatrixVisitor& f) {
   Weights& w = weights;
   for (kernels::Matrix* m : {&w.q_proj, &w.q_a_proj, &w.q_b_proj, &w.kv_a_proj, &w.kv_b_proj, &w.g_proj, &w.o_proj})
-    if (m->data.defined()) f(*m);
+    f(*m);  // the optional ones too, undefined where absent (and everywhere in a skeleton)
 }
 
 void Mla::prepare() {

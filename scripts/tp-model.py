@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Decode time of Kimi K3 under tensor parallelism over P ranks, from the model in
+docs/distributed.md ("K3 over N nodes"):
+
+    t(P) = (B_w / P + r) / BW  +  F  +  C * (a + b * (P - 1))
+
+B_w: weight bytes a token streams; r: bytes every rank reads whole; BW: one rank's achieved read
+bandwidth; F: per-rank work that does not shrink with P; C: gathers per token; a, b: a gather's
+fixed and per-peer latency. The calibration (B_w, BW, F, a, b) is the published libxsmm cluster's
+(Xeon 8592+, one rank per socket, NDR; ../shared/design/scale-out.md section 4.3): with its own
+C = 581 and r = 0.2 GB the model gives its measured 57.0 ms at 16 ranks and 47.6 ms at 32 (the check).
+lineage's C comes from its own gather count per layer kind (measured with LINEAGE_TP_MIN_BYTES=0 on
+the tiny K3 checkpoint, counted for K3's 93 layers), and r from `lineage info --ranks`.
+
+    scripts/tp-model.py            # the table in docs/distributed.md
+"""
+import math
+
+B_W = 137.6e9      # bytes streamed per token (bf16 trunk + MXFP4 experts)
+BW = 307e9         # achieved bytes/s per rank (socket)
+F = 23.3e-3        # s per token that no rank count shrinks (AttnRes, norms, router, KDA recurrence)
+A, B = 1.3e-6, 0.49e-6  # a gather's latency: fixed, per peer
+
+# K3 (its published config): 93 layers, 24 MLA and 69 KDA; layer 0 a dense MLP, 92 latent MoE of
+# 16 routed experts a token.
+KDA, MLA, DENSE, MOE, K = 69, 24, 1, 92, 16
+
+
+def lineage_gathers(moe_per_layer):
+    # per decoded token: KDA 3 (the projections' group, f_b, o_proj), MLA 5 (q_a, q_b, kv_a, gate,
+    # o_proj; the per-head absorbed products are under 1 MiB and stay whole), the dense MLP 2
+    # (gate + up, down), each MoE layer `moe_per_layer`, the head 1.
+    return KDA * 3 + MLA * 5 + DENSE * 2 + MOE * moe_per_layer + 1
+
+
+def t(P, C, r):
+    return (B_W / P + r) / BW + F + C * (A + B * (P - 1))
+
+
+def best_P(C):
+    return math.sqrt(B_W / (BW * C * B))
+
+
+# What every rank holds whole (`lineage info --model ../shared/data/kimi-k3 --ranks 16`): 2.22 GiB,
+# the embedding table in bf16 and the norms, convolutions and small matrices.
+EMBED = 2.22 * 2**30
+rows = [
+    ("libxsmm/kimi-k3-in-c (published)", 581, 0.2e9),
+    ("lineage today (experts gathered one by one)", lineage_gathers(5 + 2 * K), EMBED),
+    ("lineage with the experts combined before one gather", lineage_gathers(5 + 2), EMBED),
+]
+print("| design | gathers per token | 8 | 16 | 32 | 64 | best P |")
+print("|---|---|---|---|---|---|---|")
+for name, C, r in rows:
+    cells = " | ".join(f"{1e3 * t(P, C, r):.1f} ms" for P in (8, 16, 32, 64))
+    Pb = best_P(C)
+    print(f"| {name} | {C} | {cells} | {Pb:.0f} ({1e3 * t(round(Pb), C, r):.1f} ms) |")
