@@ -29,7 +29,8 @@ KDA, MLA, DENSE, MOE, K = 69, 24, 1, 92, 16
 def lineage_gathers(moe_per_layer):
     # per decoded token: KDA 3 (the projections' group, f_b, o_proj), MLA 5 (q_a, q_b, kv_a, gate,
     # o_proj; the per-head absorbed products are under 1 MiB and stay whole), the dense MLP 2
-    # (gate + up, down), each MoE layer `moe_per_layer`, the head 1.
+    # (gate + up, down), each MoE layer `moe_per_layer` (the router, the latent down and up
+    # projections, the shared expert's 2, and the routed experts' 2, or 2 each), the head 1.
     return KDA * 3 + MLA * 5 + DENSE * 2 + MOE * moe_per_layer + 1
 
 
@@ -46,8 +47,8 @@ def best_P(C):
 EMBED = 2.22 * 2**30
 rows = [
     ("libxsmm/kimi-k3-in-c (published)", 581, 0.2e9),
-    ("lineage today (experts gathered one by one)", lineage_gathers(5 + 2 * K), EMBED),
-    ("lineage with the experts combined before one gather", lineage_gathers(5 + 2), EMBED),
+    ("lineage, each routed expert gathered on its own (first version)", lineage_gathers(5 + 2 * K), EMBED),
+    ("lineage, the routed experts in two gathers (now)", lineage_gathers(5 + 2), EMBED),
 ]
 print("| design | gathers per token | 8 | 16 | 32 | 64 | best P |")
 print("|---|---|---|---|---|---|---|")

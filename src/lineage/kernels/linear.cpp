@@ -608,6 +608,14 @@ void linear(const float* x, int64_t T, const Weight& W, const Tensor* bias, floa
   if (!linear_group_split(x, T, {&one, 1}, linear_whole)) linear_whole(x, T, W, bias, y, act);
 }
 
+void linear_rows(const float* x, int64_t T, const Weight& W, int64_t o0, int64_t o1, float* y) {
+  LINEAGE_CHECK(W.w && W.w->ndim() == 2 && W.layout == Layout::OutIn && 0 <= o0 && o0 <= o1 && o1 <= W.out(),
+                "linear_rows needs rows of a weight stored [out, in]");
+  if (W.mxfp4()) check_mxfp4(W);
+  if (W.quant) check_quant(W);
+  linear_rows_with(x, T, W, o0, o1, y, linear_whole);
+}
+
 bool linear_strided(const float* x, int64_t ldx, bool x_trans, int64_t T, const Weight& W, float* y, int64_t ldy,
                     bool accumulate) {
   LINEAGE_CHECK(W.w && W.w->ndim() == 2, "linear needs a 2-D weight");

@@ -80,14 +80,32 @@ struct RowsOf {
   }
 };
 
-// Whether W's rows are split: stored [out, in] and at least s.min_bytes.
+}  // namespace
+
 bool splits(const RowSplit& s, const Weight& W) {
   if (W.layout != Layout::OutIn) return false;
   const size_t bytes = W.w->nbytes() + (W.scales ? W.scales->nbytes() : 0);
   return bytes >= s.min_bytes;
 }
 
-}  // namespace
+const RowSplit* row_split_now() { return in_parallel_region() ? nullptr : row_split_here(); }
+
+void linear_rows_with(const float* x, int64_t T, const Weight& W, int64_t o0, int64_t o1, float* y, LinearFn whole) {
+  if (o1 <= o0 || T <= 0) return;
+  const RowsOf part(W, nullptr, o0, o1 - o0);
+  whole(x, T, part.W, nullptr, y, std::nullopt);
+}
+
+void gather_rows(const RowSplit& s, const float* mine, std::span<const int64_t> counts, float* out) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  const auto start = std::chrono::steady_clock::now();
+  s.gather(mine, counts, out);
+  g_stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  g_stats.gathers += 1;
+  g_stats.floats_sent += counts[size_t(s.rank)];
+  g_stats.floats_received += total - counts[size_t(s.rank)];
+}
 
 bool linear_group_split(const float* x, int64_t T, std::span<const LinearOut> outs, LinearFn whole) {
   const RowSplit* s = row_split_here();
@@ -121,7 +139,6 @@ bool linear_group_split(const float* x, int64_t T, std::span<const LinearOut> ou
   }
   int64_t total = 0;
   for (int64_t c : counts) total += c;
-  const auto start = std::chrono::steady_clock::now();
   float* gathered = nullptr;
   if (split.size() == 1 && T == 1) {
     gathered = split.front()->y;  // one output of one token: the ranks' rows in rank order are y
@@ -129,11 +146,7 @@ bool linear_group_split(const float* x, int64_t T, std::span<const LinearOut> ou
     all.resize(size_t(total));
     gathered = all.data();
   }
-  s->gather(rows.data(), counts, gathered);
-  g_stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  g_stats.gathers += 1;
-  g_stats.floats_sent += mine;
-  g_stats.floats_received += total - mine;
+  gather_rows(*s, rows.data(), counts, gathered);
   if (gathered != all.data()) return true;
   // Rank r's part holds, for each split output, its [T, n_r] block: put every token's row together.
   const float* block = all.data();

@@ -51,6 +51,17 @@ struct RowSplitStats {
 RowSplitStats row_split_stats();
 void reset_row_split_stats();
 
+// The split this call may use: the one installed on this thread, outside a parallel region (null
+// otherwise). For layers that split a computation of several matrices themselves (the routed experts).
+const RowSplit* row_split_now();
+// Whether W's rows are split under s: stored [out, in] and at least s.min_bytes.
+bool splits(const RowSplit& s, const Weight& W);
+// Rows [o0, o1) of W (its codes, block scales, group scales and zeros): y [T, o1 - o0] = x·W[o0:o1]ᵀ,
+// no bias, computed as linear() computes those rows of the whole product.
+void linear_rows(const float* x, int64_t T, const Weight& W, int64_t o0, int64_t o1, float* y);
+// s.gather, counted in row_split_stats().
+void gather_rows(const RowSplit& s, const float* mine, std::span<const int64_t> counts, float* out);
+
 // For linear() and linear_group(): where a split is installed on this thread and the call is not
 // inside a parallel region, computes each output whose W is split (stored [out, in], at least
 // min_bytes) on this rank's rows of W (and of its bias) with `whole`, gathers every rank's rows of
@@ -59,5 +70,7 @@ void reset_row_split_stats();
 using LinearFn = void (*)(const float* x, int64_t T, const Weight& W, const Tensor* bias, float* y,
                           std::optional<Activation> act);
 bool linear_group_split(const float* x, int64_t T, std::span<const LinearOut> outs, LinearFn whole);
+// linear_rows with the product `whole` (linear.cpp's).
+void linear_rows_with(const float* x, int64_t T, const Weight& W, int64_t o0, int64_t o1, float* y, LinearFn whole);
 
 }  // namespace lineage::kernels

@@ -34,8 +34,7 @@ namespace {
 
 // g ← SiLU(g) ⊙ u (or SiTU(g, u)) over T rows of F, one pass over the rows split across the threads
 // (prefill).
-void glu(const GatedMlp::Config& c, float* g, const float* u, int64_t T) {
-  const int64_t F = c.hidden;
+void glu(const GatedMlp::Config& c, float* g, const float* u, int64_t T, int64_t F) {
   const auto gate = [&](int64_t t0, int64_t t1) {
     float* gt = g + t0 * F;
     const float* ut = u + t0 * F;
@@ -52,6 +51,8 @@ void glu(const GatedMlp::Config& c, float* g, const float* u, int64_t T) {
 
 }  // namespace
 
+void gate_rows(const GatedMlp::Config& c, float* g, const float* u, int64_t T, int64_t width) { glu(c, g, u, T, width); }
+
 void forward_rows(const GatedMlp& m, const float* x, int64_t T, float* y, GatedMlp::Buffers& buf, bool dot) {
   const int64_t F = m.config.hidden;
   float* g = buf.gate.get(size_t(T) * F);
@@ -59,7 +60,7 @@ void forward_rows(const GatedMlp& m, const float* x, int64_t T, float* y, GatedM
   const kernels::LinearOut gate_up[] = {{m.weights.gate_proj.view(dot), nullptr, g},
                                         {m.weights.up_proj.view(dot), nullptr, u}};
   kernels::linear_group(x, T, gate_up);
-  glu(m.config, g, u, T);
+  glu(m.config, g, u, T, F);
   kernels::linear(g, T, m.weights.down_proj, nullptr, y, std::nullopt, dot);
 }
 
@@ -71,7 +72,7 @@ void forward_train(const GatedMlp& m, const TrainShape& s, const float* x, float
   kernels::linear(x, N, m.weights.gate_proj, nullptr, g);
   kernels::linear(x, N, m.weights.up_proj, nullptr, u);
   std::memcpy(h, g, size_t(N * F) * sizeof(float));
-  glu(m.config, h, u, N);
+  glu(m.config, h, u, N, F);
   kernels::linear(h, N, m.weights.down_proj, nullptr, y);
 }
 

@@ -47,6 +47,9 @@ void forward(const GatedMlp& m, const Call& call, const float* x, float* y, Gate
              const Trace& trace);
 // The same over any T rows (a routed expert's tokens), untraced.
 void forward_rows(const GatedMlp& m, const float* x, int64_t T, float* y, GatedMlp::Buffers& buf, bool bf16_dot);
+// The gate's activation on T rows of `width` gate and up values (all F of a row, or one rank's share
+// of them under tensor parallelism): g ← SiLU(g) ⊙ u (or SiTU(g, u)), element by element.
+void gate_rows(const GatedMlp::Config& c, float* g, const float* u, int64_t T, int64_t width);
 
 // Training (train_step.h); the gate's derivative from kernels/glu_backward.h.
 void forward_train(const GatedMlp& m, const TrainShape& s, const float* x, float* y, GatedMlp::Saved& saved);

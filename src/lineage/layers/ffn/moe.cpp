@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "lineage/core/error.h"
 #include "lineage/kernels/backward.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/row_split.h"
 #include "lineage/kernels/moe_router_backward.h"
 #include "lineage/kernels/norm.h"
 #include "lineage/kernels/vmath.h"
@@ -160,6 +162,119 @@ void add_into(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+// An expert's n output rows `out` [n, width] (its slots `slots`, slot = token·k + j) added with the
+// router's weights w into their tokens' rows of acc [N, width], slot by slot.
+void add_weighted(const int32_t* slots, int64_t n, const float* w, int64_t k, const float* out, int64_t width,
+                  float* acc) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t slot = slots[i];
+    const float wi = w[slot];
+    float* at = acc + (slot / k) * width;
+    const float* o = out + i * width;
+    for (int64_t d = 0; d < width; ++d) at[d] += wi * o[d];
+  }
+}
+
+// The routed experts under tensor parallelism (kernels/row_split.h), each split inside itself, in two
+// gathers for all of them: every rank computes its share [f0, f1) of each chosen expert's hidden
+// units (gate, up, the gate's activation: element by element), one gather gives every rank every
+// expert's whole hidden rows; every rank then computes its share [x0, x1) of each expert's output
+// rows and adds them with the router's weights into its share of the sum, experts and slots in the
+// order one process adds them, and a second gather gives every rank the whole sum. Each sum is one
+// rank's, in one process's order: nothing is summed across ranks, so the result is bit for bit one
+// process's. xe: the experts' input [N, X]; w: the router's weights [N, k]; acc: the sum [N, X], zeroed.
+void routed_split(const kernels::RowSplit& s, const Moe& m, const float* xe, const float* w, float* acc, int64_t N,
+                  Moe::Buffers& buf, bool dot) {
+  const int64_t E = m.config.n_experts, k = m.config.top_k, X = m.expert_width(), F = m.config.hidden;
+  const int P = s.ranks;
+  const int64_t R = buf.offsets[size_t(E)];  // the chosen (token, expert) slots, grouped by expert
+  const auto [f0, f1] = kernels::rank_rows(F, s.rank, P);
+  const auto [x0, x1] = kernels::rank_rows(X, s.rank, P);
+  const int64_t Fr = f1 - f0, Xr = x1 - x0;
+  std::vector<int64_t> counts(static_cast<size_t>(P));
+  // Each slot's share of its expert's hidden units, slots in expert order: [R, Fr].
+  float* h_mine = buf.split_mine.get(size_t(R * Fr));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t b = buf.offsets[size_t(e)], n = buf.offsets[size_t(e + 1)] - b;
+    if (!n || !Fr) continue;
+    const GatedMlp& ex = m.weights.experts[size_t(e)];
+    float* in = buf.rows_in.get(size_t(n * X));
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(in + i * X, xe + (buf.order[size_t(b + i)] / k) * X, size_t(X) * sizeof(float));
+    float* g = h_mine + b * Fr;
+    float* u = buf.mlp.up.get(size_t(n * Fr));
+    kernels::linear_rows(in, n, ex.weights.gate_proj.view(dot), f0, f1, g);
+    kernels::linear_rows(in, n, ex.weights.up_proj.view(dot), f0, f1, u);
+    gate_rows(ex.config, g, u, n, Fr);
+  }
+  for (int r = 0; r < P; ++r) {
+    const auto [a, z] = kernels::rank_rows(F, r, P);
+    counts[size_t(r)] = R * (z - a);
+  }
+  float* gathered = buf.split_all.get(size_t(R * F));
+  kernels::gather_rows(s, h_mine, counts, gathered);
+  float* h = buf.split_hidden.get(size_t(R * F));  // [R, F]: rank r's block holds columns [a, z) of every slot
+  for (int r = 0; r < P; ++r) {
+    const auto [a, z] = kernels::rank_rows(F, r, P);
+    for (int64_t i = 0; i < R; ++i) std::memcpy(h + i * F + a, gathered + i * (z - a), size_t(z - a) * sizeof(float));
+    gathered += R * (z - a);
+  }
+  // This rank's share of every expert's output rows, added into its share of the sum [N, Xr].
+  float* sum = buf.split_sum.get(size_t(N * Xr));
+  std::memset(sum, 0, size_t(N * Xr) * sizeof(float));
+  for (int64_t e = 0; e < E && Xr > 0; ++e) {
+    const int64_t b = buf.offsets[size_t(e)], n = buf.offsets[size_t(e + 1)] - b;
+    if (!n) continue;
+    float* out = buf.rows_out.get(size_t(n * Xr));
+    kernels::linear_rows(h + b * F, n, m.weights.experts[size_t(e)].weights.down_proj.view(dot), x0, x1, out);
+    add_weighted(buf.order.data() + b, n, w, k, out, Xr, sum);
+  }
+  for (int r = 0; r < P; ++r) {
+    const auto [a, z] = kernels::rank_rows(X, r, P);
+    counts[size_t(r)] = N * (z - a);
+  }
+  gathered = buf.split_all.get(size_t(N * X));
+  kernels::gather_rows(s, sum, counts, gathered);
+  for (int r = 0; r < P; ++r) {
+    const auto [a, z] = kernels::rank_rows(X, r, P);
+    for (int64_t t = 0; t < N; ++t) std::memcpy(acc + t * X + a, gathered + t * (z - a), size_t(z - a) * sizeof(float));
+    gathered += N * (z - a);
+  }
+}
+
+// The routed experts in one process: each chosen expert on its slots' rows, its outputs added with the
+// router's weights into acc [N, X] (zeroed), experts and slots in order.
+void run_experts(const Moe& m, const float* xe, const float* w, float* acc, Moe::Buffers& buf, bool dot) {
+  const int64_t E = m.config.n_experts, k = m.config.top_k, X = m.expert_width();
+  if (m.source) {  // streamed: the step's distinct experts asked for at once, their reads issued together
+    buf.chosen.clear();
+    for (int64_t e = 0; e < E; ++e)
+      if (buf.offsets[size_t(e + 1)] > buf.offsets[size_t(e)]) buf.chosen.push_back(int32_t(e));
+    m.source->request(buf.chosen.data(), int64_t(buf.chosen.size()));
+  }
+  for (int64_t e = 0, j = 0; e < E; ++e) {
+    const int64_t b = buf.offsets[size_t(e)], n = buf.offsets[size_t(e + 1)] - b;
+    if (!n) continue;
+    float* in = buf.rows_in.get(size_t(n * X));
+    float* out = buf.rows_out.get(size_t(n * X));
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(in + i * X, xe + (buf.order[size_t(b + i)] / k) * X, size_t(X) * sizeof(float));
+    forward_rows(m.source ? m.source->expert(j++) : m.weights.experts[size_t(e)], in, n, out, buf.mlp, dot);
+    add_weighted(buf.order.data() + b, n, w, k, out, X, acc);
+  }
+}
+
+// Whether the routed experts run split (routed_split): a split installed for this call, the experts
+// resident (not streamed), and their matrices ones the split takes.
+const kernels::RowSplit* experts_split(const Moe& m, bool dot) {
+  const kernels::RowSplit* s = kernels::row_split_now();
+  if (!s || m.source || m.weights.experts.empty()) return nullptr;
+  const GatedMlp& e = m.weights.experts.front();
+  for (const kernels::Matrix* w : {&e.weights.gate_proj, &e.weights.up_proj, &e.weights.down_proj})
+    if (!kernels::splits(*s, w->view(dot))) return nullptr;
+  return s;
+}
+
 }  // namespace
 
 void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buffers& buf, const Trace& trace) {
@@ -196,27 +311,10 @@ void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buff
     xe = z, acc = buf.latent_sum.get(size_t(N * X));
   }
   std::memset(acc, 0, size_t(N * X) * sizeof(float));
-  if (m.source) {  // streamed: the step's distinct experts asked for at once, their reads issued together
-    buf.chosen.clear();
-    for (int64_t e = 0; e < E; ++e)
-      if (buf.offsets[size_t(e + 1)] > buf.offsets[size_t(e)]) buf.chosen.push_back(int32_t(e));
-    m.source->request(buf.chosen.data(), int64_t(buf.chosen.size()));
-  }
-  for (int64_t e = 0, j = 0; e < E; ++e) {
-    const int64_t b = buf.offsets[size_t(e)], n = buf.offsets[size_t(e + 1)] - b;
-    if (!n) continue;
-    float* in = buf.rows_in.get(size_t(n * X));
-    float* out = buf.rows_out.get(size_t(n * X));
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(in + i * X, xe + (buf.order[size_t(b + i)] / k) * X, size_t(X) * sizeof(float));
-    forward_rows(m.source ? m.source->expert(j++) : m.weights.experts[size_t(e)], in, n, out, buf.mlp, dot);
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t slot = buf.order[size_t(b + i)];
-      const float wi = w[slot];
-      float* at = acc + (slot / k) * X;
-      const float* o = out + i * X;
-      for (int64_t d = 0; d < X; ++d) at[d] += wi * o[d];
-    }
+  if (const kernels::RowSplit* split = experts_split(m, dot)) {
+    routed_split(*split, m, xe, w, acc, N, buf, dot);
+  } else {
+    run_experts(m, xe, w, acc, buf, dot);
   }
   if (c.latent > 0) {  // RMSNorm of the aggregate (once), then back up to the full width
     if (c.latent_norm) kernels::rms_norm(acc, N, X, &m.weights.latent_norm, c.latent_eps, acc);

@@ -81,6 +81,7 @@ struct Moe {
   // the experts' input z and their weighted sum [N, L_a], and the up-projected sum [N, D].
   struct Buffers {
     Buffer logits, weights, rows_in, rows_out, shared, shared_gate, ids_f, latent_in, latent_sum, routed;
+    Buffer split_mine, split_all, split_hidden, split_sum;  // tensor parallelism (moe.cpp, routed_split)
     std::vector<int32_t> ids, order, scratch, chosen;
     std::vector<int64_t> offsets;
     GatedMlp::Buffers mlp;
