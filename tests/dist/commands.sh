@@ -4,7 +4,7 @@
 # generate at 2 ranks prints what one process prints; bench at 2 ranks reports the gathers' share of
 # a decoded token; info --ranks 3 splits the weights into split + replicated bytes; a command that
 # cannot run across ranks (serve) and a model that is not there each end every rank with the error
-# and a non-zero exit within the timeout, not a hang.
+# and a non-zero exit within the timeout, not a hang; so does a rank killed mid-decode.
 set -uo pipefail
 lineage=$1 testdata=$2 shipped=$3
 source "$(dirname "$0")/mpirun.sh"
@@ -57,4 +57,26 @@ rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "lineage: error (rank [0-2] of 3): .*no-such-model" "$work/missing.txt"
 then echo "ok   a missing model at 3 ranks: named, exit $rc in $(( $(date +%s) - start )) s"
 else fail "a missing model at 3 ranks: exit $rc"; cat "$work/missing.txt"; fi
+# A rank killed mid-decode (SIGKILL to rank 1's process, found by its OMPI_COMM_WORLD_RANK) ends the job
+# within 60 s with a non-zero exit: the surviving rank is not left waiting in a gather.
+mpirun_for 2 shm
+start=$(date +%s)
+timeout 60 "${mpi[@]}" "$lineage" bench --model "$testdata/kimi_linear/f32" --threads 1 --prompt 0 --gen 1000000 \
+  --repetitions 1 --no-roofline >"$work/killed.txt" 2>&1 &
+job=$!
+victim=""
+for _ in $(seq 100); do
+  sleep 0.1
+  for pid in $(pgrep -f -- "--gen 1000000" || true); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$pid; fi
+  done
+  [ -n "$victim" ] && break
+done
+sleep 1  # into the decode loop's gathers
+[ -n "$victim" ] && kill -9 "$victim"
+wait "$job"
+rc=$?
+if [ -n "$victim" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ]
+then echo "ok   rank 1 killed mid-decode: the job ended with $rc in $(( $(date +%s) - start )) s"
+else fail "rank 1 killed mid-decode (pid '${victim}'): exit $rc"; cat "$work/killed.txt"; fi
 [ "$failures" -eq 0 ] || { echo "$failures failed"; exit 1; }
