@@ -42,7 +42,6 @@ std::pair<int64_t, int64_t> rank_rows(int64_t out, int rank, int ranks) {
 }
 
 RowSplitStats row_split_stats() { return g_stats; }
-void reset_row_split_stats() { g_stats = {}; }
 
 namespace {
 
@@ -51,9 +50,6 @@ Tensor rows_of(const Tensor& t, int64_t o0, int64_t n, int64_t row_bytes) {
   return Tensor::borrow(t.dtype(), Shape{n, t.dim(1)}, static_cast<const char*>(t.raw()) + o0 * row_bytes, nullptr);
 }
 
-}  // namespace
-
-namespace {
 
 // This rank's rows [o0, o0 + n) of W (its codes, block scales, group scales and zeros) and of a bias,
 // borrowed from the whole ones.

@@ -41,7 +41,7 @@ bool row_split_active();
 // Rank `rank`'s rows of `out` among `ranks`: [out·rank/ranks, out·(rank+1)/ranks).
 std::pair<int64_t, int64_t> rank_rows(int64_t out, int rank, int ranks);
 
-// What the split has done since the last reset: gathers made, floats this rank contributed and
+// What the split has done in this process: gathers made, floats this rank contributed and
 // floats it received, and the seconds spent in gather (communication, waiting for the slowest rank
 // included).
 struct RowSplitStats {
@@ -49,7 +49,6 @@ struct RowSplitStats {
   double seconds = 0;
 };
 RowSplitStats row_split_stats();
-void reset_row_split_stats();
 
 // The split this call may use: the one installed on this thread, outside a parallel region (null
 // otherwise). For layers that split a computation of several matrices themselves (the routed experts).
