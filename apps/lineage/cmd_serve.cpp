@@ -1,5 +1,5 @@
 // lineage serve: the OpenAI-compatible HTTP server (src/lineage/serve) over one model, until SIGINT
-// or SIGTERM.
+// or SIGTERM; under mpirun, over P ranks (rank 0 serves, docs/distributed.md).
 #include <pthread.h>
 
 #include <atomic>
@@ -11,7 +11,9 @@
 
 #include "common.h"
 #include "lineage/core/error.h"
+#include "lineage/runtime/engine.h"
 #include "lineage/serve/server.h"
+#include "ranks.h"
 
 namespace lineage::app {
 
@@ -54,16 +56,25 @@ void run_serve(ServeOpts& o) {
   io::LoadedModel m = load(o.src, true);
   require_tokenizer(m, "serve");
   o.server.engine.cache.budget_bytes = parse_bytes(o.cache_bytes, "--cache-bytes");
+  // Under mpirun: rank 0 serves and decides each step; every other rank replays its engine's steps
+  // (runtime::EngineRanks) until rank 0's stops. Signals stay blocked there: the job ends with rank 0.
+  o.server.engine.ranks = engine_ranks();
+  if (!is_root()) {
+    runtime::Engine follower(m.model, o.server.engine);
+    follower.join();
+    return;
+  }
   serve::Server server(m, o.server);
   const int port = server.bind();
   const runtime::Engine& e = server.engine();
   std::fprintf(stderr,
                "lineage serve: %s on http://%s:%d (%lld slots, context %lld, queue %lld, prefix cache %s, "
-               "checkpoints every %lld)\n",
+               "checkpoints every %lld%s)\n",
                (o.src.dir.empty() ? "preset " + o.src.preset : o.src.dir).c_str(), o.server.host.c_str(), port, (long long)o.server.engine.slots,
                (long long)e.context(), (long long)o.server.engine.queue,
                format_bytes(double(o.server.engine.cache.budget_bytes)).c_str(),
-               (long long)o.server.engine.cache.checkpoint_every);
+               (long long)o.server.engine.cache.checkpoint_every,
+               ranks().size() > 1 ? cat(", ", ranks().size(), " ranks over ", ranks().name()).c_str() : "");
   if (!o.server.api_key.empty())
     std::fprintf(stderr, "lineage serve: every endpoint but /health and / wants Authorization: Bearer <the API key>\n");
   else if (o.server.host != "127.0.0.1" && o.server.host != "localhost" && o.server.host != "::1")

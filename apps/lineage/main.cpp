@@ -7,19 +7,6 @@
 #include "lineage/io/mapping_guard.h"
 #include "ranks.h"
 
-namespace {
-
-// An error on this rank: printed (with the rank where there are several), and the other ranks ended.
-int failed(const char* what) {
-  const lineage::dist::Transport& t = lineage::app::ranks();
-  if (t.size() > 1) std::fprintf(stderr, "lineage: error (rank %d of %d): %s\n", t.rank(), t.size(), what);
-  else std::fprintf(stderr, "lineage: error: %s\n", what);
-  lineage::app::fail_ranks(2);
-  return 2;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   lineage::io::install_mapping_fault_handler();
   CLI::App app{"lineage: decoder-only language models from GPT-2 to Kimi, on the CPU"};
@@ -57,9 +44,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lineage: error: %s\nRun with --help for usage.\n", e.what());
     return 2;
   } catch (const lineage::Error& e) {
-    return failed(e.what());
+    return lineage::app::failed(e.what());
   } catch (const std::exception& e) {  // e.g. a filesystem error on a path the user gave
-    return failed(e.what());
+    return lineage::app::failed(e.what());
   }
   lineage::app::end_ranks();
   return 0;

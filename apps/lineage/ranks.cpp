@@ -1,9 +1,13 @@
 #include "ranks.h"
 
+#include <pthread.h>
+
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "common.h"
 #include "lineage/core/error.h"
@@ -18,12 +22,18 @@ std::unique_ptr<dist::Transport>& transport() {
   return t;
 }
 
+// The split start_ranks installed (an engine installs it again on its own thread).
+kernels::RowSplit& installed_split() {
+  static kernels::RowSplit s;
+  return s;
+}
+
 // Matrices below this size are computed whole on every rank (LINEAGE_TP_MIN_BYTES overrides): reading
 // 1 MiB takes ~4 µs at a socket's bandwidth, about one gather's latency on a fast fabric.
 constexpr size_t kSplitMinBytes = size_t(1) << 20;
 
 // The commands whose work is linear maps on the main thread: they run split across ranks.
-constexpr const char* kAcrossRanks[] = {"generate", "logits", "perplexity", "bench", "info", "tokenize"};
+constexpr const char* kAcrossRanks[] = {"generate", "logits", "perplexity", "bench", "info", "tokenize", "serve"};
 
 }  // namespace
 
@@ -31,6 +41,15 @@ void start_ranks(const std::string& command) {
   if (!dist::under_mpirun()) {
     transport() = dist::single_rank();
     return;
+  }
+  // serve stops on SIGINT / SIGTERM taken by a thread of its own (sigwait): the threads MPI starts
+  // now must inherit them blocked, or the signal kills the process in one of them.
+  if (command == "serve") {
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   }
   transport() = dist::mpi_transport();
   dist::Transport& t = *transport();
@@ -46,10 +65,36 @@ void start_ranks(const std::string& command) {
   if (t.rank() != 0 && !std::freopen("/dev/null", "w", stdout))
     throw Error(cat("rank ", t.rank(), ": cannot send its standard output to /dev/null"));
   dist::Transport* tp = &t;
-  kernels::set_row_split({t.rank(), t.size(), split_min_bytes(),
-                          [tp](const float* mine, std::span<const int64_t> counts, float* out) {
-                            tp->all_gather(mine, counts, out);
-                          }});
+  installed_split() = {t.rank(), t.size(), split_min_bytes(),
+                       [tp](const float* mine, std::span<const int64_t> counts, float* out) {
+                         tp->all_gather(mine, counts, out);
+                       }};
+  kernels::set_row_split(installed_split());
+}
+
+int failed(const char* what) {
+  const dist::Transport& t = ranks();
+  if (t.size() > 1) std::fprintf(stderr, "lineage: error (rank %d of %d): %s\n", t.rank(), t.size(), what);
+  else std::fprintf(stderr, "lineage: error: %s\n", what);
+  fail_ranks(2);
+  return 2;
+}
+
+runtime::EngineRanks engine_ranks() {
+  dist::Transport& t = ranks();
+  runtime::EngineRanks r{.rank = t.rank(), .ranks = t.size(), .broadcast = {}, .on_thread = {}, .fail = {}};
+  if (t.size() <= 1) return r;
+  dist::Transport* tp = &t;
+  r.broadcast = [tp](std::string& message) {
+    // Its length first, in the broadcast the other ranks may wait long for; then the bytes.
+    uint64_t n = message.size();
+    tp->broadcast_waiting(&n, sizeof n, 0);
+    message.resize(size_t(n));
+    if (n > 0) tp->broadcast(message.data(), message.size(), 0);
+  };
+  r.on_thread = [] { kernels::set_row_split(installed_split()); };
+  r.fail = [](const std::string& message) { failed(message.c_str()); };
+  return r;
 }
 
 size_t split_min_bytes() {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "lineage/dist/transport.h"
+#include "lineage/runtime/engine.h"
 
 namespace lineage::app {
 
@@ -27,6 +28,12 @@ bool is_root();
 // The command failed on this rank with `message` (already printed): with several ranks, ends the
 // job (the others may wait in a collective) with exit code `code`. Returns otherwise.
 void fail_ranks(int code);
+// Prints `what` as this rank's error ("lineage: error (rank R of P): ..." where there are several)
+// and ends the job where there are several ranks (exit status 2); returns 2 otherwise.
+int failed(const char* what);
+// The serving engine's ranks (lineage serve under mpirun): rank 0's rounds broadcast over the
+// transport, the row split installed on the engine's thread, a failure on one rank ending the job.
+runtime::EngineRanks engine_ranks();
 // Ends the ranks (MPI finalized) after a command that succeeded on every rank.
 void end_ranks();
 

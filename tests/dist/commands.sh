@@ -3,7 +3,7 @@
 #   commands.sh LINEAGE TESTDATA SHIPPED_MODEL
 # generate at 2 ranks prints what one process prints; bench at 2 ranks reports the gathers' share of
 # a decoded token; info --ranks 3 splits the weights into split + replicated bytes; a command that
-# cannot run across ranks (serve) and a model that is not there each end every rank with the error
+# cannot run across ranks (chat) and a model that is not there each end every rank with the error
 # and a non-zero exit within the timeout, not a hang; so does a rank killed mid-decode.
 set -uo pipefail
 lineage=$1 testdata=$2 shipped=$3
@@ -44,11 +44,11 @@ then echo "ok   info --ranks 3 at the default LINEAGE_TP_MIN_BYTES: this tiny ch
 else fail "info --ranks 3 with the default threshold split matrices under 1 MiB"; fi
 
 start=$(date +%s)
-timeout 120 "${mpi[@]}" "$lineage" serve --model "$shipped" >"$work/serve.txt" 2>&1
+timeout 120 "${mpi[@]}" "$lineage" chat --model "$shipped" </dev/null >"$work/chat.txt" 2>&1
 rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q '"serve" runs on one rank; under mpirun with 2 ranks these run: generate, logits' "$work/serve.txt"
-then echo "ok   serve at 2 ranks: refused by name, exit $rc in $(( $(date +%s) - start )) s"
-else fail "serve at 2 ranks: exit $rc"; cat "$work/serve.txt"; fi
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q '"chat" runs on one rank; under mpirun with 2 ranks these run: generate, logits' "$work/chat.txt"
+then echo "ok   chat at 2 ranks: refused by name, exit $rc in $(( $(date +%s) - start )) s"
+else fail "chat at 2 ranks: exit $rc"; cat "$work/chat.txt"; fi
 
 start=$(date +%s)
 mpirun_for 3 shm

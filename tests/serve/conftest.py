@@ -5,6 +5,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -22,16 +23,58 @@ def lineage_bin() -> str:
     return path
 
 
+def serve_ranks() -> int:
+    """LINEAGE_SERVE_RANKS=P (ctest's serve_server_ranks2): every server of these tests runs under
+    mpirun on P ranks over shared memory, each matrix split among them (tests/dist/mpirun.sh's set-up)."""
+    return int(os.environ.get("LINEAGE_SERVE_RANKS", "1"))
+
+
+def launcher() -> tuple:
+    """The command prefix and environment a server starts with."""
+    ranks = serve_ranks()
+    if ranks <= 1:
+        return [], None
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", LINEAGE_TP_MIN_BYTES="0")
+    env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"), "detect_leaks=0"]))
+    return ["mpirun", "--oversubscribe", "-np", str(ranks), "--mca", "btl", "self,vader",
+            "--mca", "btl_vader_single_copy_mechanism", "none", "--mca", "oob_tcp_if_include", "lo",
+            "--bind-to", "none", "-x", "LINEAGE_TP_MIN_BYTES"], env
+
+
+def rank0_pid(mpirun_pid: int, seconds: float = 10) -> int:
+    """The pid of mpirun's child with OMPI_COMM_WORLD_RANK=0."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                env = (d / "environ").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == mpirun_pid and b"OMPI_COMM_WORLD_RANK=0" in env:
+                return int(d.name)
+        time.sleep(0.05)
+    raise AssertionError(f"mpirun {mpirun_pid} has no rank 0")
+
+
 class Server:
-    """`lineage serve --port 0 ...` in a process of its own; the port is read from its first line."""
+    """`lineage serve --port 0 ...` in a process of its own; the port is read from its first line.
+    Under LINEAGE_SERVE_RANKS=P, the same command under mpirun on P ranks (rank 0 serves)."""
 
     def __init__(self, model: Path, *args: str):
-        self.proc = subprocess.Popen([lineage_bin(), "serve", "--model", str(model), "--port", "0", "--threads", "1", *args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        prefix, env = launcher()
+        self.proc = subprocess.Popen([*prefix, lineage_bin(), "serve", "--model", str(model), "--port", "0", "--threads", "1", *args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         line = self.proc.stderr.readline()
         m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
         assert m, f"lineage serve did not start: {line}{self.proc.stderr.read() if self.proc.poll() is not None else ''}"
         self.port = int(m.group(1))
+        if serve_ranks() > 1:
+            assert f"{serve_ranks()} ranks over MPI" in line, line
+        # The process that serves (and takes the stop signal): rank 0 under mpirun.
+        self.pid = rank0_pid(self.proc.pid) if serve_ranks() > 1 else self.proc.pid
 
     def request(self, method: str, path: str, body=None, headers=None, timeout: float = 60):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -72,7 +115,7 @@ class Server:
         return out
 
     def rss_bytes(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
         raise AssertionError("no VmRSS")
@@ -88,13 +131,23 @@ class Server:
             time.sleep(0.02)
 
     def stop(self):
-        self.proc.terminate()
+        """SIGTERM to the serving process: under mpirun, rank 0 stops the others and mpirun exits 0,
+        rank 0 reporting the row gathers its steps made (some, when it ran a step)."""
+        steps = None  # unknown behind an API key
+        if serve_ranks() > 1 and self.proc.poll() is None and self.request("GET", "/metrics")[0] == 200:
+            steps = self.metrics().get("lineage_steps_total", 0)
+        os.kill(self.pid, signal.SIGTERM)
         try:
             self.proc.wait(20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise AssertionError("lineage serve did not stop on SIGTERM")
-        assert self.proc.returncode == 0, f"lineage serve exited {self.proc.returncode}: {self.proc.stderr.read()}"
+        rest = self.proc.stderr.read()
+        assert self.proc.returncode == 0, f"lineage serve exited {self.proc.returncode}: {rest}"
+        if serve_ranks() > 1:
+            m = re.search(rf"lineage: {serve_ranks()} ranks over .*: (\d+) row gathers", rest)
+            assert m, f"rank 0 did not report its gathers: {rest}"
+            assert steps is None or (int(m.group(1)) > 0) == (steps > 0), f"{steps} steps, {m.group(1)} gathers"
 
 
 @pytest.fixture(scope="session")

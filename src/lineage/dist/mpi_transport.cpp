@@ -7,11 +7,13 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace lineage::dist {
@@ -34,10 +36,10 @@ class Mpi final : public Transport {
     MPI_Initialized(&initialized);
     if (initialized) throw Error("MPI: the transport is made once per process");
     int provided = 0;
-    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
-    if (provided < MPI_THREAD_FUNNELED) {
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+    if (provided < MPI_THREAD_SERIALIZED) {
       MPI_Finalize();
-      throw Error("MPI: the library does not provide MPI_THREAD_FUNNELED");
+      throw Error("MPI: the library does not provide MPI_THREAD_SERIALIZED");
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -85,6 +87,24 @@ class Mpi final : public Transport {
       const int n = int(std::min<size_t>(bytes - at, size_t(1) << 30));
       check(MPI_Bcast(p + at, n, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
       at += size_t(n);
+    }
+  }
+
+  void broadcast_waiting(void* data, size_t bytes, int root) override {
+    if (root < 0 || root >= size_) throw Error(cat("broadcast: root ", root, " of ", size_, " ranks"));
+    if (bytes > size_t(INT_MAX)) throw Error(cat("broadcast_waiting: ", bytes, " bytes do not fit MPI's int count"));
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Ibcast(data, int(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &request), "MPI_Ibcast");
+    // Polled without sleeping for the first 200 µs (a decoding server's next step comes sooner),
+    // then with sleeps that grow to 1 ms.
+    const auto start = std::chrono::steady_clock::now();
+    std::chrono::microseconds nap{0};
+    for (int done = 0;;) {
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) return;
+      if (std::chrono::steady_clock::now() - start < std::chrono::microseconds(200)) continue;
+      nap = std::min(std::chrono::microseconds(1000), nap + std::chrono::microseconds(50));
+      std::this_thread::sleep_for(nap);
     }
   }
 

@@ -21,6 +21,7 @@ class SingleRank final : public Transport {
   void broadcast(void*, size_t, int root) override {
     if (root != 0) throw Error(cat("broadcast: root ", root, " of one rank"));
   }
+  void broadcast_waiting(void* data, size_t bytes, int root) override { broadcast(data, bytes, root); }
   void barrier() override {}
   std::optional<std::string> any_failed(bool failed, const std::string& message) override {
     if (failed) return cat("rank 0: ", message);

@@ -27,6 +27,10 @@ class Transport {
   virtual void all_gather(const float* mine, std::span<const int64_t> counts, float* out) = 0;
   // `bytes` bytes of `data` from rank `root` to every rank.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  // The same, for a message the other ranks may wait for a long time (a server's next step, while
+  // rank 0 waits for requests): a rank that waits polls and then sleeps between polls instead of
+  // holding its core. Not to be mixed with broadcast(): every rank calls the same one.
+  virtual void broadcast_waiting(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
   // Collective: every rank says whether it failed (and why); every rank gets the message of the
   // lowest-numbered rank that failed, or nothing when none did.
@@ -43,9 +47,9 @@ std::unique_ptr<Transport> single_rank();
 bool mpi_built();
 // Whether this process was started by mpirun or a PMIx / PMI launcher (their environment says so).
 bool under_mpirun();
-// The MPI transport over MPI_COMM_WORLD, MPI initialized with MPI_THREAD_FUNNELED (only the thread
-// that made it calls MPI; the kernels' worker threads never do) and errors returned, not aborted:
-// each is an Error naming the call. One per process; MPI is finalized when it goes. Throws Error
+// The MPI transport over MPI_COMM_WORLD, MPI initialized with MPI_THREAD_SERIALIZED (one thread at a
+// time calls MPI: the one that made it, or a server's engine thread while the main thread waits; the
+// kernels' worker threads never do) and errors returned, not aborted: each is an Error naming the call. One per process; MPI is finalized when it goes. Throws Error
 // when the build has no MPI.
 std::unique_ptr<Transport> mpi_transport();
 

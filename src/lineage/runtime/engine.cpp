@@ -3,7 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "lineage/core/error.h"
 #include "lineage/model/forward.h"
@@ -46,7 +53,75 @@ TokenLogprob token_logprob(const float* row, int64_t V, int32_t token, int top) 
   return t;
 }
 
+// A round's bytes (Engine::Round): plain values in this machine's byte order (every rank runs the
+// same build), vectors and strings after their length.
+class Writer {
+ public:
+  explicit Writer(std::string& out) : out_(out) {}
+  template <class T>
+  void put(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    out_.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  template <class T>
+  void put_all(const std::vector<T>& v) {
+    put(uint64_t(v.size()));
+    if (!v.empty()) out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  }
+  void put_all(const std::string& v) {
+    put(uint64_t(v.size()));
+    out_ += v;
+  }
+
+ private:
+  std::string& out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  template <class T>
+  T get() {
+    T v;
+    std::memcpy(&v, take(sizeof v), sizeof v);
+    return v;
+  }
+  template <class T>
+  void get_all(std::vector<T>& v) {
+    const uint64_t n = get<uint64_t>();
+    if (n > in_.size() / sizeof(T)) cut();
+    v.resize(size_t(n));
+    if (n > 0) std::memcpy(v.data(), take(size_t(n) * sizeof(T)), size_t(n) * sizeof(T));
+  }
+  void get_all(std::string& v) {
+    const uint64_t n = get<uint64_t>();
+    if (n > in_.size()) cut();
+    v.assign(take(size_t(n)), size_t(n));
+  }
+  bool done() const { return at_ == in_.size(); }
+
+ private:
+  [[noreturn]] static void cut() { throw Error("the engine's round from rank 0 is cut short or damaged"); }
+  const char* take(size_t n) {
+    if (n > in_.size() - at_) cut();
+    const char* p = in_.data() + at_;
+    at_ += n;
+    return p;
+  }
+  std::string_view in_;
+  size_t at_ = 0;
+};
+
 }  // namespace
+
+// What rank 0 decided before a step, for every rank to replay (EngineRanks).
+struct Engine::Round {
+  bool stop = false;
+  std::vector<uint64_t> ended;  // requests whose on_token returned false in the last step
+  std::string error;            // a callback's failure since the last round: every request ends
+  std::vector<Waiting> admitted;
+  std::vector<uint64_t> gone;   // cancelled requests
+};
 
 // A request in a slot: how much of its prompt is in the state, the token to feed next, every token
 // fed (for the prefix cache), its sampler and the checkpoints its prefill left.
@@ -70,20 +145,27 @@ Engine::Engine(const model::Model& m, EngineOptions options)
       options_(options),
       limit_(options.ctx > 0 ? options.ctx : m.config.max_positions),
       pool_(m, {.slots = options.slots, .ctx = options.ctx}),
-      cache_(m, options.cache) {
+      cache_(m, options.cache),
+      root_(options.ranks.rank == 0) {
   if (options.slots < 1) throw Error(cat("--slots: expected at least 1, found ", options.slots));
   if (options.prefill_chunk < 1) throw Error(cat("prefill chunk: expected at least 1, found ", options.prefill_chunk));
+  if (options.ranks.ranks > 1 && !options.ranks.broadcast)
+    throw Error(cat("an engine over ", options.ranks.ranks, " ranks needs their broadcast"));
   stats_.slots = options.slots;
   thread_ = std::thread([this] { run(); });
 }
 
 Engine::~Engine() {
-  {
+  if (root_) {
     std::lock_guard lock(mu_);
     stopping_ = true;
   }
   wake_.notify_all();
-  thread_.join();
+  join();  // a follower's engine ends when rank 0's does
+}
+
+void Engine::join() {
+  if (thread_.joinable()) thread_.join();
 }
 
 std::optional<uint64_t> Engine::submit(EngineRequest request) {
@@ -109,6 +191,7 @@ void Engine::check(const EngineRequest& request) const {
 }
 
 std::optional<std::vector<uint64_t>> Engine::submit_many(std::vector<EngineRequest> requests) {
+  if (!root_) throw Error(cat("rank ", options_.ranks.rank, "'s engine follows rank 0's and takes no requests"));
   for (const EngineRequest& r : requests) check(r);
   std::lock_guard lock(mu_);
   if (int64_t(queue_.size() + requests.size()) > options_.queue) {
@@ -168,7 +251,7 @@ void Engine::finish(std::vector<Live>& live, size_t k, const char* reason, std::
     stats_.generated_tokens += int64_t(l.result.tokens.size());
     cancelled_.erase(l.id);
   }
-  if (l.request.on_done) l.request.on_done(std::move(l.result));
+  if (l.request.on_done) callback([&] { l.request.on_done(std::move(l.result)); });
   live.erase(live.begin() + int64_t(k));
 }
 
@@ -188,33 +271,114 @@ void Engine::emit(std::vector<Live>& live, size_t b, const float* row) {
     finish(live, b, "stop");
     return;
   }
-  if (l.request.logprobs >= 0) {
+  if (l.request.logprobs >= 0 && root_) {
     l.result.logprobs.push_back(token_logprob(row, V, next, l.request.logprobs));
-    if (l.request.on_logprob) l.request.on_logprob(l.result.logprobs.back());
+    if (l.request.on_logprob) callback([&] { l.request.on_logprob(l.result.logprobs.back()); });
   }
   l.result.tokens.push_back(next);
   l.next = next;
-  if (l.request.on_token && !l.request.on_token(next)) finish(live, b, "cancelled");
+  bool keep = true;
+  if (l.request.on_token) callback([&] { keep = l.request.on_token(next); });
+  // The caller ended it: it ends at the next round, where every rank learns of it.
+  if (!keep) ended_.push_back(l.id);
   else if (int64_t(l.result.tokens.size()) >= o.max_tokens) finish(live, b, "length");
   else if (limit_ > 0 && pos >= limit_) finish(live, b, "context");
 }
 
+void Engine::callback(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    if (callback_error_.empty()) callback_error_ = e.what();
+  }
+}
+
+void Engine::share(Round& round) {
+  if (options_.ranks.ranks <= 1) return;
+  std::string bytes;
+  if (root_) {
+    Writer w(bytes);
+    w.put(uint8_t(round.stop));
+    w.put_all(round.ended);
+    w.put_all(round.error);
+    w.put_all(round.gone);
+    w.put(uint64_t(round.admitted.size()));
+    for (const Waiting& a : round.admitted) {  // what the engine reads of a request; the callbacks stay here
+      const EngineRequest& r = a.request;
+      w.put(a.id);
+      w.put_all(r.prompt);
+      w.put(r.options.max_tokens);
+      w.put(r.options.sampling);
+      w.put(uint8_t(r.options.eos.has_value()));
+      w.put(r.options.eos.value_or(0));
+      w.put(uint8_t(r.prompt_logprobs));
+      w.put(r.prefill_group);
+    }
+  }
+  options_.ranks.broadcast(bytes);
+  if (root_) return;
+  Reader in(bytes);
+  round.stop = in.get<uint8_t>() != 0;
+  in.get_all(round.ended);
+  in.get_all(round.error);
+  in.get_all(round.gone);
+  const uint64_t n = in.get<uint64_t>();
+  for (uint64_t i = 0; i < n; ++i) {
+    Waiting a{in.get<uint64_t>(), {}, now()};
+    EngineRequest& r = a.request;
+    in.get_all(r.prompt);
+    r.options.max_tokens = in.get<int>();
+    r.options.sampling = in.get<SamplingParams>();
+    const bool has_eos = in.get<uint8_t>() != 0;
+    const int32_t eos = in.get<int32_t>();
+    if (has_eos) r.options.eos = eos;
+    r.prompt_logprobs = in.get<uint8_t>() != 0;
+    r.prefill_group = in.get<uint64_t>();
+    round.admitted.push_back(std::move(a));
+  }
+  if (!in.done()) throw Error("the engine's round from rank 0 has bytes past its end");
+}
+
+void Engine::settle(std::vector<Live>& live, const std::vector<uint64_t>& ended, std::string& error) {
+  for (const uint64_t id : ended)
+    for (size_t k = 0; k < live.size(); ++k)
+      if (live[k].id == id) {
+        finish(live, k, "cancelled");
+        break;
+      }
+  if (root_) error = std::exchange(callback_error_, {});
+  // A callback failed (on rank 0): every request ends with it, the engine lives on.
+  if (!error.empty())
+    while (!live.empty()) finish(live, live.size() - 1, "error", cat("the engine's step failed: ", error));
+  if (root_) callback_error_.clear();  // failures of requests that have just ended
+}
+
 void Engine::run() {
+  if (options_.ranks.on_thread) options_.ranks.on_thread();
   std::vector<Live> live;
   live.reserve(size_t(options_.slots));
   while (true) {
-    std::vector<Waiting> admitted;
-    {
+    Round round;
+    if (root_) {
+      round.ended.swap(ended_);
+      settle(live, round.ended, round.error);
       std::unique_lock lock(mu_);
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !live.empty(); });
-      if (stopping_) break;
-      while (!queue_.empty() && int64_t(live.size() + admitted.size()) < options_.slots) {
-        admitted.push_back(std::move(queue_.front()));
+      round.stop = stopping_;
+      while (!round.stop && !queue_.empty() && int64_t(live.size() + round.admitted.size()) < options_.slots) {
+        round.admitted.push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
       stats_.queued = int64_t(queue_.size());
+      for (const Live& l : live)
+        if (cancelled_.count(l.id)) round.gone.push_back(l.id);
+      for (const Waiting& w : round.admitted)
+        if (cancelled_.count(w.id)) round.gone.push_back(w.id);
     }
-    for (Waiting& w : admitted) {
+    share(round);
+    if (!root_) settle(live, round.ended, round.error);
+    if (round.stop) break;
+    for (Waiting& w : round.admitted) {
       Sampler sampler(w.request.options.sampling);
       Live l{w.id, std::move(w.request), pool_.acquire(), w.submitted, std::move(sampler), 0, {}, {}, {}, {}, false, {}};
       l.result.prompt_tokens = int64_t(l.request.prompt.size());
@@ -235,9 +399,12 @@ void Engine::run() {
       stats_.active = int64_t(live.size());
     }
     try {
-      step(live);
-    } catch (const std::exception& e) {  // (a callback's, or memory): every request ends with it, the engine lives on
-      while (!live.empty()) finish(live, live.size() - 1, "error", cat("the engine's step failed: ", e.what()));
+      step(live, round.gone);
+    } catch (const std::exception& e) {  // (memory): every request ends with it, the engine lives on
+      const std::string message = cat("the engine's step failed: ", e.what());
+      // With several ranks the others cannot know of it, and wait in the step's collectives.
+      if (options_.ranks.ranks > 1 && options_.ranks.fail) options_.ranks.fail(message);
+      while (!live.empty()) finish(live, live.size() - 1, "error", message);
     }
   }
   // Stopping: every request still here ends cancelled.
@@ -250,18 +417,13 @@ void Engine::run() {
   for (Waiting& w : rest) {
     EngineResult r;
     r.finish_reason = "cancelled";
-    if (w.request.on_done) w.request.on_done(std::move(r));
+    if (w.request.on_done) callback([&] { w.request.on_done(std::move(r)); });
   }
 }
 
-void Engine::step(std::vector<Live>& live) {
-  std::vector<size_t> gone;
-  {
-    std::lock_guard lock(mu_);
-    for (size_t k = live.size(); k-- > 0;)
-      if (cancelled_.count(live[k].id)) gone.push_back(k);  // last first: the indices before stay valid
-  }
-  for (size_t k : gone) finish(live, k, "cancelled");
+void Engine::step(std::vector<Live>& live, const std::vector<uint64_t>& gone) {
+  for (size_t k = live.size(); k-- > 0;)  // last first: the indices before stay valid
+    if (std::find(gone.begin(), gone.end(), live[k].id) != gone.end()) finish(live, k, "cancelled");
   if (live.empty()) return;
   const int64_t V = model_.config.vocab_size, every = cache_.checkpoint_every();
   step_.clear();
@@ -331,7 +493,7 @@ void Engine::step(std::vector<Live>& live) {
     const GenerateOptions& o = l.request.options;
     const int64_t last_row = all_rows ? step_.begin(sb) + step_.length(sb) - 1 : sb;
     if (l.fed < n || !l.next) {  // a prefill piece
-      if (l.request.prompt_logprobs) {  // row j predicts the piece's token j + 1, the last row the next piece's first
+      if (l.request.prompt_logprobs && root_) {  // row j predicts the piece's token j + 1, the last row the next piece's first
         const int64_t first = l.fed - step_.length(sb);
         for (int64_t j = 0; j < step_.length(sb) && first + j + 1 < n; ++j)
           l.result.prompt_logprobs.push_back(token_logprob(logits_.data() + (last_row - step_.length(sb) + 1 + j) * V, V,
@@ -349,7 +511,7 @@ void Engine::step(std::vector<Live>& live) {
             const float* r = logits_.data() + last_row * V;
             w.first_logits.assign(r, r + V);
           }
-      if (l.request.on_progress) l.request.on_progress(l.fed, n);
+      if (l.request.on_progress) callback([&] { l.request.on_progress(l.fed, n); });
       if (cache_.wants_checkpoint(pos) && l.fed < n) cache_.checkpoint(pool_.state(l.slot), l.checkpoints);
       if (l.fed < n) continue;
       if (o.max_tokens == 0) {  // the prompt's log-probabilities only

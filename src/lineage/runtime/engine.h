@@ -79,6 +79,25 @@ struct EngineRequest {
   std::function<void(EngineResult&&)> on_done;
 };
 
+// One engine over several ranks (lineage serve under mpirun, docs/distributed.md). Rank 0's engine
+// takes the requests and decides each step; every other rank runs a follower engine (join()) that
+// replays those decisions, so the ranks' forwards make the same collectives (the row split's
+// gathers) over the same tokens. Before each step rank 0 broadcasts what only it knows: the requests
+// it admitted and the ones cancelled, those whose caller ended them in the last step (on_token
+// returned false) and a callback's failure. The rest (slots, the prefix cache, every token sampled
+// from the gathered logits) each rank computes alike. Only rank 0 calls the requests' callbacks.
+struct EngineRanks {
+  int rank = 0, ranks = 1;
+  // Rank 0's `message` to every rank (the others' is replaced), called on the engine's thread by
+  // every rank in the same order; the others may wait long for it (rank 0 idle between requests).
+  std::function<void(std::string& message)> broadcast;
+  // Called first on the engine's thread (where the row split must be installed to be used).
+  std::function<void()> on_thread;
+  // A failure on this rank alone (memory) that the other ranks cannot replay: ends every rank
+  // (it should not return; the engine throws its message if it does).
+  std::function<void(const std::string& message)> fail;
+};
+
 struct EngineOptions {
   int64_t slots = 4;            // requests decoding together at most
   int64_t ctx = 0;              // positions per slot: 0 = the model's limit, caches grow on demand
@@ -88,6 +107,7 @@ struct EngineOptions {
   // a server refuses those, as they leave no room for a completion.
   bool allow_full_prompt = false;
   PrefixCacheOptions cache;
+  EngineRanks ranks;
 };
 
 struct EngineStats {
@@ -122,6 +142,9 @@ class Engine {
   // the next step. Unknown or finished ids are ignored.
   void cancel(uint64_t id);
   EngineStats stats() const;
+  // A follower (options.ranks.rank > 0): returns when rank 0's engine has stopped. It takes no
+  // requests (submit throws).
+  void join();
   // Positions a request may hold: the prompt and the generated tokens.
   int64_t context() const { return limit_; }
   const model::Model& model() const { return model_; }
@@ -133,8 +156,16 @@ class Engine {
     double submitted;
   };
   struct Live;
+  struct Round;
   void run();
-  void step(std::vector<Live>& live);
+  // Rank 0 fills a round; with several ranks it is broadcast (the others' filled from it).
+  void share(Round& round);
+  // Ends the requests whose callers ended them, then, after a callback failed, every request. On
+  // rank 0 `error` is set to the failure (the round carries it); on the others it is the round's.
+  void settle(std::vector<Live>& live, const std::vector<uint64_t>& ended, std::string& error);
+  void step(std::vector<Live>& live, const std::vector<uint64_t>& gone);
+  // A request's callback: one that throws ends every request at the next round (on rank 0 only).
+  void callback(const std::function<void()>& f);
   void check(const EngineRequest& request) const;  // what submit() throws for
   // Samples live[b]'s next token from `row` and hands it on; may finish (and erase) live[b].
   void emit(std::vector<Live>& live, size_t b, const float* row);
@@ -148,6 +179,9 @@ class Engine {
   model::Workspace ws_;
   layers::Step step_;
   std::vector<float> logits_;
+  const bool root_;                  // rank 0 (or the only rank): takes requests, calls callbacks
+  std::vector<uint64_t> ended_;      // requests whose on_token returned false in this step
+  std::string callback_error_;       // the first callback failure since the last round
 
   mutable std::mutex mu_;
   std::condition_variable wake_;
