@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "common.h"
@@ -19,6 +21,7 @@
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
 #include "lineage/core/rng.h"
+#include "lineage/dist/transport.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/io/expert_stream.h"
 #include "lineage/kernels/roofline.h"
@@ -427,6 +430,25 @@ double status_bytes(const char* field) {
   return 0;
 }
 
+// Under mpirun, every rank's memory in rank order: its peak resident set and its resident pages of
+// the checkpoint's mappings (the weights it has touched: its rows of the split matrices and the
+// replicated rest). A collective: every rank calls it.
+struct RankMemory {
+  double peak_rss = 0, mapped_resident = 0;
+};
+std::vector<RankMemory> ranks_memory(model::Model& m) {
+  dist::Transport& t = ranks();
+  const double mapped = weights_mapped(m) ? double(mapped_pages(m).resident) : 0.0;
+  // KiB as floats: exact up to 16 GiB, within 2^-24 beyond.
+  const float mine[2] = {float(status_bytes("VmHWM") / 1024.0), float(mapped / 1024.0)};
+  std::vector<float> all(size_t(2 * t.size()));
+  const std::vector<int64_t> counts(size_t(t.size()), 2);
+  t.all_gather(mine, counts, all.data());
+  std::vector<RankMemory> out;
+  for (size_t r = 0; r < size_t(t.size()); ++r) out.push_back({1024.0 * all[2 * r], 1024.0 * all[2 * r + 1]});
+  return out;
+}
+
 void run_bench(const BenchOpts& o) {
   if (o.prompt == 0 && o.gen == 0) throw Error("--prompt 0 and --gen 0 leave no test to run");
   if (!o.src.preset.empty()) check_limits(model::preset_skeleton(o.src.preset), o);
@@ -474,10 +496,13 @@ void run_bench(const BenchOpts& o) {
     for (double bw : r.bandwidth) c.ceil.bandwidth = std::max(c.ceil.bandwidth, bw);
   // Under mpirun each rank reads its rows of the split matrices and the replicated rest: its decode
   // roofline counts those bytes (at the bandwidth this rank measured).
-  double weight_share = 1.0;
+  double weight_share = 1.0, weight_bytes_per_rank = 0;
+  std::vector<RankMemory> per_rank;
   if (ranks().size() > 1) {
     const auto [split, replicated] = split_and_replicated(m, DType::F32);
     if (split + replicated > 0) weight_share = (replicated + split / ranks().size()) / (split + replicated);
+    weight_bytes_per_rank = replicated + split / ranks().size();
+    per_rank = ranks_memory(m);
   }
   for (BenchRow& r : rows) {
     if (r.decode) {
@@ -521,6 +546,14 @@ void run_bench(const BenchOpts& o) {
                                  {"workspace_bytes", layers::Buffer::live_bytes()},
                                  {"rss_before_load_bytes", rss_before_load},
                                  {"rss_peak_bytes", status_bytes("VmHWM")}};
+  nlohmann::json ranks_json;  // under mpirun: each rank's memory next to what info --ranks predicts
+  if (!per_rank.empty()) {
+    ranks_json = {{"ranks", ranks().size()}, {"weight_bytes_per_rank", weight_bytes_per_rank}, {"per_rank", nlohmann::json::array()}};
+    for (size_t r = 0; r < per_rank.size(); ++r)
+      ranks_json["per_rank"].push_back({{"rank", r},
+                                        {"rss_peak_bytes", per_rank[r].peak_rss},
+                                        {"mapped_resident_bytes", per_rank[r].mapped_resident}});
+  }
   if (o.json) {
     nlohmann::json all = nlohmann::json::array();
     for (const BenchRow& r : rows) all.push_back(row_json(c, r, o.repetitions));
@@ -547,7 +580,10 @@ void run_bench(const BenchOpts& o) {
                      {"disk_random_bytes_per_s", disk.random},
                      {"disk_random_reads", disk.random_reads},
                      {"io", p.stats.io}});
-    for (auto& row : all) row["memory"] = memory;  // the run's, on each row
+    for (auto& row : all) {  // the run's, on each row
+      row["memory"] = memory;
+      if (!ranks_json.is_null()) row["memory"]["ranks"] = ranks_json;
+    }
     std::printf("%s\n", all.dump(2).c_str());
     return;
   }
@@ -567,6 +603,11 @@ void run_bench(const BenchOpts& o) {
                   format_bytes(4.0 * double(r.gathers.floats_sent) / n).c_str(),
                   format_bytes(4.0 * double(r.gathers.floats_received) / n).c_str());
     }
+    std::printf("memory per rank (info --ranks: %s of weights a rank):", format_bytes(weight_bytes_per_rank).c_str());
+    for (size_t r = 0; r < per_rank.size(); ++r)
+      std::printf("%s rank %zu peak RSS %s, mapped weights resident %s", r ? ";" : "", r,
+                  format_bytes(per_rank[r].peak_rss).c_str(), format_bytes(per_rank[r].mapped_resident).c_str());
+    std::printf("\n");
   }
   if (plan.streaming) {
     std::printf("\nexperts streamed: budget %s = %s resident + %s expert cache (%s of routed experts on disk); %s\n",

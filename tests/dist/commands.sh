@@ -2,7 +2,7 @@
 # The lineage commands under mpirun as users run them (tests/CMakeLists.txt):
 #   commands.sh LINEAGE TESTDATA SHIPPED_MODEL
 # generate at 2 ranks prints what one process prints; bench at 2 ranks reports the gathers' share of
-# a decoded token; info --ranks 3 splits the weights into split + replicated bytes; a command that
+# a decoded token and each rank's memory; info --ranks 3 splits the weights into split + replicated bytes; a command that
 # cannot run across ranks (chat) and a model that is not there each end every rank with the error
 # and a non-zero exit within the timeout, not a hang; so does a rank killed mid-decode.
 set -uo pipefail
@@ -25,6 +25,25 @@ timeout 120 "${mpi[@]}" "$lineage" bench --model "$testdata/kimi_linear/f32" --t
 if grep -qE "^  tg8 at depth 0, batch 1: [0-9.]+ ms = [0-9.]+ ms compute \+ [0-9.]+ ms in [1-9][0-9.]* gathers" "$work/bench.txt"; then
   echo "ok   bench: $(grep "^  tg8" "$work/bench.txt")"
 else fail "bench at 2 ranks reported no gathers:"; cat "$work/bench.txt"; fi
+
+# Each rank's memory, measured: its peak RSS and its resident pages of the mapped checkpoint, next to
+# the share info --ranks predicts.
+timeout 120 "${mpi[@]}" "$lineage" bench --model "$testdata/kimi_linear/f32" --threads 1 --prompt 0 --gen 4 --repetitions 1 \
+  --no-roofline --json >"$work/bench.json" 2>"$work/err" || { fail "bench --json at 2 ranks"; cat "$work/err"; }
+"$lineage" info --model "$testdata/kimi_linear/f32" --ranks 2 --json >"$work/info2.json" || fail "info --ranks 2"
+if /usr/bin/python3 - "$work/bench.json" "$work/info2.json" "$testdata/kimi_linear/f32" <<'PY'
+import json, pathlib, sys
+m = json.load(open(sys.argv[1]))[0]["memory"]["ranks"]
+info = json.load(open(sys.argv[2]))["ranks"]
+files = sum(p.stat().st_size for p in pathlib.Path(sys.argv[3]).glob("*.safetensors"))
+assert m["ranks"] == 2 and [r["rank"] for r in m["per_rank"]] == [0, 1], m
+assert abs(m["weight_bytes_per_rank"] - info["weight_bytes_per_rank"]) <= 1, (m, info)
+for r in m["per_rank"]:
+    assert r["rss_peak_bytes"] > r["mapped_resident_bytes"] > 0, r
+    assert r["mapped_resident_bytes"] <= files + 8192, (r, files)
+PY
+then echo "ok   bench --json at 2 ranks: each rank's peak RSS and mapped weights resident, next to info --ranks 2"
+else fail "bench --json at 2 ranks: $(head -c 600 "$work/bench.json")"; fi
 
 "$lineage" info --model "$testdata/kimi_linear/f32" --ranks 3 --json >"$work/info.json" || fail "info --ranks 3"
 if /usr/bin/python3 - "$work/info.json" <<'PY'
