@@ -68,6 +68,10 @@ void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset) {
   cmd.add_option("--expert-cache", src.expert_cache, "the streamed experts' cache: one LRU over all layers, or split "
                                                       "evenly per layer")
       ->check(CLI::IsMember({"global", "per-layer"}));
+  cmd.add_option("--parallel", src.parallel,
+                 "under mpirun: tensor (every matrix split by output rows, each routed expert too; the default) or "
+                 "expert (the routed experts placed by rank, each run whole by its rank; the rest split by rows)")
+      ->check(CLI::IsMember({"tensor", "expert"}));
   if (!allow_preset) {
     model->required();
     return;
@@ -158,6 +162,7 @@ io::LoadedModel load(const ModelSource& src, bool need_tokenizer, bool stream) {
   so.budget = src.memory_budget.empty() ? io::available_memory() : io::parse_bytes(src.memory_budget, "--memory-budget");
   so.policy = src.expert_cache == "per-layer" ? io::CachePolicy::PerLayer : io::CachePolicy::Global;
   const bool streams = stream && so.budget > 0;
+  set_parallel(src.parallel);
   io::LoadedModel m;
   if (!src.dir.empty()) {
     m = io::load_model(src.dir, need_tokenizer, src.no_mmap ? io::WeightStorage::Owned : io::WeightStorage::Mapped,

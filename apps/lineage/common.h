@@ -27,9 +27,10 @@ struct ModelSource {
   bool int8_dot = false;       // --int8-dot: int4 / int8 codes times int8 activations (model::set_int8_dot)
   std::string memory_budget;   // --memory-budget: the weights' resident bytes (default: MemAvailable)
   std::string expert_cache = "global";  // --expert-cache: global or per-layer
+  std::string parallel = "tensor";      // --parallel: under mpirun, the routed experts split by rows or placed by rank
 };
 
-// Adds --model, --no-mmap and --check-tensors (and --preset, --seed, --weights-dtype, --tokenizer when presets are
+// Adds --model, --no-mmap, --check-tensors, --memory-budget, --expert-cache, --parallel (and --preset, --seed, --weights-dtype, --tokenizer when presets are
 // allowed).
 void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset);
 // Adds --threads N and applies it before the command runs.

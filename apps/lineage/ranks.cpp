@@ -80,6 +80,13 @@ int failed(const char* what) {
   return 2;
 }
 
+void set_parallel(const std::string& mode) {
+  if (mode != "tensor" && mode != "expert") throw Error(cat("--parallel: expected tensor or expert, found \"", mode, "\""));
+  if (ranks().size() <= 1) return;
+  installed_split().experts_by_rank = mode == "expert";
+  kernels::set_row_split(installed_split());
+}
+
 runtime::EngineRanks engine_ranks() {
   dist::Transport& t = ranks();
   runtime::EngineRanks r{.rank = t.rank(), .ranks = t.size(), .broadcast = {}, .on_thread = {}, .fail = {}};
@@ -120,8 +127,9 @@ void fail_ranks(int code) {
 void end_ranks() {
   if (transport() && transport()->size() > 1 && transport()->rank() == 0) {
     const kernels::RowSplitStats st = kernels::row_split_stats();
-    std::fprintf(stderr, "lineage: %d ranks over %s: %lld row gathers, rank 0 sent %.3g MB and received %.3g MB in %.3f s\n",
+    std::fprintf(stderr, "lineage: %d ranks over %s: %lld row gathers (%lld of experts placed by rank), rank 0 sent %.3g MB and received %.3g MB in %.3f s\n",
                  transport()->size(), transport()->name().c_str(), static_cast<long long>(st.gathers),
+                 static_cast<long long>(st.expert_gathers),
                  double(st.floats_sent) * 4e-6, double(st.floats_received) * 4e-6, st.seconds);
   }
   kernels::clear_row_split();

@@ -31,6 +31,9 @@ void fail_ranks(int code);
 // Prints `what` as this rank's error ("lineage: error (rank R of P): ..." where there are several)
 // and ends the job where there are several ranks (exit status 2); returns 2 otherwise.
 int failed(const char* what);
+// --parallel: "expert" places the routed experts by rank (kernels::RowSplit::experts_by_rank),
+// "tensor" splits them by rows as every matrix; nothing with one rank.
+void set_parallel(const std::string& mode);
 // The serving engine's ranks (lineage serve under mpirun): rank 0's rounds broadcast over the
 // transport, the row split installed on the engine's thread, a failure on one rank ending the job.
 runtime::EngineRanks engine_ranks();

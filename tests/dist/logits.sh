@@ -3,7 +3,9 @@
 # on each family's tiny checkpoint must write the very bytes one process writes, for a whole prefill
 # and token by token, and rank 0 must report that rows were gathered (the split ran).
 #   logits.sh LINEAGE NP shm|tcp TESTDATA [DIR ...]   (DIR relative to TESTDATA; "--no-mmap" after a
-#                                                      DIR loads it owned, [out, in])
+#                                                      DIR loads it owned, [out, in]; "--parallel
+#                                                      expert" places its routed experts by rank, and
+#                                                      rank 0 must report their gathers)
 set -uo pipefail
 lineage=$1 np=$2 transport=$3 testdata=$4
 shift 4
@@ -16,7 +18,13 @@ failures=0
 while [ $# -gt 0 ]; do
   dir=$1; shift
   extra=()
-  if [ "${1:-}" = --no-mmap ]; then extra=(--no-mmap); shift; fi
+  while true; do
+    case "${1:-}" in
+      --no-mmap) extra+=(--no-mmap); shift ;;
+      --parallel) extra+=(--parallel "$2"); shift 2 ;;
+      *) break ;;
+    esac
+  done
   for chunk in 0 1; do
     args=(logits --model "$testdata/$dir" --tokens "$tokens" --threads 1 "${extra[@]}")
     [ "$chunk" -gt 0 ] && args+=(--chunk "$chunk")
@@ -35,7 +43,11 @@ while [ $# -gt 0 ]; do
     if [ "$np" -gt 1 ] && ! [ "${gathers:-0}" -gt 0 ]; then
       echo "FAIL $what: rank 0 reported no row gathers:"; cat "$work/out"; failures=$((failures + 1)); continue
     fi
-    echo "ok   $what: $np ranks bit for bit one process (${gathers:-no} row gathers)"
+    experts=$(sed -nE "s/^lineage: $np ranks over .*row gathers \(([0-9]+) of experts placed by rank\).*/\1/p" "$work/out")
+    if [ "$np" -gt 1 ] && [[ " ${extra[*]} " == *" --parallel expert "* ]] && ! [ "${experts:-0}" -gt 0 ]; then
+      echo "FAIL $what: rank 0 reported no gathers of experts placed by rank:"; cat "$work/out"; failures=$((failures + 1)); continue
+    fi
+    echo "ok   $what: $np ranks bit for bit one process (${gathers:-no} row gathers, ${experts:-no} of experts by rank)"
   done
 done
 [ "$failures" -eq 0 ] || { echo "$failures failed"; exit 1; }

@@ -18,9 +18,10 @@ struct Installed {
 };
 std::optional<Installed> g_split;
 RowSplitStats g_stats;
+thread_local bool g_paused = false;
 
 const RowSplit* row_split_here() {
-  return g_split && g_split->thread == std::this_thread::get_id() ? &g_split->split : nullptr;
+  return g_split && !g_paused && g_split->thread == std::this_thread::get_id() ? &g_split->split : nullptr;
 }
 
 }  // namespace
@@ -92,13 +93,17 @@ void linear_rows_with(const float* x, int64_t T, const Weight& W, int64_t o0, in
   whole(x, T, part.W, nullptr, y, std::nullopt);
 }
 
-void gather_rows(const RowSplit& s, const float* mine, std::span<const int64_t> counts, float* out) {
+RowSplitPause::RowSplitPause() : was_(g_paused) { g_paused = true; }
+RowSplitPause::~RowSplitPause() { g_paused = was_; }
+
+void gather_rows(const RowSplit& s, const float* mine, std::span<const int64_t> counts, float* out, bool experts) {
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   const auto start = std::chrono::steady_clock::now();
   s.gather(mine, counts, out);
   g_stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   g_stats.gathers += 1;
+  g_stats.expert_gathers += experts ? 1 : 0;
   g_stats.floats_sent += counts[size_t(s.rank)];
   g_stats.floats_received += total - counts[size_t(s.rank)];
 }

@@ -29,6 +29,10 @@ struct RowSplit {
   // Every rank's counts[r] floats, gathered in rank order into `out` on every rank; `mine` holds
   // this rank's counts[rank].
   std::function<void(const float* mine, std::span<const int64_t> counts, float* out)> gather;
+  // The routed experts placed by rank (--parallel expert, layers/ffn/moe.cpp): rank r runs the
+  // experts [E·r/P, E·(r+1)/P) whole on the rows that chose them, and one gather gives every rank
+  // their outputs. Otherwise each expert is split inside itself by rows, as every other matrix.
+  bool experts_by_rank = false;
 };
 
 // Installs `split` for linear() calls on this thread (the one that calls the collectives), or
@@ -46,6 +50,7 @@ std::pair<int64_t, int64_t> rank_rows(int64_t out, int rank, int ranks);
 // included).
 struct RowSplitStats {
   int64_t gathers = 0, floats_sent = 0, floats_received = 0;
+  int64_t expert_gathers = 0;  // of them, gathers of the experts placed by rank
   double seconds = 0;
 };
 RowSplitStats row_split_stats();
@@ -58,8 +63,22 @@ bool splits(const RowSplit& s, const Weight& W);
 // Rows [o0, o1) of W (its codes, block scales, group scales and zeros): y [T, o1 - o0] = x·W[o0:o1]ᵀ,
 // no bias, computed as linear() computes those rows of the whole product.
 void linear_rows(const float* x, int64_t T, const Weight& W, int64_t o0, int64_t o1, float* y);
-// s.gather, counted in row_split_stats().
-void gather_rows(const RowSplit& s, const float* mine, std::span<const int64_t> counts, float* out);
+// s.gather, counted in row_split_stats() (as an experts' gather with `experts`).
+void gather_rows(const RowSplit& s, const float* mine, std::span<const int64_t> counts, float* out,
+                 bool experts = false);
+
+// While one lives, calls on this thread compute every row, unsplit: a rank running its own experts
+// whole (RowSplit::experts_by_rank).
+class RowSplitPause {
+ public:
+  RowSplitPause();
+  ~RowSplitPause();
+  RowSplitPause(const RowSplitPause&) = delete;
+  RowSplitPause& operator=(const RowSplitPause&) = delete;
+
+ private:
+  bool was_;
+};
 
 // For linear() and linear_group(): where a split is installed on this thread and the call is not
 // inside a parallel region, computes each output whose W is split (stored [out, in], at least

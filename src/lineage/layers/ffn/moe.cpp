@@ -242,6 +242,43 @@ void routed_split(const kernels::RowSplit& s, const Moe& m, const float* xe, con
   }
 }
 
+// The routed experts placed by rank (RowSplit::experts_by_rank, --parallel expert): rank r runs the
+// experts [E·r/P, E·(r+1)/P) whole on their slots' rows, as one process runs them, and one gather gives
+// every rank every chosen expert's output rows in expert order (the ranks' blocks of experts follow
+// each other); every rank then adds them with the router's weights in one process's order. Every row
+// is one rank's, every sum one process's: bit for bit one process. The tokens need no dispatch: every
+// rank holds every token's input, gathered before.
+void routed_by_rank(const kernels::RowSplit& s, const Moe& m, const float* xe, const float* w, float* acc,
+                    Moe::Buffers& buf, bool dot) {
+  const int64_t E = m.config.n_experts, k = m.config.top_k, X = m.expert_width();
+  const int P = s.ranks;
+  std::vector<int64_t> counts(static_cast<size_t>(P));
+  for (int r = 0; r < P; ++r) {
+    const auto [a, z] = kernels::rank_rows(E, r, P);
+    counts[size_t(r)] = (buf.offsets[size_t(z)] - buf.offsets[size_t(a)]) * X;
+  }
+  const auto [e0, e1] = kernels::rank_rows(E, s.rank, P);
+  const int64_t first = buf.offsets[size_t(e0)];
+  float* mine = buf.split_mine.get(size_t(counts[size_t(s.rank)]));
+  {
+    const kernels::RowSplitPause whole;  // this rank's experts, every row of them
+    for (int64_t e = e0; e < e1; ++e) {
+      const int64_t b = buf.offsets[size_t(e)], n = buf.offsets[size_t(e + 1)] - b;
+      if (!n) continue;
+      float* in = buf.rows_in.get(size_t(n * X));
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(in + i * X, xe + (buf.order[size_t(b + i)] / k) * X, size_t(X) * sizeof(float));
+      forward_rows(m.weights.experts[size_t(e)], in, n, mine + (b - first) * X, buf.mlp, dot);
+    }
+  }
+  float* out = buf.split_all.get(size_t(buf.offsets[size_t(E)] * X));  // [R, X], slots in expert order
+  kernels::gather_rows(s, mine, counts, out, true);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t b = buf.offsets[size_t(e)], n = buf.offsets[size_t(e + 1)] - b;
+    if (n) add_weighted(buf.order.data() + b, n, w, k, out + b * X, X, acc);
+  }
+}
+
 // The routed experts in one process: each chosen expert on its slots' rows, its outputs added with the
 // router's weights into acc [N, X] (zeroed), experts and slots in order.
 void run_experts(const Moe& m, const float* xe, const float* w, float* acc, Moe::Buffers& buf, bool dot) {
@@ -264,11 +301,13 @@ void run_experts(const Moe& m, const float* xe, const float* w, float* acc, Moe:
   }
 }
 
-// Whether the routed experts run split (routed_split): a split installed for this call, the experts
-// resident (not streamed), and their matrices ones the split takes.
+// Whether the routed experts run split (routed_split, or routed_by_rank where the split places them by
+// rank): a split installed for this call, the experts resident (not streamed), and their matrices
+// ones the split takes.
 const kernels::RowSplit* experts_split(const Moe& m, bool dot) {
   const kernels::RowSplit* s = kernels::row_split_now();
   if (!s || m.source || m.weights.experts.empty()) return nullptr;
+  if (s->experts_by_rank) return s;
   const GatedMlp& e = m.weights.experts.front();
   for (const kernels::Matrix* w : {&e.weights.gate_proj, &e.weights.up_proj, &e.weights.down_proj})
     if (!kernels::splits(*s, w->view(dot))) return nullptr;
@@ -312,7 +351,8 @@ void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buff
   }
   std::memset(acc, 0, size_t(N * X) * sizeof(float));
   if (const kernels::RowSplit* split = experts_split(m, dot)) {
-    routed_split(*split, m, xe, w, acc, N, buf, dot);
+    if (split->experts_by_rank) routed_by_rank(*split, m, xe, w, acc, buf, dot);
+    else routed_split(*split, m, xe, w, acc, N, buf, dot);
   } else {
     run_experts(m, xe, w, acc, buf, dot);
   }
