@@ -26,33 +26,38 @@ A, B = 1.3e-6, 0.49e-6  # a gather's latency: fixed, per peer
 KDA, MLA, DENSE, MOE, K = 69, 24, 1, 92, 16
 
 
-def lineage_gathers(moe_per_layer):
-    # per decoded token: KDA 3 (the projections' group, f_b, o_proj), MLA 5 (q_a, q_b, kv_a, gate,
-    # o_proj; the per-head absorbed products are under 1 MiB and stay whole), the dense MLP 2
-    # (gate + up, down), each MoE layer `moe_per_layer` (the router, the latent down and up
-    # projections, the shared expert's 2, and the routed experts' 2, or 2 each), the head 1.
-    return KDA * 3 + MLA * 5 + DENSE * 2 + MOE * moe_per_layer + 1
+def lineage_gathers(moe_per_layer, kda=4):
+    # per decoded token: KDA 4 (the projections' group, f_b, the heads' outputs of the recurrence,
+    # o_proj; 3 before the heads were split by rank), MLA 5 (q_a, q_b, kv_a, gate, o_proj; the
+    # per-head absorbed products are under 1 MiB and stay whole), the dense MLP 2 (gate + up, down),
+    # each MoE layer `moe_per_layer` (the router, the latent down and up projections, the shared
+    # expert's 2, and the routed experts' 2, or 2 each), the head 1.
+    return KDA * kda + MLA * 5 + DENSE * 2 + MOE * moe_per_layer + 1
 
 
-def t(P, C, r):
-    return (B_W / P + r) / BW + F + C * (A + B * (P - 1))
+# KDA's recurrent state a sequence: 69 layers of 96 heads' 128 x 128 f32 matrices (434 MB), read and
+# written each token. The calibration's F has it split by heads (libxsmm splits them); a design that
+# runs every head on every rank reads and writes all of it on each: (1 - 1/P) of it more than F holds.
+KDA_STATE = 69 * 96 * 128 * 128 * 4
 
 
-def best_P(C):
-    return math.sqrt(B_W / (BW * C * B))
+def t(P, C, r, heads_split=True):
+    replicated = 0.0 if heads_split else 2 * KDA_STATE * (1 - 1 / P) / BW
+    return (B_W / P + r) / BW + F + replicated + C * (A + B * (P - 1))
 
 
 # What every rank holds whole (`lineage info --model ../shared/data/kimi-k3 --ranks 16`): 2.22 GiB,
 # the embedding table in bf16 and the norms, convolutions and small matrices.
 EMBED = 2.22 * 2**30
 rows = [
-    ("libxsmm/kimi-k3-in-c (published)", 581, 0.2e9),
-    ("lineage, each routed expert gathered on its own (first version)", lineage_gathers(5 + 2 * K), EMBED),
-    ("lineage, the routed experts in two gathers (now)", lineage_gathers(5 + 2), EMBED),
+    ("libxsmm/kimi-k3-in-c (published)", 581, 0.2e9, True),
+    ("lineage, each routed expert gathered on its own (first version)", lineage_gathers(5 + 2 * K, 3), EMBED, False),
+    ("lineage, the routed experts in two gathers", lineage_gathers(5 + 2, 3), EMBED, False),
+    ("lineage, and the KDA heads split by rank (now)", lineage_gathers(5 + 2), EMBED, True),
 ]
 print("| design | gathers per token | 8 | 16 | 32 | 64 | best P |")
 print("|---|---|---|---|---|---|---|")
-for name, C, r in rows:
-    cells = " | ".join(f"{1e3 * t(P, C, r):.1f} ms" for P in (8, 16, 32, 64))
-    Pb = best_P(C)
-    print(f"| {name} | {C} | {cells} | {Pb:.0f} ({1e3 * t(round(Pb), C, r):.1f} ms) |")
+for name, C, r, split in rows:
+    cells = " | ".join(f"{1e3 * t(P, C, r, split):.1f} ms" for P in (8, 16, 32, 64))
+    Pb = min(range(2, 129), key=lambda P: t(P, C, r, split))
+    print(f"| {name} | {C} | {cells} | {Pb} ({1e3 * t(Pb, C, r, split):.1f} ms) |")

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "ranks.h"
 #include "lineage/core/error.h"
 #include "lineage/core/json_read.h"
 #include "lineage/runtime/batch_generate.h"
@@ -133,6 +134,8 @@ void run_many(const GenerateOpts& o) {
 }
 
 void run_one(const GenerateOpts& o) {
+  state_files_on_one_rank("--state-in", o.state_in);
+  state_files_on_one_rank("--state-out", o.state_out);
   io::LoadedModel m = load(o.src, true);
   const tokenizer::Tokenizer& tok = require_tokenizer(m, "generate");
   runtime::Session session(m.model);

@@ -32,6 +32,8 @@ void add_logits(CLI::App& app) {
                   "write the sequence's whole state after the last token to this file (docs/state-files.md)");
   cmd->callback([] {
     if (o.tokens.empty() && o.prompt.empty()) throw Error("logits: one of --tokens or --prompt is required");
+    state_files_on_one_rank("--state-in", o.state_in);
+    state_files_on_one_rank("--state-out", o.state_out);
     io::LoadedModel m = load(o.src, !o.prompt.empty());
     runtime::Session s(m.model);
     if (!o.state_in.empty()) {

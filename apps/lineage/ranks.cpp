@@ -80,6 +80,12 @@ int failed(const char* what) {
   return 2;
 }
 
+void state_files_on_one_rank(const std::string& option, const std::string& file) {
+  if (file.empty() || ranks().size() <= 1) return;
+  throw Error(cat(option, " ", file, ": state files are read and written by one process; under mpirun with ",
+                  ranks().size(), " ranks each rank holds only its heads' recurrent states"));
+}
+
 void set_parallel(const std::string& mode) {
   if (mode != "tensor" && mode != "expert") throw Error(cat("--parallel: expected tensor or expert, found \"", mode, "\""));
   if (ranks().size() <= 1) return;

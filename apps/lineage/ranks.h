@@ -31,6 +31,9 @@ void fail_ranks(int code);
 // Prints `what` as this rank's error ("lineage: error (rank R of P): ..." where there are several)
 // and ends the job where there are several ranks (exit status 2); returns 2 otherwise.
 int failed(const char* what);
+// A state file (--state-in, --state-out) holds one process's whole state: with several ranks, each
+// holding only its heads' recurrent states, an Error naming `option`.
+void state_files_on_one_rank(const std::string& option, const std::string& file);
 // --parallel: "expert" places the routed experts by rank (kernels::RowSplit::experts_by_rank),
 // "tensor" splits them by rows as every matrix; nothing with one rank.
 void set_parallel(const std::string& mode);

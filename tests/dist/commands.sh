@@ -45,6 +45,24 @@ PY
 then echo "ok   bench --json at 2 ranks: each rank's peak RSS and mapped weights resident, next to info --ranks 2"
 else fail "bench --json at 2 ranks: $(head -c 600 "$work/bench.json")"; fi
 
+# The recurrent states live where their heads live: a rank holds its share of the KDA layers' S.
+"$lineage" bench --model "$testdata/kimi_linear/f32" --threads 1 --prompt 0 --gen 4 --repetitions 1 --no-roofline \
+  --json >"$work/bench1.json" 2>"$work/err" || { fail "bench --json, one process"; cat "$work/err"; }
+if /usr/bin/python3 - "$work/bench1.json" "$work/bench.json" <<'PY'
+import json, sys
+one, two = (json.load(open(f))[0]["memory"]["state_bytes"] for f in sys.argv[1:])
+assert 0 < two < one, (one, two)
+print(f"state a sequence: {one} bytes in one process, {two} a rank at 2 ranks")
+PY
+then echo "ok   the delta-rule states split by heads: a rank holds less state than one process"
+else fail "the state at 2 ranks is not smaller than one process's"; fi
+timeout 120 "${mpi[@]}" "$lineage" logits --model "$testdata/kimi_linear/f32" --tokens "1 2" --out "$work/x.npy" \
+  --state-out "$work/s.bin" >"$work/state.txt" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "--state-out .*s.bin: state files are read and written by one process" "$work/state.txt"
+then echo "ok   --state-out at 2 ranks: refused, naming the file"
+else fail "--state-out at 2 ranks: exit $rc"; cat "$work/state.txt"; fi
+
 "$lineage" info --model "$testdata/kimi_linear/f32" --ranks 3 --json >"$work/info.json" || fail "info --ranks 3"
 if /usr/bin/python3 - "$work/info.json" <<'PY'
 import json, math, sys

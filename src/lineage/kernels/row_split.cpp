@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -91,6 +92,32 @@ void linear_rows_with(const float* x, int64_t T, const Weight& W, int64_t o0, in
   if (o1 <= o0 || T <= 0) return;
   const RowsOf part(W, nullptr, o0, o1 - o0);
   whole(x, T, part.W, nullptr, y, std::nullopt);
+}
+
+std::optional<std::pair<int64_t, int64_t>> rank_heads_now(int64_t heads) {
+  const RowSplit* s = row_split_now();
+  if (!s || heads < s->ranks) return std::nullopt;
+  return rank_rows(heads, s->rank, s->ranks);
+}
+
+void gather_columns(const RowSplit& s, const float* mine, int64_t N, int64_t units, int64_t per, float* out) {
+  const int P = s.ranks;
+  std::vector<int64_t> counts(static_cast<size_t>(P));
+  for (int r = 0; r < P; ++r) {
+    const auto [a, z] = rank_rows(units, r, P);
+    counts[size_t(r)] = N * (z - a) * per;
+  }
+  thread_local std::vector<float> all;
+  all.resize(size_t(N * units * per));
+  gather_rows(s, mine, counts, all.data());
+  const float* at = all.data();
+  for (int r = 0; r < P; ++r) {
+    const auto [a, z] = rank_rows(units, r, P);
+    const int64_t n = (z - a) * per;  // floats a row from rank r
+    for (int64_t t = 0; t < N && n > 0; ++t)
+      std::memcpy(out + t * units * per + a * per, at + t * n, size_t(n) * sizeof(float));
+    at += N * n;
+  }
 }
 
 RowSplitPause::RowSplitPause() : was_(g_paused) { g_paused = true; }

@@ -67,6 +67,15 @@ void linear_rows(const float* x, int64_t T, const Weight& W, int64_t o0, int64_t
 void gather_rows(const RowSplit& s, const float* mine, std::span<const int64_t> counts, float* out,
                  bool experts = false);
 
+// Heads split by rank (attention's KV caches, the delta rule's states): under the split installed on
+// this thread (row_split_now), this rank's heads [heads·r/P, heads·(r+1)/P) of `heads`; nothing
+// without a split, or with fewer heads than ranks (every rank then runs every head).
+std::optional<std::pair<int64_t, int64_t>> rank_heads_now(int64_t heads);
+// Rows split by units: [N, units·per] rows of which rank r computed units rank_rows(units, r, P),
+// packed [N, n_r·per] (`mine` on this rank). One gather gives every rank all of them in `out`
+// [N, units·per].
+void gather_columns(const RowSplit& s, const float* mine, int64_t N, int64_t units, int64_t per, float* out);
+
 // While one lives, calls on this thread compute every row, unsplit: a rank running its own experts
 // whole (RowSplit::experts_by_rank).
 class RowSplitPause {

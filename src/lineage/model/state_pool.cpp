@@ -69,9 +69,9 @@ std::vector<StateArray> state_arrays(const Model& m, SequenceState& s, size_t la
   LINEAGE_CHECK(layer < m.blocks.size() && layer < s.layers.size(), "layer index out of range");
   std::vector<StateArray> out;
   const auto& mixer = m.blocks[layer].mixer;
-  if (const auto [H, hd] = kv_cache_heads(mixer); H > 0) {
+  if (const auto [all, hd] = kv_cache_heads(mixer); all > 0) {
     auto& st = std::get<layers::Attention::State>(s.layers[layer]);
-    const int64_t L = st.length, cap = st.capacity;
+    const int64_t L = st.length, cap = st.capacity, H = st.heads(all);
     for (auto [name, t] : {std::pair<const char*, Tensor*>{"k", &st.k}, {"v", &st.v}})
       out.push_back({name, {H, L, hd}, {cap * hd, hd, 1}, L ? t->data<float>() : nullptr});
     if (st.conv_tail.defined()) out.push_back(contiguous("conv_tail", st.conv_tail));
@@ -93,7 +93,7 @@ void set_length(const Model& m, SequenceState& s, int64_t length) {
   for (size_t i = 0; i < m.blocks.size(); ++i) {
     if (const auto [H, hd] = kv_cache_heads(m.blocks[i].mixer); H > 0) {
       auto& st = std::get<layers::Attention::State>(s.layers[i]);
-      st.reserve(H, hd, length);
+      st.reserve(st.heads(H), hd, length);
       st.length = length;
     } else if (const auto* l = std::get_if<layers::Mla>(&m.blocks[i].mixer)) {
       auto& st = std::get<layers::Mla::State>(s.layers[i]);

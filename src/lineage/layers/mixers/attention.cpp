@@ -5,10 +5,12 @@
 #include <cstring>
 #include <vector>
 
+#include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/attention.h"
 #include "lineage/kernels/backward.h"
 #include "lineage/kernels/delta_rule_layer_backward.h"
+#include "lineage/kernels/row_split.h"
 #include "lineage/kernels/short_conv.h"
 
 namespace lineage::layers {
@@ -59,6 +61,7 @@ void Attention::State::clear() {
 Attention::State Attention::State::clone() const {
   State c;
   c.length = length;
+  c.h0 = h0, c.h1 = h1;
   c.conv_tail = conv_tail.clone();
   if (length) {
     c.capacity = length;
@@ -68,6 +71,7 @@ Attention::State Attention::State::clone() const {
 }
 
 void Attention::State::assign(const State& from) {
+  h0 = from.h0, h1 = from.h1;
   if (conv_tail.shape() != from.conv_tail.shape()) conv_tail = from.conv_tail.clone();
   else if (conv_tail.nbytes()) std::memcpy(conv_tail.raw_mut(), from.conv_tail.raw(), conv_tail.nbytes());
   if (!from.length) {
@@ -136,29 +140,38 @@ void forward(const Attention& a, const Call& call, const float* x, std::span<Att
   }
   trace("attn.qkv", qkv, {N, 3 * D});
 
+  // This rank's heads [h0, h0 + Hr) under tensor parallelism (the states hold only theirs), else all.
+  const bool share = step.n_seqs() > 0 && states[0]->h1 >= 0;
+  const int64_t h0 = share ? states[0]->h0 : 0, Hr = share ? states[0]->h1 - h0 : H;
+  float* out = share ? buf.share.get(size_t(N * Hr * hd)) : ctx;
   buf.seqs.clear();
   for (int64_t b = 0; b < step.n_seqs(); ++b) {
     Attention::State& s = *states[size_t(b)];
     const int64_t p0 = s.length, T = step.length(b), t0 = step.begin(b);
-    s.grow(H, hd, p0 + T);
+    s.grow(Hr, hd, p0 + T);
     const float* rows = qkv + t0 * 3 * D;
     const auto store = [&](int64_t r0, int64_t r1) {  // K and V into the cache; queries are read in place
       for (int64_t t = r0; t < r1; ++t)
-        for (int64_t h = 0; h < H; ++h) {
-          const float* row = rows + t * 3 * D + h * hd;
+        for (int64_t h = 0; h < Hr; ++h) {
+          const float* row = rows + t * 3 * D + (h0 + h) * hd;
           std::memcpy(s.k.data<float>() + (h * s.capacity + p0 + t) * hd, row + D, hd * 4);
           std::memcpy(s.v.data<float>() + (h * s.capacity + p0 + t) * hd, row + 2 * D, hd * 4);
         }
     };
-    if (T > 1) parallel_for(T, store, grain_for(2 * D));
+    if (T > 1) parallel_for(T, store, grain_for(2 * Hr * hd));
     else store(0, T);
     s.length = p0 + T;
-    buf.seqs.push_back({rows, 3 * D, T, p0, s.k.data<float>(), s.v.data<float>(), s.capacity * hd, s.capacity * hd,
-                        ctx + t0 * D, D});
+    buf.seqs.push_back({rows + h0 * hd, 3 * D, T, p0, s.k.data<float>(), s.v.data<float>(), s.capacity * hd,
+                        s.capacity * hd, out + t0 * Hr * hd, Hr * hd});
   }
   const float scale = a.config.scale_attn_weights ? 1.0f / std::sqrt(float(hd)) : 1.0f;
-  kernels::attention_causal(buf.seqs, {H, hd, hd, scale});
-  if (trace.on() && N == 1) {  // one decode token: the weights its query gave the cache (lineage trace)
+  kernels::attention_causal(buf.seqs, {Hr, hd, hd, scale});
+  if (share) {  // every rank's heads' context, gathered into ctx [N, D]
+    const kernels::RowSplit* s = kernels::row_split_now();
+    LINEAGE_CHECK(s, "a KV cache split by heads is used where its split is not installed");
+    kernels::gather_columns(*s, out, N, H, hd, ctx);
+  }
+  if (trace.on() && N == 1 && !share) {  // one decode token: the weights its query gave the cache (lineage trace)
     const int64_t L = buf.seqs[0].p0 + N;
     std::vector<float> w(size_t(N * H * L));
     kernels::attention_weights(buf.seqs[0], {H, hd, hd, scale}, w.data(), H * L);

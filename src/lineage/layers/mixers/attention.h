@@ -4,6 +4,7 @@
 
 #include "lineage/kernels/attention.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/row_split.h"
 #include "lineage/layers/common.h"
 #include "lineage/layers/train_step.h"
 
@@ -28,9 +29,13 @@ struct Attention {
   // The KV cache. k, v: [H, capacity, hd] f32 (head-major so one head's keys are contiguous for
   // decode); rows 0 .. length-1 valid. Grows by doubling; bytes() counts what is in use. With a
   // short conv, conv_tail [conv_size − 1, 3D] holds the last raw q | k | v rows (zeros at the start).
+  // Under tensor parallelism (kernels::rank_heads_now when the state is made) the cache holds only
+  // this rank's heads [h0, h1) (GatedAttention: KV heads), and the layer runs only theirs.
   struct State {
     Tensor k, v, conv_tail;
     int64_t length = 0, capacity = 0;
+    int64_t h0 = 0, h1 = -1;  // the heads held: [h0, h1); h1 < 0: every head
+    int64_t heads(int64_t all) const { return h1 >= 0 ? h1 - h0 : all; }
     size_t bytes() const;
     size_t reserved_bytes() const { return k.nbytes() + v.nbytes() + conv_tail.nbytes(); }
     State clone() const;  // compact: holds only the `length` filled positions
@@ -48,6 +53,7 @@ struct Attention {
   // one kernel argument per sequence.
   struct Buffers {
     Buffer qkv, context, raw;  // raw: c_attn's output before the short conv
+    Buffer share;              // tensor parallelism: this rank's heads' context [N, (h1 − h0)·hd]
     std::vector<kernels::AttentionSeq> seqs;
   };
 
@@ -65,9 +71,11 @@ struct Attention {
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
   void for_each_matrix(const MatrixVisitor& f) { f(weights.c_attn), f(weights.c_proj); }
   // An empty cache; `positions` > 0 allocates room for that many now (a pool of fixed context).
+  // Under tensor parallelism, this rank's heads only (State).
   State new_state(int64_t positions = 0) const {
     State s;
-    if (positions > 0) s.reserve(config.n_heads, config.head_dim, positions);
+    if (const auto share = kernels::rank_heads_now(config.n_heads)) s.h0 = share->first, s.h1 = share->second;
+    if (positions > 0) s.reserve(s.heads(config.n_heads), config.head_dim, positions);
     if (config.conv_size > 0) s.conv_tail = Tensor::zeros(DType::F32, {config.conv_size - 1, 3 * config.d_model});
     return s;
   }

@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/activation.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/row_split.h"
 #include "lineage/kernels/short_conv.h"
 #include "lineage/kernels/vmath.h"
 
@@ -149,11 +152,33 @@ void DeltaRule::for_each_tensor(const std::string& p, const TensorVisitor& f) {
   proj("o_proj.weight", weights.o_proj, {D, HV * V});
 }
 
+namespace {
+
+// The heads whose recurrence and state a rank holds under tensor parallelism: q/k heads [h0, h1) of
+// H, [H·r/P, H·(r+1)/P), and their value heads [v0, v1) (HV/H each). Nothing (every head on every
+// rank) without a split, with fewer heads than ranks, or where S is under the split's min_bytes: a
+// gather costs more.
+struct HeadShare {
+  int64_t h0, h1, v0, v1;
+};
+std::optional<HeadShare> head_share(const DeltaRule::Config& c) {
+  const kernels::RowSplit* s = kernels::row_split_now();
+  if (!s || size_t(c.n_v_heads * c.head_k * c.head_v) * sizeof(float) < s->min_bytes) return std::nullopt;
+  const auto heads = kernels::rank_heads_now(c.n_heads);
+  if (!heads) return std::nullopt;
+  const int64_t G = c.n_v_heads / c.n_heads;
+  return HeadShare{heads->first, heads->second, G * heads->first, G * heads->second};
+}
+
+}  // namespace
+
 DeltaRule::State DeltaRule::new_state(int64_t) const {
   const Config& c = config;
   State s;
-  s.S = Tensor::zeros(DType::F32, {c.n_v_heads, c.head_k, c.head_v});
-  if (c.normalize) s.z = Tensor::zeros(DType::F32, {c.n_v_heads, c.head_k});
+  const std::optional<HeadShare> share = head_share(c);
+  const int64_t HV = share ? share->v1 - share->v0 : c.n_v_heads;
+  s.S = Tensor::zeros(DType::F32, {HV, c.head_k, c.head_v});
+  if (c.normalize) s.z = Tensor::zeros(DType::F32, {HV, c.head_k});
   if (c.conv_size > 0)
     s.conv_tail = Tensor::zeros(DType::F32, {c.conv_size - 1, 2 * c.n_heads * c.head_k + c.n_v_heads * c.head_v});
   return s;
@@ -453,20 +478,80 @@ kernels::DeltaRuleArgs seq_args(const Pass& p, int64_t b, float* S, float* z) {
   return a;
 }
 
+namespace {
+
+// Whether a sequence of T tokens runs the chunked kernel (else the recurrent one).
+bool runs_chunked(const Pass& p, int64_t T) {
+  const DeltaRulePath path = p.call.options.delta_rule_path;
+  return path == DeltaRulePath::Chunked || (path == DeltaRulePath::Auto && T >= chunk_threshold(p.K));
+}
+
+// Stage 5 under tensor parallelism, the states holding this rank's heads (DeltaRule::new_state): those
+// heads' rows of q, k, v, β and the decay copied apart, their recurrence from the states, and one
+// gather that gives every rank every head's output rows in core. Each head's recurrence is one rank's,
+// the same kernels on the same rows: the outputs are one process's bits.
+void recur_share(Pass& p) {
+  const kernels::RowSplit* s = kernels::row_split_now();
+  const std::optional<HeadShare> share = head_share(p.m.config);
+  LINEAGE_CHECK(s && share && share->v1 - share->v0 == p.states[0]->S.dim(0),
+                "a delta-rule state split by heads is used where its split is not installed");
+  const Step& step = p.call.step;
+  const int64_t N = p.N, H = p.H, HV = p.HV, K = p.K, V = p.V;
+  const int64_t h0 = share->h0, v0 = share->v0, Hr = share->h1 - h0, HVr = share->v1 - v0;
+  const int64_t dw = p.decay ? p.decay_width / HV : 0;  // decay entries a value head: 1 or K
+  float* core = p.buf.share_core.get(size_t(N * HVr * V));
+  if (Hr > 0) {
+    float* q = p.buf.share_q.get(size_t(N * Hr * K));
+    float* k = p.buf.share_k.get(size_t(N * Hr * K));
+    float* v = p.buf.share_v.get(size_t(N * HVr * V));
+    float* beta = p.beta ? p.buf.share_beta.get(size_t(N * HVr)) : nullptr;
+    float* decay = p.decay ? p.buf.share_decay.get(size_t(N * HVr * dw)) : nullptr;
+    for (int64_t t = 0; t < N; ++t) {
+      std::memcpy(q + t * Hr * K, p.q + (t * H + h0) * K, size_t(Hr * K) * sizeof(float));
+      std::memcpy(k + t * Hr * K, p.k + (t * H + h0) * K, size_t(Hr * K) * sizeof(float));
+      std::memcpy(v + t * HVr * V, p.v + (t * HV + v0) * V, size_t(HVr * V) * sizeof(float));
+      if (beta) std::memcpy(beta + t * HVr, p.beta + t * HV + v0, size_t(HVr) * sizeof(float));
+      if (decay) std::memcpy(decay + t * HVr * dw, p.decay + t * p.decay_width + v0 * dw, size_t(HVr * dw) * sizeof(float));
+    }
+    p.buf.recurrent.clear();
+    for (int64_t b = 0; b < step.n_seqs(); ++b) {
+      DeltaRule::State& st = *p.states[size_t(b)];
+      kernels::DeltaRuleArgs a = seq_args(p, b, st.S.data<float>(), st.z.data<float>());
+      const int64_t t0 = step.begin(b);
+      a.H = Hr, a.HV = HVr;
+      a.q = q + t0 * Hr * K, a.k = k + t0 * Hr * K, a.v = v + t0 * HVr * V;
+      a.beta = beta ? beta + t0 * HVr : nullptr;
+      a.log_decay = decay ? decay + t0 * HVr * dw : nullptr;
+      a.out = core + t0 * HVr * V;
+      if (runs_chunked(p, a.T)) kernels::delta_rule_chunked(a, kChunkSize);
+      else p.buf.recurrent.push_back(a);
+    }
+    kernels::delta_rule_recurrent(p.buf.recurrent);
+  }
+  // Every rank's heads' rows [N, HVr·V] back into core [N, HV·V].
+  kernels::gather_columns(*s, core, N, H, (HV / H) * V, p.core);
+}
+
+}  // namespace
+
 // Stage 5: the recurrence, each sequence from its own state. Sequences shorter than the chunk
 // threshold share one call of the recurrent kernel (one parallel region for a batch of decode
-// tokens); longer ones run the chunked kernel each.
+// tokens); longer ones run the chunked kernel each. States holding some of the heads (tensor
+// parallelism): recur_share.
 void recur(Pass& p, const Trace& trace) {
   const Step& step = p.call.step;
-  const DeltaRulePath path = p.call.options.delta_rule_path;
   const int64_t HV = p.HV, K = p.K, V = p.V;
+  if (step.n_seqs() > 0 && p.states[0]->S.dim(0) != HV) {
+    recur_share(p);
+    trace("attn.core", p.core, {p.N, HV * V});
+    return;
+  }
   p.buf.recurrent.clear();
   for (int64_t b = 0; b < step.n_seqs(); ++b) {
     const int64_t T = step.length(b);
     DeltaRule::State& s = *p.states[size_t(b)];
     const kernels::DeltaRuleArgs a = seq_args(p, b, s.S.data<float>(), s.z.data<float>());
-    const bool chunked = path == DeltaRulePath::Chunked || (path == DeltaRulePath::Auto && T >= chunk_threshold(K));
-    if (chunked) kernels::delta_rule_chunked(a, kChunkSize);
+    if (runs_chunked(p, T)) kernels::delta_rule_chunked(a, kChunkSize);
     else p.buf.recurrent.push_back(a);
   }
   kernels::delta_rule_recurrent(p.buf.recurrent);

@@ -106,6 +106,9 @@ struct DeltaRule {
   // two halves; and one kernel argument per sequence.
   struct Buffers {
     Buffer raw, qkv, q, k, v, beta, decay, low_decay, gate, low_gate, core, staging, feature_a, feature_b;
+    // Tensor parallelism with the heads split (new_state): this rank's heads' rows, copied apart, and
+    // every rank's outputs gathered.
+    Buffer share_q, share_k, share_v, share_beta, share_decay, share_core;
     std::vector<kernels::DeltaRuleArgs> recurrent;
   };
 
@@ -137,7 +140,10 @@ struct DeltaRule {
   void for_each_tensor(const std::string& prefix, const TensorVisitor& f);
   void for_each_matrix(const MatrixVisitor& f);
   void prepare();
-  State new_state(int64_t positions = 0) const;  // fixed size: `positions` changes nothing
+  // Fixed size: `positions` changes nothing. Under tensor parallelism (a row split installed on this
+  // thread, kernels/row_split.h) S and z hold only this rank's value heads (head_share), where S is at
+  // least the split's min_bytes: the recurrence of those heads runs on this rank alone.
+  State new_state(int64_t positions = 0) const;
   size_t state_bytes_per_token() const { return 0; }
   size_t state_bytes_fixed() const;
   // The mixer's own FLOPs for one token beyond its weights' 2 per parameter (the same at any

@@ -8,6 +8,7 @@
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/backward.h"
 #include "lineage/kernels/norm.h"
+#include "lineage/kernels/row_split.h"
 #include "lineage/kernels/rope.h"
 #include "lineage/kernels/vmath.h"
 
@@ -94,23 +95,34 @@ void forward(const GatedAttention& a, const Call& call, const float* x, std::spa
 
   // Each sequence's keys and values into its cache, then one kernel argument per (sequence, KV
   // head): the group of query heads that reads that head's rows (k_stride 0).
+  // Under tensor parallelism this rank's KV heads [h0, h0 + KVr) and their query heads (the states
+  // hold only theirs); else all.
+  const bool share = step.n_seqs() > 0 && states[0]->h1 >= 0;
+  const int64_t h0 = share ? states[0]->h0 : 0, KVr = share ? states[0]->h1 - h0 : KVH, Qr = KVr * group * hd;
+  float* out = share ? buf.share.get(size_t(N * Qr)) : ctx;
   buf.seqs.clear();
   for (int64_t b = 0; b < step.n_seqs(); ++b) {
     GatedAttention::State& s = *states[size_t(b)];
     const int64_t p0 = s.length, T = step.length(b), t0 = step.begin(b);
-    s.grow(KVH, hd, p0 + T);
+    s.grow(KVr, hd, p0 + T);
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < KVH; ++h) {
-        std::memcpy(s.k.data<float>() + (h * s.capacity + p0 + t) * hd, k + (t0 + t) * KV + h * hd, size_t(hd) * 4);
-        std::memcpy(s.v.data<float>() + (h * s.capacity + p0 + t) * hd, v + (t0 + t) * KV + h * hd, size_t(hd) * 4);
+      for (int64_t h = 0; h < KVr; ++h) {
+        const int64_t src = (t0 + t) * KV + (h0 + h) * hd;
+        std::memcpy(s.k.data<float>() + (h * s.capacity + p0 + t) * hd, k + src, size_t(hd) * 4);
+        std::memcpy(s.v.data<float>() + (h * s.capacity + p0 + t) * hd, v + src, size_t(hd) * 4);
       }
     s.length = p0 + T;
-    for (int64_t h = 0; h < KVH; ++h)
-      buf.seqs.push_back({q + t0 * Q + h * group * hd, Q, T, p0, s.k.data<float>() + h * s.capacity * hd,
-                          s.v.data<float>() + h * s.capacity * hd, 0, 0, ctx + t0 * Q + h * group * hd, Q});
+    for (int64_t h = 0; h < KVr; ++h)
+      buf.seqs.push_back({q + t0 * Q + (h0 + h) * group * hd, Q, T, p0, s.k.data<float>() + h * s.capacity * hd,
+                          s.v.data<float>() + h * s.capacity * hd, 0, 0, out + t0 * Qr + h * group * hd, Qr});
   }
   kernels::attention_causal(buf.seqs, {group, hd, hd, 1.0f / std::sqrt(float(hd))});
-  if (trace.on() && N == 1) {  // one decode token: the weights its query head gave the cache (lineage trace)
+  if (share) {  // every rank's query heads' context, gathered into ctx [N, Q]
+    const kernels::RowSplit* s = kernels::row_split_now();
+    LINEAGE_CHECK(s, "a KV cache split by heads is used where its split is not installed");
+    kernels::gather_columns(*s, out, N, KVH, group * hd, ctx);
+  }
+  if (trace.on() && N == 1 && !share) {  // one decode token: the weights its query head gave the cache (lineage trace)
     const int64_t L = buf.seqs[0].p0 + N, heads = KVH * group;
     std::vector<float> w(size_t(N * heads * L));
     for (int64_t h = 0; h < KVH; ++h)

@@ -12,6 +12,7 @@
 
 #include "lineage/kernels/attention.h"
 #include "lineage/kernels/linear.h"
+#include "lineage/kernels/row_split.h"
 #include "lineage/layers/common.h"
 #include "lineage/layers/mixers/attention.h"
 #include "lineage/layers/norm.h"
@@ -45,6 +46,7 @@ struct GatedAttention {
   // kernel argument per sequence and KV head.
   struct Buffers {
     Buffer qg, q, gate, k, v, context;
+    Buffer share;  // tensor parallelism: this rank's query heads' context
     std::vector<kernels::AttentionSeq> seqs;
   };
   // What the training forward keeps for backward (train_step.h): q_proj's output, the queries and
@@ -64,9 +66,11 @@ struct GatedAttention {
   void for_each_matrix(const MatrixVisitor& f) {
     f(weights.q_proj), f(weights.k_proj), f(weights.v_proj), f(weights.o_proj);
   }
+  // Under tensor parallelism, this rank's KV heads only (Attention::State) and their query heads.
   State new_state(int64_t positions = 0) const {
     State s;
-    if (positions > 0) s.reserve(config.n_kv_heads, config.head_dim, positions);
+    if (const auto share = kernels::rank_heads_now(config.n_kv_heads)) s.h0 = share->first, s.h1 = share->second;
+    if (positions > 0) s.reserve(s.heads(config.n_kv_heads), config.head_dim, positions);
     return s;
   }
   size_t state_bytes_per_token() const { return 2 * size_t(config.n_kv_heads * config.head_dim) * sizeof(float); }
