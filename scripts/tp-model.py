@@ -26,13 +26,14 @@ A, B = 1.3e-6, 0.49e-6  # a gather's latency: fixed, per peer
 KDA, MLA, DENSE, MOE, K = 69, 24, 1, 92, 16
 
 
-def lineage_gathers(moe_per_layer, kda=4):
+def lineage_gathers(moe_per_layer, kda=4, mla=6):
     # per decoded token: KDA 4 (the projections' group, f_b, the heads' outputs of the recurrence,
-    # o_proj; 3 before the heads were split by rank), MLA 5 (q_a, q_b, kv_a, gate, o_proj; the
-    # per-head absorbed products are under 1 MiB and stay whole), the dense MLP 2 (gate + up, down),
-    # each MoE layer `moe_per_layer` (the router, the latent down and up projections, the shared
-    # expert's 2, and the routed experts' 2, or 2 each), the head 1.
-    return KDA * kda + MLA * 5 + DENSE * 2 + MOE * moe_per_layer + 1
+    # o_proj; 3 before the heads were split by rank), MLA 6 (q_a, q_b, kv_a, gate, the heads'
+    # context, o_proj; 5 before the heads were split; the per-head absorbed products are under 1 MiB
+    # and run whole), the dense MLP 2 (gate + up, down), each MoE layer `moe_per_layer` (the router,
+    # the latent down and up projections, the shared expert's 2, and the routed experts' 2, or 2
+    # each), the head 1.
+    return KDA * kda + MLA * mla + DENSE * 2 + MOE * moe_per_layer + 1
 
 
 # KDA's recurrent state a sequence: 69 layers of 96 heads' 128 x 128 f32 matrices (434 MB), read and
@@ -51,9 +52,9 @@ def t(P, C, r, heads_split=True):
 EMBED = 2.22 * 2**30
 rows = [
     ("libxsmm/kimi-k3-in-c (published)", 581, 0.2e9, True),
-    ("lineage, each routed expert gathered on its own (first version)", lineage_gathers(5 + 2 * K, 3), EMBED, False),
-    ("lineage, the routed experts in two gathers", lineage_gathers(5 + 2, 3), EMBED, False),
-    ("lineage, and the KDA heads split by rank (now)", lineage_gathers(5 + 2), EMBED, True),
+    ("lineage, each routed expert gathered on its own (first version)", lineage_gathers(5 + 2 * K, 3, 5), EMBED, False),
+    ("lineage, the routed experts in two gathers", lineage_gathers(5 + 2, 3, 5), EMBED, False),
+    ("lineage, and the KDA and MLA heads split by rank (now)", lineage_gathers(5 + 2), EMBED, True),
 ]
 print("| design | gathers per token | 8 | 16 | 32 | 64 | best P |")
 print("|---|---|---|---|---|---|---|")

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "lineage/core/error.h"
@@ -12,6 +13,7 @@
 #include "lineage/kernels/backward.h"
 #include "lineage/kernels/matrix.h"
 #include "lineage/kernels/norm.h"
+#include "lineage/kernels/row_split.h"
 #include "lineage/kernels/rope.h"
 #include "lineage/kernels/vmath.h"
 
@@ -208,6 +210,12 @@ void forward(const Mla& m, const Call& call, const float* x, std::span<Mla::Stat
 
   // Every sequence appends its rows to its cache; the explicit ones expand theirs.
   float* ctx = buf.context.get(size_t(N * n * dv));
+  // Under tensor parallelism this rank attends with its heads [h0, h0 + nh) only, into hctx
+  // [N, nh·d_v], and one gather gives every rank every head's context. The latent cache is shared by
+  // every head: it stays whole on every rank.
+  const auto share = kernels::rank_heads_now(n);
+  const int64_t h0 = share ? share->first : 0, nh = share ? share->second - h0 : n;
+  float* hctx = share ? buf.share.get(size_t(N * nh * dv)) : ctx;
   int64_t expanded_rows = 0;
   buf.absorbed.clear();
   for (int64_t b = 0; b < step.n_seqs(); ++b) {
@@ -253,11 +261,11 @@ void forward(const Mla& m, const Call& call, const float* x, std::span<Mla::Stat
             std::memcpy(k + dn, s.kv.data<float>() + j * W + r, size_t(dr) * sizeof(float));
           }
       }, grain_for(n * dqk));
-      buf.seqs.push_back({q + t0 * n * dqk, n * dqk, T, L - T, kb, eb + dn, dqk, dn + dv, ctx + t0 * n * dv, n * dv,
-                          n * dqk, n * (dn + dv)});
+      buf.seqs.push_back({q + t0 * n * dqk + h0 * dqk, n * dqk, T, L - T, kb + h0 * dqk, eb + dn + h0 * (dn + dv), dqk,
+                          dn + dv, hctx + t0 * nh * dv, nh * dv, n * dqk, n * (dn + dv)});
       row += L;
     }
-    kernels::attention_causal(buf.seqs, {n, dqk, dv, scale});
+    kernels::attention_causal(buf.seqs, {nh, dqk, dv, scale});
   }
 
   // Absorbed: q̃_h = W_UK,hᵀ q_n,h for every absorbed token and head, then [q̃_h | q_r,h] against the
@@ -265,15 +273,18 @@ void forward(const Mla& m, const Call& call, const float* x, std::span<Mla::Stat
   const int64_t Na = int64_t(buf.absorbed.size());
   if (Na) {
     const std::span<const int64_t> rows = buf.absorbed;
+    // A head's products run whole on the rank that owns it (the others do not call them).
+    std::optional<kernels::RowSplitPause> whole;
+    if (share) whole.emplace();
     float* in = buf.head_in.get(size_t(Na * std::max(dn, r)));
     float* out = buf.head_out.get(size_t(Na * std::max(r, dv)));
-    float* lq = buf.latent_q.get(size_t(Na * n * W));
-    float* lo = buf.latent_out.get(size_t(Na * n * r));
-    for (int64_t h = 0; h < n; ++h) {
+    float* lq = buf.latent_q.get(size_t(Na * nh * W));
+    float* lo = buf.latent_out.get(size_t(Na * nh * r));
+    for (int64_t h = h0; h < h0 + nh; ++h) {
       gather(q, n * dqk, rows, h * dqk, dn, in);
       kernels::linear(in, Na, m.prepared.uk[size_t(h)], nullptr, out, std::nullopt, dot);
       for (int64_t i = 0; i < Na; ++i) {
-        float* dst = lq + (i * n + h) * W;
+        float* dst = lq + (i * nh + h - h0) * W;
         std::memcpy(dst, out + i * r, size_t(r) * sizeof(float));
         std::memcpy(dst + r, q + (rows[size_t(i)] * n + h) * dqk + dn, size_t(dr) * sizeof(float));
       }
@@ -285,16 +296,17 @@ void forward(const Mla& m, const Call& call, const float* x, std::span<Mla::Stat
       const int64_t T = step.length(b);
       if (explicit_form(call.options, T)) continue;
       for (int64_t t = 0; t < T; ++t, ++i)
-        buf.queries.push_back({lq + i * n * W, W, s.length - T + t + 1, s.kv.data<float>(), W, lo + i * n * r, r});
+        buf.queries.push_back({lq + i * nh * W, W, s.length - T + t + 1, s.kv.data<float>(), W, lo + i * nh * r, r});
     }
-    kernels::latent_attention(buf.queries, n, W, r, scale);
-    for (int64_t h = 0; h < n; ++h) {
-      for (int64_t a = 0; a < Na; ++a) std::memcpy(in + a * r, lo + (a * n + h) * r, size_t(r) * sizeof(float));
+    kernels::latent_attention(buf.queries, nh, W, r, scale);
+    for (int64_t h = h0; h < h0 + nh; ++h) {
+      for (int64_t a = 0; a < Na; ++a) std::memcpy(in + a * r, lo + (a * nh + h - h0) * r, size_t(r) * sizeof(float));
       kernels::linear(in, Na, m.prepared.uv[size_t(h)], nullptr, out, std::nullopt, dot);
-      scatter(out, rows, dv, ctx, n * dv, h * dv);
+      scatter(out, rows, dv, hctx, nh * dv, (h - h0) * dv);
     }
   }
-  if (trace.on() && N == 1) {  // one decode token: the weights its query head gave the cache (lineage trace)
+  if (share) kernels::gather_columns(*kernels::row_split_now(), hctx, N, n, dv, ctx);
+  if (trace.on() && N == 1 && !share) {  // one decode token: the weights its query head gave the cache (lineage trace)
     const int64_t L = states[0]->length;
     std::vector<float> w(size_t(N * n * L), 0.0f);
     if (expanded_rows) {

@@ -73,6 +73,7 @@ struct Mla {
   // kernel argument per sequence or token.
   struct Buffers {
     Buffer q, kv, q_low, gate, context, latents, expanded, keys, head_in, head_out, latent_q, latent_out;
+    Buffer share;  // tensor parallelism: this rank's heads' context [N, heads·d_v]
     std::vector<kernels::AttentionSeq> seqs;
     std::vector<kernels::LatentQuery> queries;
     std::vector<int64_t> absorbed;  // token rows of the step that take the absorbed form
