@@ -24,6 +24,7 @@
 #include "lineage/dist/transport.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/io/expert_stream.h"
+#include "lineage/io/mapping_guard.h"
 #include "lineage/kernels/roofline.h"
 #include "lineage/model/accounting.h"
 #include "lineage/model/archs/presets.h"
@@ -434,18 +435,20 @@ double status_bytes(const char* field) {
 // the checkpoint's mappings (the weights it has touched: its rows of the split matrices and the
 // replicated rest). A collective: every rank calls it.
 struct RankMemory {
-  double peak_rss = 0, mapped_resident = 0;
+  double peak_rss = 0, mapped_resident = 0, released = 0;  // released: weight pages it unmapped
 };
 std::vector<RankMemory> ranks_memory(model::Model& m) {
   dist::Transport& t = ranks();
   const double mapped = weights_mapped(m) ? double(mapped_pages(m).resident) : 0.0;
   // KiB as floats: exact up to 16 GiB, within 2^-24 beyond.
-  const float mine[2] = {float(status_bytes("VmHWM") / 1024.0), float(mapped / 1024.0)};
-  std::vector<float> all(size_t(2 * t.size()));
-  const std::vector<int64_t> counts(size_t(t.size()), 2);
+  const float mine[3] = {float(status_bytes("VmHWM") / 1024.0), float(mapped / 1024.0),
+                         float(double(io::unmapped_bytes()) / 1024.0)};
+  std::vector<float> all(size_t(3 * t.size()));
+  const std::vector<int64_t> counts(size_t(t.size()), 3);
   t.all_gather(mine, counts, all.data());
   std::vector<RankMemory> out;
-  for (size_t r = 0; r < size_t(t.size()); ++r) out.push_back({1024.0 * all[2 * r], 1024.0 * all[2 * r + 1]});
+  for (size_t r = 0; r < size_t(t.size()); ++r)
+    out.push_back({1024.0 * all[3 * r], 1024.0 * all[3 * r + 1], 1024.0 * all[3 * r + 2]});
   return out;
 }
 
@@ -552,7 +555,8 @@ void run_bench(const BenchOpts& o) {
     for (size_t r = 0; r < per_rank.size(); ++r)
       ranks_json["per_rank"].push_back({{"rank", r},
                                         {"rss_peak_bytes", per_rank[r].peak_rss},
-                                        {"mapped_resident_bytes", per_rank[r].mapped_resident}});
+                                        {"mapped_resident_bytes", per_rank[r].mapped_resident},
+                                        {"released_bytes", per_rank[r].released}});
   }
   if (o.json) {
     nlohmann::json all = nlohmann::json::array();
@@ -605,8 +609,9 @@ void run_bench(const BenchOpts& o) {
     }
     std::printf("memory per rank (info --ranks: %s of weights a rank):", format_bytes(weight_bytes_per_rank).c_str());
     for (size_t r = 0; r < per_rank.size(); ++r)
-      std::printf("%s rank %zu peak RSS %s, mapped weights resident %s", r ? ";" : "", r,
-                  format_bytes(per_rank[r].peak_rss).c_str(), format_bytes(per_rank[r].mapped_resident).c_str());
+      std::printf("%s rank %zu peak RSS %s, mapped weights resident %s (%s of other ranks' rows unmapped)",
+                  r ? ";" : "", r, format_bytes(per_rank[r].peak_rss).c_str(),
+                  format_bytes(per_rank[r].mapped_resident).c_str(), format_bytes(per_rank[r].released).c_str());
     std::printf("\n");
   }
   if (plan.streaming) {

@@ -174,6 +174,7 @@ io::LoadedModel load(const ModelSource& src, bool need_tokenizer, bool stream) {
   }
   if (src.check_tensors) model::check_tensors_finite(m.model, src.dir.empty() ? "--preset " + src.preset : src.dir);
   apply_options(src, m.model);
+  release_unowned(m.model);  // under mpirun: a rank maps only the rows it reads
   if (m.experts) io::set_stream_int8_dot(*m.experts, src.int8_dot && kernels::int8_dot_available());
   return m;
 }

@@ -5,13 +5,23 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <variant>
 
 #include "common.h"
 #include "lineage/core/error.h"
+#include "lineage/io/mapping_guard.h"
+#include "lineage/kernels/matrix.h"
 #include "lineage/kernels/row_split.h"
+#include "lineage/layers/ffn/gated_mlp.h"
+#include "lineage/layers/ffn/moe.h"
+#include "lineage/layers/mixers/mla.h"
+#include "lineage/model/model.h"
 
 namespace lineage::app {
 
@@ -91,6 +101,75 @@ void set_parallel(const std::string& mode) {
   if (ranks().size() <= 1) return;
   installed_split().experts_by_rank = mode == "expert";
   kernels::set_row_split(installed_split());
+}
+
+size_t release_unowned(model::Model& m) {
+  if (ranks().size() <= 1) return 0;
+  const kernels::RowSplit& s = installed_split();
+  size_t released = 0;
+  // Rows [o0, o1) of t kept, the whole pages before and after them released (t from a mapping).
+  const auto keep_rows = [&](const Tensor& t, int64_t o0, int64_t o1) {
+    if (!t.defined() || !t.is_borrowed() || t.dim(0) <= 0 || t.nbytes() % size_t(t.dim(0))) return;
+    const size_t row = t.nbytes() / size_t(t.dim(0));
+    const char* p = static_cast<const char*>(t.raw());
+    released += io::unmap_pages(p, size_t(o0) * row);
+    released += io::unmap_pages(p + size_t(o1) * row, t.nbytes() - size_t(o1) * row);
+  };
+  const auto keep = [&](const kernels::Matrix& w, int64_t o0, int64_t o1) {
+    for (const Tensor* t : {&w.data, &w.scales, &w.zero_point})
+      if (t->defined() && t->dim(0) == w.out) keep_rows(*t, o0, o1);
+  };
+  // A matrix linear() splits by rows (kernels::splits): this rank's rows.
+  const auto rows = [&](const kernels::Matrix& w) {
+    if (w.streamed || !w.data.defined() || !kernels::splits(s, w.view(false))) return;
+    const auto [o0, o1] = kernels::rank_rows(w.out, s.rank, s.ranks);
+    keep(w, o0, o1);
+  };
+  for (model::Block& b : m.blocks) {
+    std::visit([&](auto& mixer) {
+      const kernels::Matrix* whole = nullptr;
+      if constexpr (std::is_same_v<std::decay_t<decltype(mixer)>, layers::Mla>) whole = &mixer.weights.kv_b_proj;
+      mixer.for_each_matrix([&](kernels::Matrix& w) {
+        if (&w != whole) rows(w);
+      });
+    }, b.mixer);
+    auto* moe = std::get_if<layers::Moe>(&b.ffn);
+    if (!moe) {
+      std::visit([&](auto& ffn) { ffn.for_each_matrix(rows); }, b.ffn);
+      continue;
+    }
+    std::set<const kernels::Matrix*> routed;
+    const int64_t E = int64_t(moe->weights.experts.size());
+    for (int64_t e = 0; e < E; ++e) {
+      const layers::GatedMlp::Weights& w = moe->weights.experts[size_t(e)].weights;
+      const kernels::Matrix* three[] = {&w.gate_proj, &w.up_proj, &w.down_proj};
+      routed.insert(std::begin(three), std::end(three));
+      if (w.gate_proj.streamed) continue;
+      if (s.experts_by_rank) {  // only this rank's experts, whole (layers/ffn/moe.cpp, routed_by_rank)
+        const auto [e0, e1] = kernels::rank_rows(E, s.rank, s.ranks);
+        if (e < e0 || e >= e1)
+          for (const kernels::Matrix* x : three) keep(*x, 0, 0);
+        continue;
+      }
+      // Split inside themselves only when all three are (routed_split); else whole on every rank.
+      bool all = true;
+      for (const kernels::Matrix* x : three) all = all && x->data.defined() && kernels::splits(s, x->view(false));
+      if (all)
+        for (const kernels::Matrix* x : three) rows(*x);
+    }
+    moe->for_each_matrix([&](kernels::Matrix& w) {
+      if (!routed.count(&w)) rows(w);
+    });
+  }
+  if (!m.config.tied_lm_head) {
+    if (const kernels::Matrix* blocks = m.output_blocks()) {
+      rows(*blocks);
+    } else if (kernels::splits(s, {&m.lm_head, kernels::Layout::OutIn, false})) {
+      const auto [o0, o1] = kernels::rank_rows(m.lm_head.dim(0), s.rank, s.ranks);
+      keep_rows(m.lm_head, o0, o1);
+    }
+  }
+  return released;
 }
 
 runtime::EngineRanks engine_ranks() {

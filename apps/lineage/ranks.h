@@ -9,6 +9,7 @@
 #include <string>
 
 #include "lineage/dist/transport.h"
+#include "lineage/model/model.h"
 #include "lineage/runtime/engine.h"
 
 namespace lineage::app {
@@ -37,6 +38,12 @@ void state_files_on_one_rank(const std::string& option, const std::string& file)
 // --parallel: "expert" places the routed experts by rank (kernels::RowSplit::experts_by_rank),
 // "tensor" splits them by rows as every matrix; nothing with one rank.
 void set_parallel(const std::string& mode);
+// Under mpirun with several ranks, for weights mapped from the files: the pages of the rows (and,
+// with --parallel expert, the routed experts) this rank never reads leave its address space
+// (io::unmap_pages), so that it maps only its slice. Matrices some rank reads otherwise stay whole:
+// MLA's kv_b_proj (its heads' W_UV are views of it), the routed experts where the split leaves them
+// whole, the tied head and embeddings. Returns the bytes released.
+size_t release_unowned(model::Model& m);
 // The serving engine's ranks (lineage serve under mpirun): rank 0's rounds broadcast over the
 // transport, the row split installed on the engine's thread, a failure on one rank ending the job.
 runtime::EngineRanks engine_ranks();

@@ -41,8 +41,10 @@ assert abs(m["weight_bytes_per_rank"] - info["weight_bytes_per_rank"]) <= 1, (m,
 for r in m["per_rank"]:
     assert r["rss_peak_bytes"] > r["mapped_resident_bytes"] > 0, r
     assert r["mapped_resident_bytes"] <= files + 8192, (r, files)
+    # each rank unmapped whole pages of the rows it never reads: it maps only its slice
+    assert 0 < r["released_bytes"] < files and r["released_bytes"] % 4096 == 0, r
 PY
-then echo "ok   bench --json at 2 ranks: each rank's peak RSS and mapped weights resident, next to info --ranks 2"
+then echo "ok   bench --json at 2 ranks: each rank's peak RSS, mapped weights resident and other ranks' rows unmapped, next to info --ranks 2"
 else fail "bench --json at 2 ranks: $(head -c 600 "$work/bench.json")"; fi
 
 # The recurrent states live where their heads live: a rank holds its share of the KDA layers' S.

@@ -529,3 +529,15 @@ def test_a_gguf_file_serves_as_its_directory_does(gpt2_dir, tmp_path):
     assert gguf_template.endswith("key tokenizer.chat_template"), gguf_template
     assert gguf_rest == dir_rest
     assert dir_rest[1]["prompt_tokens"] > 10  # the rendered ChatML, not "role: content"
+
+
+def test_trace_data_names_the_ranks_under_mpirun(gpt2_server):
+    """The trace page records a whole forward on one process; across ranks each maps only its slice
+    of the weights, so POST /trace/data answers 501 naming the ranks (one rank: it records)."""
+    from conftest import serve_ranks
+    status, body = gpt2_server.post("/trace/data", {"prompt": "In the beginning"})
+    if serve_ranks() > 1:
+        assert status == 501, body
+        assert f"over {serve_ranks()} ranks" in body["error"]["message"], body
+    else:
+        assert status == 200, body

@@ -33,6 +33,8 @@ void write_all(const char* s) {
   }
 }
 
+std::atomic<size_t> g_unmapped{0};
+
 void on_sigbus(int sig, siginfo_t* info, void*) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(info->si_addr);
   for (int i = 0; i < kSlots; ++i) {
@@ -40,6 +42,19 @@ void on_sigbus(int sig, siginfo_t* info, void*) {
     if (b == 0 || at < b || at >= g_end[i]) continue;
     write_all("lineage: error: ");
     write_all(g_path[i]);
+    if (sig == SIGSEGV) {  // a page unmap_pages released: a read the split should never make
+      char offset[32];
+      int n = 0;
+      for (uintptr_t v = at - b; n == 0 || v > 0; v /= 10) offset[n++] = char('0' + v % 10);
+      char text[32];
+      for (int j = 0; j < n; ++j) text[j] = offset[n - 1 - j];
+      text[n] = '\0';
+      write_all(": byte ");
+      write_all(text);
+      write_all(" was read, a part of a weight this rank released under tensor parallelism (its rows belong to "
+                "another rank); this is a bug in lineage: please report it\n");
+      ::_exit(2);
+    }
     write_all(": the file changed while its weights were mapped (it shrank, or was rewritten in place); "
               "its pages can no longer be read. Reload the model after the file is complete, or load with "
               "--no-mmap to copy the weights at load\n");
@@ -85,6 +100,29 @@ void install_mapping_fault_handler() {
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGBUS, &sa, nullptr);
 }
+
+size_t unmap_pages(const void* begin, size_t bytes) {
+  if (!find_mapping(begin) || bytes == 0) return 0;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
+  const uintptr_t z = (reinterpret_cast<uintptr_t>(begin) + bytes) / page * page;
+  if (z <= a || !find_mapping(reinterpret_cast<const void*>(z - 1))) return 0;
+  if (::munmap(reinterpret_cast<void*>(a), z - a) != 0) return 0;
+  // A read of the released pages, then, names the file (installed with the first release only, so
+  // that other faults keep what handles them: the sanitizers' reports).
+  static const bool installed = [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    return ::sigaction(SIGSEGV, &sa, nullptr) == 0;
+  }();
+  (void)installed;
+  g_unmapped += z - a;
+  return z - a;
+}
+
+size_t unmapped_bytes() { return g_unmapped.load(); }
 
 std::shared_ptr<const void> map_readonly(const std::filesystem::path& path, size_t& size, const std::string& expected) {
   const int fd = ::open(path.c_str(), O_RDONLY);

@@ -25,8 +25,17 @@ std::optional<MappedAt> find_mapping(const void* p);
 
 // Installs a SIGBUS handler: a fault inside a remembered mapping prints
 // "lineage: error: FILE: ... changed while mapped ..." and exits with code 2; any other SIGBUS keeps
-// the default action.
+// the default action. unmap_pages adds a SIGSEGV handler: a read of pages it released prints
+// "lineage: error: FILE: byte B was read, which this rank released ..." and exits with code 2.
 void install_mapping_fault_handler();
+
+// Unmaps the whole pages inside [begin, begin + bytes) of a remembered mapping (a rank's rows of a
+// weight it never reads, under tensor parallelism): they leave the address space; the mapping's
+// other pages stay. Returns the bytes unmapped (0 where the range holds no whole page or lies in no
+// remembered mapping).
+size_t unmap_pages(const void* begin, size_t bytes);
+// The bytes unmap_pages has unmapped in this process.
+size_t unmapped_bytes();
 
 // `path` mapped read-only and remembered (unmapped and forgotten with the last reference), advised for
 // 2 MiB pages; `size` set to its length. An Error names the file when it cannot be opened, is not a

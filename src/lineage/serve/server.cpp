@@ -541,6 +541,10 @@ void Server::routes() {
   // asks again for a head it does not hold. One trace at a time, beside the engine's steps.
   http_->Post("/trace/data", [this, error](const httplib::Request& req, httplib::Response& res) {
     try {
+      if (options_.engine.ranks.ranks > 1)  // the recording runs whole, and each rank maps only its slice
+        throw ApiError{501, cat("the trace records on one process; this server runs over ", options_.engine.ranks.ranks,
+                                " ranks (mpirun): run lineage serve without mpirun, or lineage trace"),
+                       "server_error", "", "not_across_ranks"};
       const std::vector<runtime::TraceLayer> layers = runtime::trace_layers(model_.model);
       const int64_t limit = options_.trace_max_tokens;
       const TraceRequest r = parse_trace_request(req.body, layers, model_.model.config.vocab_size, limit);
