@@ -83,6 +83,7 @@ struct BenchRow {
 // The row gathers between two readings of kernels::row_split_stats(), added to `into`.
 void add_gathers(kernels::RowSplitStats& into, const kernels::RowSplitStats& before, const kernels::RowSplitStats& after) {
   into.gathers += after.gathers - before.gathers;
+  into.expert_gathers += after.expert_gathers - before.expert_gathers;
   into.floats_sent += after.floats_sent - before.floats_sent;
   into.floats_received += after.floats_received - before.floats_received;
   into.seconds += after.seconds - before.seconds;

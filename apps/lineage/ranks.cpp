@@ -5,7 +5,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <iterator>
 #include <memory>
 #include <set>
 #include <span>
@@ -138,24 +137,19 @@ size_t release_unowned(model::Model& m) {
       std::visit([&](auto& ffn) { ffn.for_each_matrix(rows); }, b.ffn);
       continue;
     }
+    // The routed experts as forward() runs them (layers::routed_split_mode): each rank's rows of every
+    // expert, its own experts whole, or every expert whole on every rank.
     std::set<const kernels::Matrix*> routed;
+    const layers::RoutedSplit mode = layers::routed_split_mode(*moe, &s);
     const int64_t E = int64_t(moe->weights.experts.size());
+    const auto [e0, e1] = kernels::rank_rows(E, s.rank, s.ranks);
     for (int64_t e = 0; e < E; ++e) {
       const layers::GatedMlp::Weights& w = moe->weights.experts[size_t(e)].weights;
-      const kernels::Matrix* three[] = {&w.gate_proj, &w.up_proj, &w.down_proj};
-      routed.insert(std::begin(three), std::end(three));
-      if (w.gate_proj.streamed) continue;
-      if (s.experts_by_rank) {  // only this rank's experts, whole (layers/ffn/moe.cpp, routed_by_rank)
-        const auto [e0, e1] = kernels::rank_rows(E, s.rank, s.ranks);
-        if (e < e0 || e >= e1)
-          for (const kernels::Matrix* x : three) keep(*x, 0, 0);
-        continue;
+      for (const kernels::Matrix* x : {&w.gate_proj, &w.up_proj, &w.down_proj}) {
+        routed.insert(x);
+        if (mode == layers::RoutedSplit::Rows) rows(*x);
+        if (mode == layers::RoutedSplit::ByRank && (e < e0 || e >= e1)) keep(*x, 0, 0);
       }
-      // Split inside themselves only when all three are (routed_split); else whole on every rank.
-      bool all = true;
-      for (const kernels::Matrix* x : three) all = all && x->data.defined() && kernels::splits(s, x->view(false));
-      if (all)
-        for (const kernels::Matrix* x : three) rows(*x);
     }
     moe->for_each_matrix([&](kernels::Matrix& w) {
       if (!routed.count(&w)) rows(w);

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
 
 namespace lineage::kernels {
@@ -51,7 +52,6 @@ namespace {
 Tensor rows_of(const Tensor& t, int64_t o0, int64_t n, int64_t row_bytes) {
   return Tensor::borrow(t.dtype(), Shape{n, t.dim(1)}, static_cast<const char*>(t.raw()) + o0 * row_bytes, nullptr);
 }
-
 
 // This rank's rows [o0, o0 + n) of W (its codes, block scales, group scales and zeros) and of a bias,
 // borrowed from the whole ones.
@@ -102,7 +102,8 @@ std::optional<std::pair<int64_t, int64_t>> rank_heads_now(int64_t heads) {
 
 void gather_columns(const RowSplit& s, const float* mine, int64_t N, int64_t units, int64_t per, float* out) {
   const int P = s.ranks;
-  std::vector<int64_t> counts(static_cast<size_t>(P));
+  thread_local std::vector<int64_t> counts;  // a decode step's scratch, kept: no allocation per call
+  counts.resize(size_t(P));
   for (int r = 0; r < P; ++r) {
     const auto [a, z] = rank_rows(units, r, P);
     counts[size_t(r)] = N * (z - a) * per;
@@ -118,6 +119,12 @@ void gather_columns(const RowSplit& s, const float* mine, int64_t N, int64_t uni
       std::memcpy(out + t * units * per + a * per, at + t * n, size_t(n) * sizeof(float));
     at += N * n;
   }
+}
+
+void gather_heads(const float* mine, int64_t N, int64_t heads, int64_t per, float* out) {
+  const RowSplit* s = row_split_now();
+  LINEAGE_CHECK(s, "a state split by heads is used where its split is not installed");
+  gather_columns(*s, mine, N, heads, per, out);
 }
 
 RowSplitPause::RowSplitPause() : was_(g_paused) { g_paused = true; }
@@ -141,9 +148,11 @@ bool linear_group_split(const float* x, int64_t T, std::span<const LinearOut> ou
   const int P = s->ranks;
   // Each split output's rows of this rank, one after another in `rows` ([T, n_j] each); every rank's
   // part of the gather is its blocks in the outputs' order.
-  thread_local std::vector<float> rows, all;
-  std::vector<const LinearOut*> split;
-  std::vector<int64_t> counts(size_t(P), 0);
+  thread_local std::vector<float> rows, all;  // scratch kept across calls: no allocation per call
+  thread_local std::vector<const LinearOut*> split;
+  thread_local std::vector<int64_t> counts;
+  split.clear();
+  counts.assign(size_t(P), 0);
   int64_t mine = 0;
   for (const LinearOut& o : outs) {
     if (!splits(*s, o.W)) {

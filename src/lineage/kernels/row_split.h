@@ -75,6 +75,10 @@ std::optional<std::pair<int64_t, int64_t>> rank_heads_now(int64_t heads);
 // packed [N, n_r·per] (`mine` on this rank). One gather gives every rank all of them in `out`
 // [N, units·per].
 void gather_columns(const RowSplit& s, const float* mine, int64_t N, int64_t units, int64_t per, float* out);
+// gather_columns over the split installed on this thread (row_split_now), units being heads: a
+// layer's heads' outputs where its states hold only this rank's heads. An error where no split is
+// installed (such a state used elsewhere).
+void gather_heads(const float* mine, int64_t N, int64_t heads, int64_t per, float* out);
 
 // While one lives, calls on this thread compute every row, unsplit: a rank running its own experts
 // whole (RowSplit::experts_by_rank).

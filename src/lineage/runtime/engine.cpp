@@ -293,7 +293,7 @@ void Engine::callback(const std::function<void()>& f) {
   }
 }
 
-void Engine::share(Round& round) {
+void Engine::broadcast_round(Round& round) {
   if (options_.ranks.ranks <= 1) return;
   std::string bytes;
   if (root_) {
@@ -375,7 +375,7 @@ void Engine::run() {
       for (const Waiting& w : round.admitted)
         if (cancelled_.count(w.id)) round.gone.push_back(w.id);
     }
-    share(round);
+    broadcast_round(round);
     if (!root_) settle(live, round.ended, round.error);
     if (round.stop) break;
     for (Waiting& w : round.admitted) {

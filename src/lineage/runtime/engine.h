@@ -159,7 +159,7 @@ class Engine {
   struct Round;
   void run();
   // Rank 0 fills a round; with several ranks it is broadcast (the others' filled from it).
-  void share(Round& round);
+  void broadcast_round(Round& round);
   // Ends the requests whose callers ended them, then, after a callback failed, every request. On
   // rank 0 `error` is set to the failure (the round carries it); on the others it is the round's.
   void settle(std::vector<Live>& live, const std::vector<uint64_t>& ended, std::string& error);

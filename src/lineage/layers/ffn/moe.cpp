@@ -191,7 +191,6 @@ void routed_split(const kernels::RowSplit& s, const Moe& m, const float* xe, con
   const auto [f0, f1] = kernels::rank_rows(F, s.rank, P);
   const auto [x0, x1] = kernels::rank_rows(X, s.rank, P);
   const int64_t Fr = f1 - f0, Xr = x1 - x0;
-  std::vector<int64_t> counts(static_cast<size_t>(P));
   // Each slot's share of its expert's hidden units, slots in expert order: [R, Fr].
   float* h_mine = buf.split_mine.get(size_t(R * Fr));
   for (int64_t e = 0; e < E; ++e) {
@@ -207,18 +206,8 @@ void routed_split(const kernels::RowSplit& s, const Moe& m, const float* xe, con
     kernels::linear_rows(in, n, ex.weights.up_proj.view(dot), f0, f1, u);
     gate_rows(ex.config, g, u, n, Fr);
   }
-  for (int r = 0; r < P; ++r) {
-    const auto [a, z] = kernels::rank_rows(F, r, P);
-    counts[size_t(r)] = R * (z - a);
-  }
-  float* gathered = buf.split_all.get(size_t(R * F));
-  kernels::gather_rows(s, h_mine, counts, gathered);
-  float* h = buf.split_hidden.get(size_t(R * F));  // [R, F]: rank r's block holds columns [a, z) of every slot
-  for (int r = 0; r < P; ++r) {
-    const auto [a, z] = kernels::rank_rows(F, r, P);
-    for (int64_t i = 0; i < R; ++i) std::memcpy(h + i * F + a, gathered + i * (z - a), size_t(z - a) * sizeof(float));
-    gathered += R * (z - a);
-  }
+  float* h = buf.split_hidden.get(size_t(R * F));  // [R, F]: every slot's hidden units, every rank's share
+  kernels::gather_columns(s, h_mine, R, F, 1, h);
   // This rank's share of every expert's output rows, added into its share of the sum [N, Xr].
   float* sum = buf.split_sum.get(size_t(N * Xr));
   std::memset(sum, 0, size_t(N * Xr) * sizeof(float));
@@ -229,17 +218,7 @@ void routed_split(const kernels::RowSplit& s, const Moe& m, const float* xe, con
     kernels::linear_rows(h + b * F, n, m.weights.experts[size_t(e)].weights.down_proj.view(dot), x0, x1, out);
     add_weighted(buf.order.data() + b, n, w, k, out, Xr, sum);
   }
-  for (int r = 0; r < P; ++r) {
-    const auto [a, z] = kernels::rank_rows(X, r, P);
-    counts[size_t(r)] = N * (z - a);
-  }
-  gathered = buf.split_all.get(size_t(N * X));
-  kernels::gather_rows(s, sum, counts, gathered);
-  for (int r = 0; r < P; ++r) {
-    const auto [a, z] = kernels::rank_rows(X, r, P);
-    for (int64_t t = 0; t < N; ++t) std::memcpy(acc + t * X + a, gathered + t * (z - a), size_t(z - a) * sizeof(float));
-    gathered += N * (z - a);
-  }
+  kernels::gather_columns(s, sum, N, X, 1, acc);
 }
 
 // The routed experts placed by rank (RowSplit::experts_by_rank, --parallel expert): rank r runs the
@@ -252,7 +231,8 @@ void routed_by_rank(const kernels::RowSplit& s, const Moe& m, const float* xe, c
                     Moe::Buffers& buf, bool dot) {
   const int64_t E = m.config.n_experts, k = m.config.top_k, X = m.expert_width();
   const int P = s.ranks;
-  std::vector<int64_t> counts(static_cast<size_t>(P));
+  std::vector<int64_t>& counts = buf.split_counts;
+  counts.resize(size_t(P));
   for (int r = 0; r < P; ++r) {
     const auto [a, z] = kernels::rank_rows(E, r, P);
     counts[size_t(r)] = (buf.offsets[size_t(z)] - buf.offsets[size_t(a)]) * X;
@@ -301,20 +281,16 @@ void run_experts(const Moe& m, const float* xe, const float* w, float* acc, Moe:
   }
 }
 
-// Whether the routed experts run split (routed_split, or routed_by_rank where the split places them by
-// rank): a split installed for this call, the experts resident (not streamed), and their matrices
-// ones the split takes.
-const kernels::RowSplit* experts_split(const Moe& m, bool dot) {
-  const kernels::RowSplit* s = kernels::row_split_now();
-  if (!s || m.source || m.weights.experts.empty()) return nullptr;
-  if (s->experts_by_rank) return s;
+}  // namespace
+
+RoutedSplit routed_split_mode(const Moe& m, const kernels::RowSplit* s) {
+  if (!s || m.source || m.weights.experts.empty()) return RoutedSplit::Whole;
+  if (s->experts_by_rank) return RoutedSplit::ByRank;
   const GatedMlp& e = m.weights.experts.front();
   for (const kernels::Matrix* w : {&e.weights.gate_proj, &e.weights.up_proj, &e.weights.down_proj})
-    if (!kernels::splits(*s, w->view(dot))) return nullptr;
-  return s;
+    if (!kernels::splits(*s, w->view(false))) return RoutedSplit::Whole;
+  return RoutedSplit::Rows;
 }
-
-}  // namespace
 
 void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buffers& buf, const Trace& trace) {
   const Moe::Config& c = m.config;
@@ -350,11 +326,11 @@ void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buff
     xe = z, acc = buf.latent_sum.get(size_t(N * X));
   }
   std::memset(acc, 0, size_t(N * X) * sizeof(float));
-  if (const kernels::RowSplit* split = experts_split(m, dot)) {
-    if (split->experts_by_rank) routed_by_rank(*split, m, xe, w, acc, buf, dot);
-    else routed_split(*split, m, xe, w, acc, N, buf, dot);
-  } else {
-    run_experts(m, xe, w, acc, buf, dot);
+  const kernels::RowSplit* split = kernels::row_split_now();
+  switch (routed_split_mode(m, split)) {
+    case RoutedSplit::ByRank: routed_by_rank(*split, m, xe, w, acc, buf, dot); break;
+    case RoutedSplit::Rows: routed_split(*split, m, xe, w, acc, N, buf, dot); break;
+    case RoutedSplit::Whole: run_experts(m, xe, w, acc, buf, dot); break;
   }
   if (c.latent > 0) {  // RMSNorm of the aggregate (once), then back up to the full width
     if (c.latent_norm) kernels::rms_norm(acc, N, X, &m.weights.latent_norm, c.latent_eps, acc);

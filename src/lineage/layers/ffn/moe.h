@@ -22,6 +22,7 @@
 #include <memory>
 #include <vector>
 
+#include "lineage/kernels/row_split.h"
 #include "lineage/layers/common.h"
 #include "lineage/layers/ffn/gated_mlp.h"
 
@@ -82,6 +83,7 @@ struct Moe {
   struct Buffers {
     Buffer logits, weights, rows_in, rows_out, shared, shared_gate, ids_f, latent_in, latent_sum, routed;
     Buffer split_mine, split_all, split_hidden, split_sum;  // tensor parallelism (moe.cpp, routed_split)
+    std::vector<int64_t> split_counts;                       // and each rank's floats in its gathers
     std::vector<int32_t> ids, order, scratch, chosen;
     std::vector<int64_t> offsets;
     GatedMlp::Buffers mlp;
@@ -140,6 +142,14 @@ void route(const Moe::Config& c, const float* logits, const float* bias, int32_t
 // tokens). Traces moe.router_logits, moe.expert_ids, moe.expert_weights, moe.latent and moe.routed
 // (latent space), moe.shared, moe.out.
 void forward(const Moe& m, const Call& call, const float* x, float* y, Moe::Buffers& buf, const Trace& trace);
+
+// How forward() runs the routed experts under the row split `s` (kernels/row_split.h; null: none):
+// whole on every rank (no split, streamed experts, or matrices under the split's min_bytes), each
+// split inside itself by rows (every rank its rows of each expert), or placed by rank
+// (RowSplit::experts_by_rank: rank r runs experts [E·r/P, E·(r+1)/P) whole). The one rule for what a
+// rank reads of them (apps/lineage/ranks.cpp unmaps the rest).
+enum class RoutedSplit { Whole, Rows, ByRank };
+RoutedSplit routed_split_mode(const Moe& m, const kernels::RowSplit* s);
 
 // Training (train_step.h), the same routing and sums as forward() over B·T rows. The router's
 // gradient flows through the chosen experts' weights (kernels/moe_router_backward.h); the top-k

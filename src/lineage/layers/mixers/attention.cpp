@@ -5,7 +5,6 @@
 #include <cstring>
 #include <vector>
 
-#include "lineage/core/error.h"
 #include "lineage/core/parallel.h"
 #include "lineage/kernels/attention.h"
 #include "lineage/kernels/backward.h"
@@ -166,11 +165,7 @@ void forward(const Attention& a, const Call& call, const float* x, std::span<Att
   }
   const float scale = a.config.scale_attn_weights ? 1.0f / std::sqrt(float(hd)) : 1.0f;
   kernels::attention_causal(buf.seqs, {Hr, hd, hd, scale});
-  if (share) {  // every rank's heads' context, gathered into ctx [N, D]
-    const kernels::RowSplit* s = kernels::row_split_now();
-    LINEAGE_CHECK(s, "a KV cache split by heads is used where its split is not installed");
-    kernels::gather_columns(*s, out, N, H, hd, ctx);
-  }
+  if (share) kernels::gather_heads(out, N, H, hd, ctx);  // every rank's heads' context into ctx [N, D]
   if (trace.on() && N == 1 && !share) {  // one decode token: the weights its query gave the cache (lineage trace)
     const int64_t L = buf.seqs[0].p0 + N;
     std::vector<float> w(size_t(N * H * L));

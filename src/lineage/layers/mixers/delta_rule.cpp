@@ -491,9 +491,8 @@ bool runs_chunked(const Pass& p, int64_t T) {
 // gather that gives every rank every head's output rows in core. Each head's recurrence is one rank's,
 // the same kernels on the same rows: the outputs are one process's bits.
 void recur_share(Pass& p) {
-  const kernels::RowSplit* s = kernels::row_split_now();
   const std::optional<HeadShare> share = head_share(p.m.config);
-  LINEAGE_CHECK(s && share && share->v1 - share->v0 == p.states[0]->S.dim(0),
+  LINEAGE_CHECK(share && share->v1 - share->v0 == p.states[0]->S.dim(0),
                 "a delta-rule state split by heads is used where its split is not installed");
   const Step& step = p.call.step;
   const int64_t N = p.N, H = p.H, HV = p.HV, K = p.K, V = p.V;
@@ -529,7 +528,7 @@ void recur_share(Pass& p) {
     kernels::delta_rule_recurrent(p.buf.recurrent);
   }
   // Every rank's heads' rows [N, HVr·V] back into core [N, HV·V].
-  kernels::gather_columns(*s, core, N, H, (HV / H) * V, p.core);
+  kernels::gather_heads(core, N, H, (HV / H) * V, p.core);
 }
 
 }  // namespace

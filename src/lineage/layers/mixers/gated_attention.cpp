@@ -117,11 +117,7 @@ void forward(const GatedAttention& a, const Call& call, const float* x, std::spa
                           s.v.data<float>() + h * s.capacity * hd, 0, 0, out + t0 * Qr + h * group * hd, Qr});
   }
   kernels::attention_causal(buf.seqs, {group, hd, hd, 1.0f / std::sqrt(float(hd))});
-  if (share) {  // every rank's query heads' context, gathered into ctx [N, Q]
-    const kernels::RowSplit* s = kernels::row_split_now();
-    LINEAGE_CHECK(s, "a KV cache split by heads is used where its split is not installed");
-    kernels::gather_columns(*s, out, N, KVH, group * hd, ctx);
-  }
+  if (share) kernels::gather_heads(out, N, KVH, group * hd, ctx);  // every rank's query heads' context into ctx
   if (trace.on() && N == 1 && !share) {  // one decode token: the weights its query head gave the cache (lineage trace)
     const int64_t L = buf.seqs[0].p0 + N, heads = KVH * group;
     std::vector<float> w(size_t(N * heads * L));

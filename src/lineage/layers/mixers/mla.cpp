@@ -305,7 +305,7 @@ void forward(const Mla& m, const Call& call, const float* x, std::span<Mla::Stat
       scatter(out, rows, dv, hctx, nh * dv, (h - h0) * dv);
     }
   }
-  if (share) kernels::gather_columns(*kernels::row_split_now(), hctx, N, n, dv, ctx);
+  if (share) kernels::gather_heads(hctx, N, n, dv, ctx);
   if (trace.on() && N == 1 && !share) {  // one decode token: the weights its query head gave the cache (lineage trace)
     const int64_t L = states[0]->length;
     std::vector<float> w(size_t(N * n * L), 0.0f);
