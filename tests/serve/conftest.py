@@ -133,9 +133,12 @@ class Server:
     def stop(self):
         """SIGTERM to the serving process: under mpirun, rank 0 stops the others and mpirun exits 0,
         rank 0 reporting the row gathers its steps made (some, when it ran a step)."""
-        steps = None  # unknown behind an API key
-        if serve_ranks() > 1 and self.proc.poll() is None and self.request("GET", "/metrics")[0] == 200:
-            steps = self.metrics().get("lineage_steps_total", 0)
+        steps = None  # unknown behind an API key (or where the server no longer answers)
+        try:
+            if serve_ranks() > 1 and self.proc.poll() is None and self.request("GET", "/metrics")[0] == 200:
+                steps = self.metrics().get("lineage_steps_total", 0)
+        except OSError:
+            pass  # the signal below still stops it: no server is left running
         os.kill(self.pid, signal.SIGTERM)
         try:
             self.proc.wait(20)
