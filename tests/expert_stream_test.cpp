@@ -1,8 +1,12 @@
-// Routed experts streamed from the checkpoint files under --memory-budget (io/expert_stream.h):
-// a budget that forces eviction gives the resident run's logits bit for bit, batched and alone, in
-// every split; peak RSS stays within the budget; the faults are errors naming the file or the minimum.
+// Routed experts streamed from the checkpoint files under --memory-budget (io/expert_stream.h), and
+// the trunk streamed layer by layer below (io/trunk_stream.h): a budget that forces eviction gives the
+// resident run's logits bit for bit, batched and alone, in every split; peak RSS stays within the
+// budget; the faults are errors naming the file or the minimum.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -12,6 +16,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +29,7 @@
 #include "lineage/io/expert_stream.h"
 #include "lineage/io/load_model.h"
 #include "lineage/io/safetensors.h"
+#include "lineage/io/trunk_stream.h"
 #include "lineage/layers/common.h"
 #include "lineage/runtime/session.h"
 #include "test_support.h"
@@ -37,13 +43,16 @@ using test::shell_quote;
 
 const char* kTokens = "5 17 99 3 250 11 42 7 200 8 1 2 77 123 64 9 31";
 
-// The smallest budget that runs `dir` streaming, as lineage's error for a budget of one byte names it.
-uint64_t minimum_budget(const fs::path& dir, const std::string& policy) {
+// The smallest budget that runs `dir` streaming, as lineage's error for a budget of one byte names it:
+// with the trunk resident (`trunk_streams` false: the experts alone stream), or streamed layer by layer.
+uint64_t minimum_budget(const fs::path& dir, const std::string& policy, bool trunk_streams = false) {
   const auto r = run_lineage("logits --model " + shell_quote(dir.string()) + " --tokens 1 --out " +
                              shell_quote((test::temp_dir() / "x.npy").string()) + " --memory-budget 1 --expert-cache " + policy);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   std::smatch m;
-  EXPECT_TRUE(std::regex_search(r.err, m, std::regex("below this model's minimum, ([0-9]+) bytes"))) << r.err;
+  EXPECT_TRUE(std::regex_search(r.err, m, std::regex(trunk_streams ? "below this model's minimum, ([0-9]+) bytes, with its trunk streamed"
+                                                                   : "with the trunk resident the minimum is ([0-9]+) bytes")))
+      << r.err;
   return m.empty() ? 0 : std::stoull(m[1].str());
 }
 
@@ -158,36 +167,41 @@ fs::path big_experts_checkpoint() {
   return dir;
 }
 
-// Peak RSS (VmHWM, /proc/self/status) grows from before the load by at most the budget plus the state
-// and the workspace (the steps' buffers), plus 16 MiB for what the process allocates besides (thread
-// stacks, the kernels' per-thread scratch, the allocator's own): run in a child lineage (one process
-// per budget), over a prefill and 24 decoded tokens. The same bound is broken by the resident run,
+// lineage bench's last JSON row on `dir` (no probes, 2 threads), with `options`.
+nlohmann::json bench_row(const fs::path& dir, const std::string& options) {
+  const auto r = run_lineage("bench --model " + shell_quote(dir.string()) + " --repetitions 1 --json --no-roofline --threads 2 " +
+                             options);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json rows = nlohmann::json::parse(r.out);
+  return rows.empty() ? nlohmann::json() : rows.back();
+}
+
+// Peak RSS over the load (a bench row's "memory"), and the bound it must keep under a budget: the
+// budget, the state, the workspace (the steps' buffers), and 16 MiB for what the process allocates
+// besides (thread stacks, the kernels' per-thread scratch, the allocator's own).
+double rss_growth(const nlohmann::json& memory) {
+  return memory["rss_peak_bytes"].get<double>() - memory["rss_before_load_bytes"].get<double>();
+}
+double rss_bound(const nlohmann::json& memory, double budget) {
+  return budget + memory["state_bytes"].get<double>() + memory["workspace_bytes"].get<double>() + double(16 << 20);
+}
+
+// Peak RSS (VmHWM, /proc/self/status) grows from before the load by at most rss_bound: run in a child
+// lineage (one process per budget), over a prefill and 24 decoded tokens. The same bound is broken by the resident run,
 // whose experts, 72 MiB, all come into memory: the check can fail.
 TEST(ExpertStream, PeakRssStaysWithinTheBudget) {
   const fs::path dir = big_experts_checkpoint();
   const uint64_t min = minimum_budget(dir, "global");
   ASSERT_GT(min, 0u);
-  const auto run = [&](const std::string& budget) {
-    const auto r = run_lineage("bench --model " + shell_quote(dir.string()) + " --prompt 0 --gen 24 --repetitions 1 " +
-                               "--json --no-roofline --threads 2 " + budget);
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    const nlohmann::json rows = nlohmann::json::parse(r.out);
-    return rows.empty() ? nlohmann::json() : rows.back()["memory"];
-  };
+  const auto run = [&](const std::string& budget) { return bench_row(dir, "--prompt 0 --gen 24 " + budget)["memory"]; };
   const nlohmann::json streamed = run(cat("--memory-budget ", min + (6 << 20))), resident = run("");
   ASSERT_TRUE(streamed["streaming"].get<bool>());
   ASSERT_FALSE(resident["streaming"].get<bool>());
-  const auto growth = [](const nlohmann::json& m) {
-    return m["rss_peak_bytes"].get<double>() - m["rss_before_load_bytes"].get<double>();
-  };
-  const auto bound = [](const nlohmann::json& m, double budget) {
-    return budget + m["state_bytes"].get<double>() + m["workspace_bytes"].get<double>() + double(16 << 20);
-  };
   const double budget = streamed["budget_bytes"].get<double>();
-  std::printf("peak RSS growth: streamed %.1f MiB (bound %.1f MiB), resident %.1f MiB\n", growth(streamed) / 1048576,
-              bound(streamed, budget) / 1048576, growth(resident) / 1048576);
-  EXPECT_LE(growth(streamed), bound(streamed, budget));
-  EXPECT_GT(growth(resident), bound(resident, budget));
+  std::printf("peak RSS growth: streamed %.1f MiB (bound %.1f MiB), resident %.1f MiB\n", rss_growth(streamed) / 1048576,
+              rss_bound(streamed, budget) / 1048576, rss_growth(resident) / 1048576);
+  EXPECT_LE(rss_growth(streamed), rss_bound(streamed, budget));
+  EXPECT_GT(rss_growth(resident), rss_bound(resident, budget));
   EXPECT_GT(streamed["routed_expert_bytes"].get<double>(), 70.0 * 1048576);
 }
 
@@ -218,9 +232,9 @@ TEST(ExpertStream, InfoListsTheTensorsACheckpointHolds) {
   }
 }
 
-// Faults: a budget below the minimum names it (and what makes it); a model without routed experts
-// cannot stream and says so; a malformed size names the option (and --no-mmap, which copies the trunk
-// alone, streams the experts to the same bits);
+// Faults: a budget below the minimum names it (and what makes it, with the trunk streamed and
+// resident); a trunk that must stream refuses --no-mmap; a malformed size names the option (and
+// --no-mmap, which copies the trunk alone, streams the experts to the same bits);
 // a checkpoint file that changes under the run is an Error naming it at the next step.
 TEST(ExpertStream, FaultsAreNamed) {
   const fs::path kimi = test::testdata() / "kimi_linear" / "f32";
@@ -231,10 +245,17 @@ TEST(ExpertStream, FaultsAreNamed) {
   auto r = logits(kimi, "--memory-budget 100K");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--memory-budget 102400 bytes is below this model's minimum"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("resident (every weight but the routed experts)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("with its trunk streamed layer by layer"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("one running and one read ahead) + "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(the largest expert); with the trunk resident the minimum is"), std::string::npos) << r.err;
   r = logits(test::testdata() / "gpt2" / "f32_gpt2_shapes", "--memory-budget 10K");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("this model has no routed experts to stream"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("with its trunk streamed layer by layer"), std::string::npos) << r.err;
+  // The trunk streams only from the mapped files: --no-mmap would copy it whole.
+  r = logits(kimi, cat("--no-mmap --memory-budget ", minimum_budget(kimi, "global", true)));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("its trunk streams layer by layer from the mapped files, which --no-mmap would copy whole"),
+            std::string::npos) << r.err;
   // --no-mmap copies the trunk; the experts still stream from the files, each tensor at its file
   // alignment as in a mapped run (an owned copy starts every tensor on a cache line, which sums some
   // rows in another order: 4e-7 apart here): the mapped run's bits.
@@ -303,6 +324,143 @@ TEST(ExpertStream, ReadErrorsAreNamedAndTheRunGoesOn) {
       io::inject_read_fault(0, 0);
       EXPECT_EQ(run(s), want) << "the run after a failed read";
     }
+}
+
+// The trunk streamed a sublayer at a time (io/trunk_stream.h) at its minimum budget, where the expert
+// cache holds one expert: the resident run's logits bit for bit, whole, in chunks of 5 and token by
+// token, on every family's layers (GPT-2's Conv1D and tied head, the delta rule, Kimi Linear's KDA and
+// MLA with streamed experts, K3's AttnRes mixes and MXFP4 experts, Qwen3.5's gated attention and
+// Qwen3-Next's shared experts).
+TEST(TrunkStream, StreamingTheTrunkGivesTheResidentBits) {
+  for (const char* name : {"gpt2/f32_untied_lm_head", "gpt2/f32_gpt2_shapes", "gated_deltanet/f32_defaults", "kimi_linear/f32",
+                           "kimi_k3/mxfp4_routed", "qwen3_5/f32", "qwen3_next/f32_sharded"}) {
+    SCOPED_TRACE(name);
+    const fs::path dir = test::testdata() / name;
+    const uint64_t min = minimum_budget(dir, "global", true);
+    ASSERT_GT(min, 0u);
+    for (const char* chunk : {"", "--chunk 5", "--chunk 1"}) {
+      const std::string want = logits_bytes(dir, chunk);
+      ASSERT_FALSE(want.empty());
+      EXPECT_TRUE(logits_bytes(dir, cat(chunk, " --memory-budget ", min)) == want) << chunk << ": not bit for bit";
+    }
+  }
+}
+
+// Batched and alone with the trunk and the experts streaming: each sequence's logits as alone, and
+// decoding together is decoding alone bit for bit; every unit is read again each step (the reader's
+// count).
+TEST(TrunkStream, BatchedEqualsAloneAndUnitsLeave) {
+  const fs::path dir = test::testdata() / "kimi_linear" / "f32";
+  io::LoadedModel lm = io::load_model(dir, false);
+  lm.model.options.bf16_dot = false;
+  io::StreamOptions opt;
+  opt.budget = minimum_budget(dir, "global", true);
+  io::StreamPlan plan;
+  auto store = io::stream_experts(lm.model, opt, plan);
+  ASSERT_TRUE(store && plan.trunk_streamed);
+  const std::shared_ptr<io::TrunkStream> trunk = io::trunk_of(lm.model);
+  ASSERT_TRUE(trunk);
+  for (int B : {1, 5}) test::expect_batched_equals_alone(lm.model, B, 3e-5);
+  test::expect_decode_together_bitwise(lm.model, 4);
+  runtime::Session s(lm.model);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  s.prefill(prompt);
+  io::reset_trunk_stats(*trunk);
+  s.decode(4);
+  const io::TrunkStats st = io::trunk_stats(*trunk);
+  // A step reads every unit but the embedding (a step reads its rows) once. Its first, block 0's
+  // mixer, is read ahead as the step before it ends, and again for the next step as this one ends;
+  // either read may complete inside or outside the counted span.
+  EXPECT_LE(st.bytes_read, plan.trunk.streamed_bytes + plan.trunk.unit_bytes[1]);
+  EXPECT_GE(st.bytes_read + plan.trunk.unit_bytes[1], plan.trunk.streamed_bytes);
+  EXPECT_GT(plan.trunk.unit_bytes[1], 0u);
+}
+
+// The bytes of m's mapped weights present in this process (/proc/self/pagemap's bit 63), each page once.
+size_t weight_pages_held(model::Model& m) {
+  std::set<uintptr_t> pages;
+  m.for_each_tensor([&](const std::string&, Tensor& t, const Shape&, layers::Init) {
+    if (!t.is_borrowed() || !t.nbytes()) return;
+    const uintptr_t b = reinterpret_cast<uintptr_t>(t.raw());
+    for (uintptr_t p = b / 4096; p <= (b + t.nbytes() - 1) / 4096; ++p) pages.insert(p);
+  });
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY);
+  EXPECT_GE(fd, 0);
+  size_t held = 0;
+  for (const uintptr_t p : pages) {
+    uint64_t entry = 0;
+    if (::pread(fd, &entry, 8, off_t(p * 8)) == 8 && (entry >> 63)) held += 4096;
+  }
+  ::close(fd);
+  return held;
+}
+
+// A GPT-2 checkpoint whose trunk is 100 MiB (8 layers of 512, a vocabulary of 8192, f32; seeded
+// random weights for the tensors `info --tensors` lists for its config). Returns the directory.
+fs::path big_trunk_checkpoint() {
+  const fs::path dir = test::temp_dir() / "big_trunk";
+  fs::create_directories(dir);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(test::testdata() / "gpt2" / "f32_gpt2_shapes" / "config.json"));
+  cfg["n_embd"] = 512, cfg["n_layer"] = 8, cfg["n_head"] = 8, cfg["vocab_size"] = 8192, cfg["n_positions"] = 256;
+  cfg["torch_dtype"] = "float32";
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+  const auto r = run_lineage("info --tensors --json --model " + shell_quote(dir.string()));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  Rng rng(5);
+  for (const auto& t : nlohmann::json::parse(r.out)) {
+    Tensor x = Tensor::empty(DType::F32, t["shape"].get<Shape>());
+    const bool norm = t["name"].get<std::string>().find("ln_") != std::string::npos;
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = norm ? 1.0f + float(rng.normal() * 0.1) : float(rng.normal() * 0.02);
+    tensors.emplace_back(t["name"].get<std::string>(), x);
+  }
+  io::save_safetensors(dir / "model.safetensors", tensors);
+  return dir;
+}
+
+// Peak RSS with the trunk streamed: growth over the load within rss_bound, over a prefill and 24 decoded tokens; the resident run of the
+// same 100 MiB breaks it. `info` plans the same window.
+TEST(TrunkStream, PeakRssStaysWithinTheBudget) {
+  const fs::path dir = big_trunk_checkpoint();
+  const uint64_t min = minimum_budget(dir, "global", true);
+  ASSERT_GT(min, 0u);
+  const auto run = [&](const std::string& budget) { return bench_row(dir, "--prompt 16 --gen 24 " + budget); };
+  const nlohmann::json streamed = run(cat("--memory-budget ", min)), resident = run("");
+  ASSERT_TRUE(streamed["memory"]["trunk_streamed"].get<bool>());
+  ASSERT_FALSE(resident["memory"]["streaming"].get<bool>());
+  EXPECT_GT(streamed["trunk_bytes_per_token"].get<double>(), 90.0 * 1048576);  // every unit, each token
+  const double budget = double(min);
+  std::printf("peak RSS growth: trunk streamed %.1f MiB (bound %.1f MiB), resident %.1f MiB\n",
+              rss_growth(streamed["memory"]) / 1048576, rss_bound(streamed["memory"], budget) / 1048576,
+              rss_growth(resident["memory"]) / 1048576);
+  EXPECT_LE(rss_growth(streamed["memory"]), rss_bound(streamed["memory"], budget));
+  EXPECT_GT(rss_growth(resident["memory"]), rss_bound(resident["memory"], budget));
+  // info's plan from the stored bytes: the window within a page a tensor of the run's.
+  const auto info = run_lineage("info --json --model " + shell_quote(dir.string()) + cat(" --memory-budget ", min));
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  const nlohmann::json plan = nlohmann::json::parse(info.out)["memory_plan"];
+  EXPECT_TRUE(plan["trunk_streamed"].get<bool>());
+  EXPECT_LE(plan["trunk_window_bytes"].get<double>(), streamed["memory"]["trunk_window_bytes"].get<double>());
+  EXPECT_GT(plan["trunk_window_bytes"].get<double>(), streamed["memory"]["trunk_window_bytes"].get<double>() - 64 * 4096);
+
+  // Between steps the process holds of the trunk the unit read ahead for the next step, and the
+  // pages the kernel maps about a fault (fault-around, at most 64 KiB at each of a unit's ends).
+  io::LoadedModel lm = io::load_model(dir, false);
+  io::StreamOptions opt;
+  opt.budget = min;
+  io::StreamPlan sp;
+  ASSERT_FALSE(io::stream_experts(lm.model, opt, sp));
+  ASSERT_TRUE(sp.trunk_streamed && io::trunk_of(lm.model));
+  runtime::Session s(lm.model);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4};
+  s.prefill(prompt);
+  s.decode(5);
+  const size_t held = weight_pages_held(lm.model), slack = sp.trunk.unit_bytes.size() * 2 * (64 << 10);
+  std::printf("trunk held between steps: %.1f MiB (window %.1f MiB + at most %.1f MiB; trunk %.1f MiB)\n",
+              double(held) / 1048576, double(sp.trunk.window_bytes) / 1048576, double(slack) / 1048576,
+              double(sp.trunk.streamed_bytes) / 1048576);
+  EXPECT_LE(held, sp.trunk.window_bytes + slack);
+  EXPECT_GT(held, 0u);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "lineage/kernels/linear.h"
 #include "lineage/io/expert_stream.h"
 #include "lineage/io/mapping_guard.h"
+#include "lineage/io/trunk_stream.h"
 #include "lineage/kernels/roofline.h"
 #include "lineage/model/accounting.h"
 #include "lineage/model/archs/presets.h"
@@ -382,40 +383,51 @@ void progress(const BenchRow& r) {
 struct StreamPass {
   std::string name;
   double tokens_per_s = 0, bytes_per_token = 0, hit_rate = 0, read_bw_wall = 0, read_bw_wait = 0, roofline = 0;
+  double trunk_bytes_per_token = 0, trunk_wait_share = 0;  // a trunk streamed layer by layer
   io::StreamStats stats;
+  io::TrunkStats trunk;
 };
 
-std::vector<StreamPass> bench_stream(runtime::Session& s, io::ExpertStore& store, const io::StreamPlan& plan,
-                                     const io::DiskRoofline& disk, const BenchOpts& o, int64_t depth, double mem_bw) {
+// `store` and `trunk`: whichever streams (at least one).
+std::vector<StreamPass> bench_stream(runtime::Session& s, io::ExpertStore* store, io::TrunkStream* trunk,
+                                     const io::StreamPlan& plan, const io::DiskRoofline& disk, const BenchOpts& o,
+                                     int64_t depth, double mem_bw) {
   model::Model& m = const_cast<model::Model&>(s.model());
   const model::SequenceState context = build_context(s, depth, o.src.seed + 202 + uint64_t(depth));
   // Per token: the routed experts' share k/E of their bytes (uniform routing), the rest at memory speed.
   double routed_per_token = 0;
   for (const auto& b : m.blocks)
-    if (const auto* moe = std::get_if<layers::Moe>(&b.ffn))
+    if (const auto* moe = std::get_if<layers::Moe>(&b.ffn); moe && plan.moe_layers > 0)
       routed_per_token += double(plan.routed_bytes) / double(plan.moe_layers) * double(moe->config.top_k) /
                           double(moe->config.n_experts);
   const runtime::DecodeRoofline whole =
       runtime::decode_roofline(m, runtime::mean_decode_context(depth, o.gen), 1.0, mem_bw, 1e30);
   const double resident_per_token = std::max(0.0, whole.bytes.total() - routed_per_token);
   std::vector<StreamPass> out;
-  io::clear_expert_cache(store);
+  if (store) io::clear_expert_cache(*store);
   for (const char* name : {"cold", "warm"}) {
     const auto tokens = random_tokens(o.gen, m.config.vocab_size, o.src.seed + 404 + out.size());
     s.restore(context);
-    io::reset_stream_stats(store);
+    if (store) io::reset_stream_stats(*store);
+    if (trunk) io::reset_trunk_stats(*trunk);
     const double t0 = steady_seconds();
     for (int32_t t : tokens) s.decode(t);
     const double wall = steady_seconds() - t0;
     StreamPass p;
     p.name = name;
-    p.stats = io::stream_stats(store);
+    if (store) p.stats = io::stream_stats(*store);
+    if (trunk) p.trunk = io::trunk_stats(*trunk);
     p.tokens_per_s = double(o.gen) / wall;
     p.bytes_per_token = double(p.stats.bytes_read) / double(o.gen);
+    p.trunk_bytes_per_token = double(p.trunk.bytes_read) / double(o.gen);
+    p.trunk_wait_share = p.trunk.wait_seconds / wall;
     p.hit_rate = p.stats.requests ? double(p.stats.hits) / double(p.stats.requests) : 0.0;
-    p.read_bw_wall = double(p.stats.bytes_read) / wall;
-    p.read_bw_wait = p.stats.read_wait_seconds > 0 ? double(p.stats.bytes_read) / p.stats.read_wait_seconds : 0.0;
-    const double t = p.bytes_per_token / std::max(1.0, disk.random) + resident_per_token / mem_bw;
+    p.read_bw_wall = double(p.stats.bytes_read + p.trunk.bytes_read) / wall;
+    const double waited = p.stats.read_wait_seconds + p.trunk.wait_seconds;
+    p.read_bw_wait = waited > 0 ? double(p.stats.bytes_read + p.trunk.bytes_read) / waited : 0.0;
+    // The trunk's reads overlap the layers' compute (one unit read ahead); the experts' follow the router.
+    const double t = p.bytes_per_token / std::max(1.0, disk.random) +
+                     std::max(p.trunk_bytes_per_token / std::max(1.0, disk.sequential), resident_per_token / mem_bw);
     p.roofline = t > 0 ? 1.0 / t : 0.0;
     out.push_back(p);
   }
@@ -535,9 +547,13 @@ void run_bench(const BenchOpts& o) {
   // Streaming: its own passes, the disk measured in the same run.
   std::vector<StreamPass> passes;
   io::DiskRoofline disk;
-  if (lm.experts && o.gen > 0) {
-    if (!o.no_roofline) disk = io::measure_disk(*lm.experts, uint64_t(1) << 30);
-    passes = bench_stream(s, *lm.experts, lm.stream_plan, disk, o, o.depths.front(), c.ceil.bandwidth);
+  const std::shared_ptr<io::TrunkStream> trunk = io::trunk_of(m);
+  if ((lm.experts || trunk) && o.gen > 0) {
+    if (!o.no_roofline) {
+      disk = lm.experts ? io::measure_disk(*lm.experts, uint64_t(1) << 30) : io::DiskRoofline{};
+      if (trunk && !lm.experts) disk = io::measure_disk(*trunk, uint64_t(1) << 30);
+    }
+    passes = bench_stream(s, lm.experts.get(), trunk.get(), lm.stream_plan, disk, o, o.depths.front(), c.ceil.bandwidth);
   }
   const io::StreamPlan& plan = lm.stream_plan;
   const nlohmann::json memory = {{"budget_bytes", plan.budget},
@@ -545,6 +561,9 @@ void run_bench(const BenchOpts& o) {
                                  {"resident_bytes", plan.resident_bytes},
                                  {"routed_expert_bytes", plan.routed_bytes},
                                  {"expert_cache_bytes", plan.cache_bytes},
+                                 {"trunk_streamed", plan.trunk_streamed},
+                                 {"trunk_window_bytes", plan.trunk.window_bytes},
+                                 {"trunk_streamed_bytes", plan.trunk.streamed_bytes},
                                  {"minimum_budget_bytes", plan.minimum_budget},
                                  {"state_bytes", s.state().bytes()},
                                  {"workspace_bytes", layers::Buffer::live_bytes()},
@@ -574,6 +593,8 @@ void run_bench(const BenchOpts& o) {
                      {"tokens_per_s", p.tokens_per_s},
                      {"roofline_tokens_per_s", p.roofline},
                      {"disk_bytes_per_token", p.bytes_per_token},
+                     {"trunk_bytes_per_token", p.trunk_bytes_per_token},
+                     {"trunk_wait_share", p.trunk_wait_share},
                      {"expert_requests", p.stats.requests},
                      {"expert_hits", p.stats.hits},
                      {"hit_rate", p.hit_rate},
@@ -616,20 +637,31 @@ void run_bench(const BenchOpts& o) {
     std::printf("\n");
   }
   if (plan.streaming) {
-    std::printf("\nexperts streamed: budget %s = %s resident + %s expert cache (%s of routed experts on disk); %s\n",
-                format_bytes(double(plan.budget)).c_str(), format_bytes(double(plan.resident_bytes)).c_str(),
-                format_bytes(double(plan.cache_bytes)).c_str(), format_bytes(double(plan.routed_bytes)).c_str(),
-                passes.empty() ? "" : passes.front().stats.io.c_str());
+    if (plan.trunk_streamed)
+      std::printf("\ntrunk streamed layer by layer: %s of it from the files, at most %s held (%s: one unit running, "
+                  "one read ahead)%s\n",
+                  format_bytes(double(plan.trunk.streamed_bytes)).c_str(), format_bytes(double(plan.trunk.window_bytes)).c_str(),
+                  plan.trunk.window_units.c_str(),
+                  plan.trunk.fixed_bytes ? cat(", ", format_bytes(double(plan.trunk.fixed_bytes)), " in memory").c_str() : "");
+    if (lm.experts)
+      std::printf("%sexperts streamed: budget %s = %s %s + %s expert cache (%s of routed experts on disk); %s\n",
+                  plan.trunk_streamed ? "" : "\n", format_bytes(double(plan.budget)).c_str(),
+                  format_bytes(double(plan.trunk_streamed ? plan.trunk.window_bytes + plan.trunk.fixed_bytes
+                                                          : plan.resident_bytes)).c_str(),
+                  plan.trunk_streamed ? "for the trunk" : "resident", format_bytes(double(plan.cache_bytes)).c_str(),
+                  format_bytes(double(plan.routed_bytes)).c_str(), passes.empty() ? "" : passes.front().stats.io.c_str());
     if (!passes.empty()) {
-      std::printf("disk roofline: %.2f GB/s sequential (%s), %.2f GB/s random whole experts (%lld reads at once)\n",
-                  disk.sequential / 1e9, format_bytes(double(disk.sequential_bytes)).c_str(), disk.random / 1e9,
-                  (long long)disk.random_reads);
-      std::printf("| %-10s | %9s | %12s | %14s | %8s | %16s | %16s |\n", "cache", "t/s", "roofline t/s", "disk B/token",
-                  "hit rate", "read GB/s (wall)", "read GB/s (wait)");
+      std::printf("disk roofline: %.2f GB/s sequential (%s)", disk.sequential / 1e9,
+                  format_bytes(double(disk.sequential_bytes)).c_str());
+      if (lm.experts)
+        std::printf(", %.2f GB/s random whole experts (%lld reads at once)", disk.random / 1e9, (long long)disk.random_reads);
+      std::printf("\n| %-10s | %9s | %12s | %14s | %14s | %8s | %16s | %16s | %12s |\n", "cache", "t/s", "roofline t/s",
+                  "experts/token", "trunk/token", "hit rate", "read GB/s (wall)", "read GB/s (wait)", "trunk waits");
       for (const StreamPass& p : passes)
-        std::printf("| %-10s | %9.2f | %12.2f | %14s | %6.1f %% | %16.2f | %16.2f |\n", p.name.c_str(), p.tokens_per_s,
-                    p.roofline, format_bytes(p.bytes_per_token).c_str(), 100.0 * p.hit_rate, p.read_bw_wall / 1e9,
-                    p.read_bw_wait / 1e9);
+        std::printf("| %-10s | %9.2f | %12.2f | %14s | %14s | %6.1f %% | %16.2f | %16.2f | %10.1f %% |\n", p.name.c_str(),
+                    p.tokens_per_s, p.roofline, format_bytes(p.bytes_per_token).c_str(),
+                    format_bytes(p.trunk_bytes_per_token).c_str(), 100.0 * p.hit_rate, p.read_bw_wall / 1e9,
+                    p.read_bw_wait / 1e9, 100.0 * p.trunk_wait_share);
     }
   }
   std::printf("\nmemory: peak RSS %s (%s before the load); budget %s, state %s, workspace %s\n",

@@ -10,11 +10,13 @@
 #include <variant>
 #include <vector>
 #include <unordered_map>
+#include <unordered_set>
 #include <nlohmann/json.hpp>
 
 #include "common.h"
 #include "lineage/io/gguf_model.h"
 #include "lineage/io/load_model.h"
+#include "lineage/io/trunk_stream.h"
 #include "lineage/kernels/linear.h"
 #include "lineage/kernels/matrix.h"
 #include "lineage/layers/common.h"
@@ -39,7 +41,33 @@ struct MemoryPlan {
   double stream_per_token = 0;
   double largest_expert = 0, minimum = 0;  // one routed expert's bytes; the smallest RAM (budget) that runs it
   bool fits = false, resident_fits = false, weights_only = false;
+  // When not even the trunk fits with one expert: the trunk streamed layer by layer (io/trunk_stream.h),
+  // holding at most `trunk_window` (two units: `window_units`) and reading `trunk_streamed` a token.
+  bool trunk_fits = false;
+  double trunk_window = 0, trunk_streamed = 0;
+  std::string window_units;
 };
+
+// Each unit of a trunk streamed layer by layer (io/trunk_stream.h's numbering), its bytes as stored:
+// the routed experts left out, the embedding counted as 0 (a step reads its rows).
+std::vector<uint64_t> trunk_unit_bytes(model::Model& m, DType unallocated) {
+  std::unordered_set<const Tensor*> routed;
+  for (const model::Block& b : m.blocks)
+    if (const auto* moe = std::get_if<layers::Moe>(&b.ffn))
+      for (const auto& e : moe->weights.experts)
+        for (const kernels::Matrix* w : {&e.weights.gate_proj, &e.weights.up_proj, &e.weights.down_proj})
+          for (const Tensor* t : {&w->data, &w->scales, &w->zero_point, &w->global_scale, &w->weight_shape})
+            routed.insert(t);
+  std::unordered_map<const Tensor*, double> stored;
+  model::for_each_stored(m, unallocated, [&](const model::StoredTensor& s) { stored[&s.t] = double(s.bytes()); });
+  std::vector<uint64_t> out(2 * m.blocks.size() + 3, 0);
+  io::for_each_trunk_tensor(m, [&](const std::string&, Tensor& t, const std::vector<size_t>& units) {
+    if (routed.count(&t) || !stored.count(&t)) return;
+    for (const size_t u : units) out[u] += uint64_t(stored.at(&t));
+  });
+  out[0] = 0;
+  return out;
+}
 
 // Each layer's routed experts' bytes as stored (0 for a layer without).
 std::vector<double> routed_bytes(model::Model& m, DType unallocated) {
@@ -58,7 +86,7 @@ std::vector<double> routed_bytes(model::Model& m, DType unallocated) {
 }
 
 MemoryPlan memory_plan(const model::Model& m, double weight_bytes, const std::vector<double>& routed, size_t state_bytes,
-                       double budget, bool weights_only) {
+                       double budget, bool weights_only, const std::vector<uint64_t>& trunk_units) {
   MemoryPlan p;
   p.ram = budget;
   p.weights_only = weights_only;
@@ -82,6 +110,18 @@ MemoryPlan memory_plan(const model::Model& m, double weight_bytes, const std::ve
   if (!p.fits) {
     const double cached = p.routed > 0 ? std::clamp((p.ram - resident) / p.routed, 0.0, 1.0) : 0.0;
     p.stream_per_token = p.resident_fits ? p.routed_per_token * (1.0 - cached) : resident - p.ram + p.routed_per_token;
+  }
+  if (!p.resident_fits && !trunk_units.empty()) {  // the trunk streamed layer by layer
+    const io::TrunkWindow w = io::trunk_window(trunk_units);
+    p.trunk_window = double(w.bytes);
+    p.window_units = w.running == w.ahead ? io::trunk_unit_name(w.running, trunk_units.size())
+                                          : cat(io::trunk_unit_name(w.running, trunk_units.size()), " and ",
+                                                io::trunk_unit_name(w.ahead, trunk_units.size()));
+    for (const uint64_t b : trunk_units) p.trunk_streamed += double(b);
+    p.minimum = p.trunk_window + p.largest_expert + state;
+    p.trunk_fits = p.minimum <= p.ram;
+    const double cached = p.routed > 0 ? std::clamp((p.ram - p.trunk_window - state) / p.routed, 0.0, 1.0) : 0.0;
+    if (p.trunk_fits) p.stream_per_token = p.trunk_streamed + p.routed_per_token * (1.0 - cached);
   }
   return p;
 }
@@ -224,7 +264,8 @@ void add_info(CLI::App& app) {
     const double budget = budgeted ? double(io::parse_bytes(o.src.memory_budget, "--memory-budget"))
                                    : double(io::available_memory());
     const MemoryPlan plan =
-        memory_plan(m, weight_bytes, gguf ? gguf_routed : routed_bytes(m, unallocated), state_total, budget, budgeted);
+        memory_plan(m, weight_bytes, gguf ? gguf_routed : routed_bytes(m, unallocated), state_total, budget, budgeted,
+                    gguf ? std::vector<uint64_t>{} : trunk_unit_bytes(m, unallocated));
     const bool bf16 = gguf ? std::any_of(gguf_bytes.begin(), gguf_bytes.end(), [](const auto& t) { return t.first == "BF16"; })
                            : has_bf16_weights(pc);
     const kernels::KernelTable kt = kernels::kernel_table();
@@ -270,6 +311,8 @@ void add_info(CLI::App& app) {
                                   {"fits", plan.fits},
                                   {"budget_bytes", budgeted ? nlohmann::json(budget) : nlohmann::json()},
                                   {"minimum_budget_bytes", plan.minimum},
+                                  {"trunk_streamed", !plan.resident_fits && plan.trunk_fits},
+                                  {"trunk_window_bytes", plan.trunk_window},
                                   {"stream_bytes_per_token", plan.stream_per_token}}},
                                 {"ranks",
                                  {{"ranks", P},
@@ -321,12 +364,21 @@ void add_info(CLI::App& app) {
       std::printf("does not fit; with all but the routed experts resident, %s per token stream from disk (of %s of "
                   "experts a token reads)\n", format_bytes(plan.stream_per_token).c_str(),
                   format_bytes(plan.routed_per_token).c_str());
+    else if (plan.trunk_fits)
+      std::printf("does not fit; with the trunk streamed layer by layer, %s per token stream from disk%s\n",
+                  format_bytes(plan.stream_per_token).c_str(),
+                  plan.routed > 0 ? cat(" (", format_bytes(plan.trunk_streamed), " of trunk, the rest experts)").c_str() : "");
     else
-      std::printf("does not fit, not even with one routed expert cached (the minimum is %s)\n",
-                  format_bytes(plan.minimum).c_str());
+      std::printf("does not fit, not even with %s (the minimum is %s)\n",
+                  gguf ? "one routed expert cached" : "the trunk streamed layer by layer", format_bytes(plan.minimum).c_str());
     if (!plan.fits && plan.resident_fits)
       std::printf("               experts stream from the files (--memory-budget; the minimum is %s: all but the routed "
                   "experts, and the largest one)\n", format_bytes(plan.minimum).c_str());
+    if (!plan.resident_fits && plan.trunk_fits)
+      std::printf("               the trunk streams from the files layer by layer (--memory-budget; the minimum is %s: "
+                  "%s held at once, %s, one running and one read ahead%s)\n",
+                  format_bytes(plan.minimum).c_str(), format_bytes(plan.trunk_window).c_str(), plan.window_units.c_str(),
+                  plan.largest_expert > 0 ? ", and the largest expert" : "");
     if (o.ranks > 0)
       std::printf("ranks          %d: weights %s on each rank (%s split by output rows, 1/%d each; %s on every "
                   "rank: embeddings, norms, convolutions, matrices stored [in, out])\n",

@@ -161,6 +161,10 @@ io::LoadedModel load(const ModelSource& src, bool need_tokenizer, bool stream) {
   io::StreamOptions so;
   so.budget = src.memory_budget.empty() ? io::available_memory() : io::parse_bytes(src.memory_budget, "--memory-budget");
   so.policy = src.expert_cache == "per-layer" ? io::CachePolicy::PerLayer : io::CachePolicy::Global;
+  if (ranks().size() > 1) {  // each rank maps only its rows (release_unowned), which the trunk's units do not know
+    so.trunk = false;
+    so.no_trunk_stream = "across ranks (mpirun): give each rank a budget its share of the trunk fits in";
+  }
   const bool streams = stream && so.budget > 0;
   set_parallel(src.parallel);
   io::LoadedModel m;

@@ -204,20 +204,10 @@ class ExpertStore {
   DiskRoofline measure_disk(uint64_t max_bytes) {
     DiskRoofline d;
     d.how = stats_.io;
-    constexpr uint64_t kChunk = 4 << 20;
-    void* p = std::aligned_alloc(kPage, kChunk);
-    if (!p) throw Error("disk roofline: out of memory");
-    std::unique_ptr<void, void (*)(void*)> chunk(p, std::free);
-    auto t0 = std::chrono::steady_clock::now();
-    for (const OpenFile& f : files_) {
-      for (uint64_t at = 0; d.sequential_bytes < max_bytes && at < uint64_t(f.at_load.st_size);) {
-        const ssize_t n = ::pread(f.fd, p, kChunk, off_t(at));
-        if (n <= 0) break;
-        at += uint64_t(n), d.sequential_bytes += uint64_t(n);
-      }
-    }
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    d.sequential = s > 0 ? double(d.sequential_bytes) / s : 0;
+    std::vector<int> fds;
+    for (const OpenFile& f : files_) fds.push_back(f.fd);
+    const SequentialRead seq = read_sequentially(fds, max_bytes);
+    d.sequential_bytes = seq.bytes, d.sequential = seq.rate;
     // Random whole experts, read together: a step's misses.
     std::vector<std::pair<int, int32_t>> all;
     for (size_t l = 0; l < layers_.size(); ++l)
@@ -249,14 +239,14 @@ class ExpertStore {
       return std::tie(a.r->file, a.r->begin) < std::tie(b.r->file, b.r->begin);
     });
     const StreamStats keep = stats_;
-    t0 = std::chrono::steady_clock::now();
+    const auto t0 = std::chrono::steady_clock::now();
     for (const Read& rd : batch) submit(rd);
 #if LINEAGE_HAVE_URING
     if (uring_ && !batch.empty()) io_uring_submit(&ring_);
 #endif
     for (const Entry& e : probes)
       while (e.pending) reap(true);
-    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     d.random_bytes = stats_.bytes_read - keep.bytes_read;
     d.random_reads = int64_t(batch.size());
     d.random = s > 0 ? double(d.random_bytes) / s : 0;
@@ -575,6 +565,27 @@ void inject_read_fault(int64_t nth, int err) {
   g_fault_countdown.store(std::max<int64_t>(nth, 0));
 }
 
+namespace {
+
+// The plan of a trunk streamed layer by layer (the routed experts, if any, already out of the model),
+// and its minimum: an Error naming it when the budget is below.
+void plan_streamed_trunk(model::Model& m, const StreamOptions& opt, StreamPlan& plan, uint64_t experts_need,
+                         const std::string& experts_label) {
+  const uint64_t resident_minimum = plan.minimum_budget;
+  plan.trunk = plan_trunk(m);
+  plan.trunk_streamed = plan.streaming = true;
+  plan.minimum_budget = plan.trunk.fixed_bytes + plan.trunk.window_bytes + experts_need;
+  if (opt.budget >= plan.minimum_budget) return;
+  throw Error(cat("--memory-budget ", opt.budget, " bytes is below this model's minimum, ", plan.minimum_budget,
+                  " bytes, with its trunk streamed layer by layer: ", plan.trunk.window_bytes, " (",
+                  plan.trunk.window_units, ", one running and one read ahead)",
+                  plan.trunk.fixed_bytes ? cat(" + ", plan.trunk.fixed_bytes, " held in memory (decoded or copied at load)") : "",
+                  experts_need ? cat(" + ", experts_need, experts_label) : "",
+                  "; with the trunk resident the minimum is ", resident_minimum, " bytes"));
+}
+
+}  // namespace
+
 std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions& opt, StreamPlan& plan) {
   plan = StreamPlan{};
   plan.budget = opt.budget;
@@ -596,11 +607,14 @@ std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions
   }
   plan.moe_layers = int64_t(moe_layers.size());
   plan.resident_bytes = total - plan.routed_bytes;
-  if (opt.budget >= total || moe_layers.empty()) {
-    plan.minimum_budget = total;
-    if (opt.budget < total)
-      throw Error(cat("--memory-budget ", opt.budget, " bytes: this model has no routed experts to stream; its weights need ",
-                      total, " bytes resident"));
+  plan.minimum_budget = total;
+  if (opt.budget >= total) return nullptr;
+  if (moe_layers.empty()) {
+    if (!opt.trunk)
+      throw Error(cat("--memory-budget ", opt.budget, " bytes: this model has no routed experts to stream, its weights need ",
+                      total, " bytes resident, and its trunk does not stream layer by layer ", opt.no_trunk_stream));
+    plan_streamed_trunk(m, opt, plan, 0, "");
+    stream_trunk(m);
     return nullptr;
   }
 
@@ -675,24 +689,18 @@ std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions
     }
   }
   const uint64_t need = opt.policy == CachePolicy::PerLayer ? plan.largest_expert * uint64_t(moe_layers.size()) : plan.largest_expert;
+  const char* need_label =
+      opt.policy == CachePolicy::PerLayer ? " (the largest expert, once per MoE layer)" : " (the largest expert)";
   plan.minimum_budget = plan.resident_bytes + need;
-  if (opt.budget < plan.minimum_budget) {
+  const bool trunk_streams = opt.budget < plan.minimum_budget;  // decided once the experts have left the model
+  if (trunk_streams && !opt.trunk) {
     for (OpenFile& f : files) ::close(f.fd);
     throw Error(cat("--memory-budget ", opt.budget, " bytes is below this model's minimum, ", plan.minimum_budget, " bytes: ",
-                    plan.resident_bytes, " resident (every weight but the routed experts) + ", need,
-                    opt.policy == CachePolicy::PerLayer ? " (the largest expert, once per MoE layer)" : " (the largest expert)"));
+                    plan.resident_bytes, " resident (every weight but the routed experts) + ", need, need_label,
+                    "; the trunk does not stream layer by layer ", opt.no_trunk_stream));
   }
   plan.streaming = true;
-  plan.cache_bytes = opt.budget - plan.resident_bytes;
-  std::vector<uint64_t> capacity;
-  if (opt.policy == CachePolicy::PerLayer) {
-    for (int li : moe_layers) {
-      layers[size_t(li)].partition = int(capacity.size());
-      capacity.push_back(plan.cache_bytes / uint64_t(moe_layers.size()));
-    }
-  } else {
-    capacity.push_back(plan.cache_bytes);
-  }
+  plan.cache_bytes = opt.budget - std::min(opt.budget, plan.resident_bytes);
   // The mapping's pages of the experts, should anything have touched them, leave this process.
   for (int li : moe_layers)
     for (auto& g : std::get<layers::Moe>(m.blocks[size_t(li)].ffn).weights.experts)
@@ -710,9 +718,52 @@ std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions
         matrix_of(g, k).streamed = true;
         for (int f = 0; f < kMembers; ++f) member_of(matrix_of(g, k), f) = Tensor();
       }
+  // A trunk that does not fit with the largest expert streams layer by layer; the cache gets what the
+  // budget leaves past its window.
+  if (trunk_streams) {
+    try {
+      plan_streamed_trunk(m, opt, plan, need, need_label);
+    } catch (const Error&) {
+      for (OpenFile& f : files) ::close(f.fd);
+      throw;
+    }
+    plan.cache_bytes = opt.budget - plan.trunk.fixed_bytes - plan.trunk.window_bytes;
+  }
+  std::vector<uint64_t> capacity;
+  if (opt.policy == CachePolicy::PerLayer) {
+    for (int li : moe_layers) {
+      layers[size_t(li)].partition = int(capacity.size());
+      capacity.push_back(plan.cache_bytes / uint64_t(moe_layers.size()));
+    }
+  } else {
+    capacity.push_back(plan.cache_bytes);
+  }
   auto store = std::make_shared<ExpertStore>(std::move(files), std::move(layers), std::move(capacity), opt.uring);
+  if (trunk_streams) stream_trunk(m);
   for (int li : moe_layers) std::get<layers::Moe>(m.blocks[size_t(li)].ffn).source = std::make_shared<LayerSource>(store, li);
   return store;
+}
+
+DiskRoofline measure_disk(TrunkStream& t, uint64_t max_bytes) {
+  DiskRoofline d;
+  std::vector<int> fds;
+  bool direct = false, buffered = false;
+  for (const std::string& path : trunk_files(t)) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    (fd >= 0 ? direct : buffered) = true;
+    if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) fds.push_back(fd);
+  }
+  try {
+    const SequentialRead seq = read_sequentially(fds, max_bytes);
+    d.sequential_bytes = seq.bytes, d.sequential = seq.rate;
+  } catch (const Error&) {
+    for (int fd : fds) ::close(fd);
+    throw;
+  }
+  for (int fd : fds) ::close(fd);
+  d.how = direct && buffered ? "O_DIRECT and buffered" : direct ? "O_DIRECT" : "buffered";
+  return d;
 }
 
 StreamStats stream_stats(const ExpertStore& s) { return s.stats(); }

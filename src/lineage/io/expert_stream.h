@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "lineage/io/trunk_stream.h"
 #include "lineage/model/model.h"
 
 namespace lineage::io {
@@ -34,6 +35,10 @@ struct StreamOptions {
   CachePolicy policy = CachePolicy::Global;
   bool direct = true;           // O_DIRECT where the file system allows it
   bool uring = true;            // io_uring where available; false: the pread loop
+  // Whether a trunk that does not fit may stream layer by layer (trunk_stream.h); where it may not,
+  // `no_trunk_stream` says why, for the message (e.g. "across ranks").
+  bool trunk = true;
+  std::string no_trunk_stream;
 };
 
 // What a model needs under a budget: the resident part, the routed experts, and the smallest budget
@@ -47,6 +52,10 @@ struct StreamPlan {
   uint64_t cache_bytes = 0;      // what the budget leaves for experts (streaming)
   int64_t experts = 0, moe_layers = 0;
   bool streaming = false;        // the model does not fit the budget whole
+  // The trunk streamed layer by layer, when even it does not fit with the largest expert: the
+  // minimum is then its fixed bytes + its window + the experts' minimum.
+  bool trunk_streamed = false;
+  TrunkPlan trunk;
 };
 
 struct StreamStats {
@@ -62,6 +71,8 @@ class ExpertStore;
 
 // Plans `m` under `opt` and, where it does not fit whole, makes its routed experts stream (each MoE
 // layer's Moe::source): their tensors move to the store, the model keeps their shapes and formats.
+// Where the rest does not fit either (or the model has no routed experts), the trunk streams layer
+// by layer (trunk_stream.h; m.trunk, trunk_of(m)).
 // Called on a bound model before its checks and preparation (load_checkpoint), the experts must lie
 // in mapped checkpoint files as stored (decoded GGUF experts are an Error naming them). Returns the
 // store (null when everything fits); the plan is filled either way. Throws Error for a budget below
@@ -79,6 +90,8 @@ struct DiskRoofline {
   std::string how;
 };
 DiskRoofline measure_disk(ExpertStore& s, uint64_t max_bytes);
+// The sequential part alone, over a streamed trunk's files (a model without routed experts).
+DiskRoofline measure_disk(TrunkStream& t, uint64_t max_bytes);
 
 StreamStats stream_stats(const ExpertStore& s);
 void reset_stream_stats(ExpertStore& s);

@@ -434,6 +434,10 @@ LoadedModel load_checkpoint(const nlohmann::json& cfg, const std::string& cfg_pa
   bind_weights(out.model, *ckpt, where);
   // Streamed experts leave the model here, before the checks and the preparation below read them.
   if (stream) out.experts = stream_experts(out.model, *stream, out.stream_plan);
+  if (out.model.trunk && storage == WeightStorage::Owned)
+    throw Error(cat(where, ": under --memory-budget ", stream->budget, " bytes its trunk streams layer by layer from the mapped "
+                    "files, which --no-mmap would copy whole (", out.stream_plan.trunk.streamed_bytes,
+                    " bytes): leave out --no-mmap"));
   check_mxfp4_scales(out.model, where);
   // Owned: every tensor copied (Conv1D matrices then transposed for decode), and the mappings go
   // with `ckpt`, their last owner, at the return.

@@ -88,12 +88,22 @@ void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRow
   float* x = ws.x.get(size_t(N) * D);
   float* a = ws.normed.get(size_t(N) * D);
   float* y = ws.out.get(size_t(N) * D);
+  // A streamed trunk's units (TrunkSource): 0 the embedding, 1 + 2i and 2 + 2i block i's mixer and
+  // ffn, 2L + 1 the final mix and norm, 2L + 2 the head (read ahead from the last ffn on; a step
+  // without logits reads no head, and reads the first mixer ahead for the next step).
+  TrunkSource* const trunk = m.trunk.get();
+  const int64_t L = m.n_layers(), final_unit = 2 * L + 1, head_unit = 2 * L + 2;
+  const int64_t after_blocks = rows == LogitRows::None ? 1 : head_unit;
+  if (trunk) trunk->enter(0, 1);
   embed_tokens(m, step, x, y);
+  if (trunk) trunk->leave(0);
   trace("embed", x, {N, D});
 
   ResidualStream stream(m, x, N, ws);
   for (size_t i = 0; i < m.blocks.size(); ++i) {
     const Block& b = m.blocks[i];
+    const int64_t mixer_unit = 2 * int64_t(i) + 1, ffn_unit = mixer_unit + 1;
+    if (trunk) trunk->enter(mixer_unit, ffn_unit);
     const layers::Trace tr = trace.on() ? trace.with_prefix("h" + std::to_string(i) + ".") : layers::Trace{};
     layers::forward(b.norm1, stream.input(2 * i, tr), N, a);
     tr(b.names.norm1, a, {N, D});
@@ -111,6 +121,8 @@ void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRow
         },
         b.mixer);
     stream.add(2 * i, y);
+    if (trunk) trunk->leave(mixer_unit);
+    if (trunk) trunk->enter(ffn_unit, int64_t(i) + 1 < L ? ffn_unit + 1 : after_blocks);
     tr("resid_mid", stream.state(), {N, D});
     layers::forward(b.norm2, stream.input(2 * i + 1, tr), N, a);
     tr(b.names.norm2, a, {N, D});
@@ -123,13 +135,17 @@ void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRow
         },
         b.ffn);
     stream.add(2 * i + 1, y);
+    if (trunk) trunk->leave(ffn_unit);
     tr("out", stream.state(), {N, D});
   }
   for (int64_t s = 0; s < B; ++s) pool.state(step.slots[size_t(s)]).position += step.length(s);
 
+  if (trunk) trunk->enter(final_unit, after_blocks);
   layers::forward(m.final_norm, stream.output(trace), N, a);
+  if (trunk) trunk->leave(final_unit);
   trace(m.names.final_norm.substr(m.names.final_norm.rfind('.') + 1), a, {N, D});
   if (rows == LogitRows::None) return;
+  if (trunk) trunk->enter(head_unit, 1);
   const float* head_in = a;
   int64_t n = N;
   if (rows == LogitRows::Last) {  // the last row of each sequence, then one product for all of them
@@ -140,6 +156,7 @@ void forward(const Model& m, const layers::Step& step, StatePool& pool, LogitRow
   }
   if (const kernels::Matrix* blocks = m.output_blocks()) kernels::linear(head_in, n, *blocks, nullptr, logits);
   else kernels::linear(head_in, n, {&m.output_weight(), kernels::Layout::OutIn, options.bf16_dot}, nullptr, logits);
+  if (trunk) trunk->leave(head_unit);
   trace("logits", logits, {n, m.config.vocab_size});
 }
 

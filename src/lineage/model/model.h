@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
@@ -85,6 +86,19 @@ struct ModelConfig {
   uint64_t config_hash = 0;
 };
 
+// Set when the trunk streams from the checkpoint's files a sublayer at a time (io/trunk_stream.h).
+// forward() calls enter(u, next) before it reads unit u's weights and leave(u) after them: unit 0 is
+// the embedding's rows, 1 + 2i block i's token mixer (with its norm and AttnRes mix), 2 + 2i its
+// channel mixer (the same), 2L + 1 the final mix and norm, 2L + 2 the LM head (L = n_layers()).
+// `next` is the unit forward() reads after u, read ahead while u computes. One step at a time per
+// model.
+class TrunkSource {
+ public:
+  virtual ~TrunkSource() = default;
+  virtual void enter(int64_t unit, int64_t next) = 0;
+  virtual void leave(int64_t unit) = 0;
+};
+
 struct Model {
   struct Names {
     std::string embed, pos_embed, layer_prefix, final_norm, lm_head;  // full checkpoint names/prefixes
@@ -107,6 +121,8 @@ struct Model {
   BindingTable binding;
   // The numerics every forward of this model uses unless the call passes its own.
   layers::Options options;
+  // Set when the trunk streams layer by layer (see TrunkSource).
+  std::shared_ptr<TrunkSource> trunk;
 
   // Every parameter once, under its full checkpoint name (the tied head is not listed twice).
   void for_each_tensor(const layers::TensorVisitor& f);
