@@ -376,6 +376,64 @@ TEST(TrunkStream, BatchedEqualsAloneAndUnitsLeave) {
   EXPECT_GT(plan.trunk.unit_bytes[1], 0u);
 }
 
+// Between the minimum and the budget the trunk would fit in, the largest units that fit stay once read
+// (pinned): a step reads only the others, the expert cache gets what is left, and the logits are the
+// resident run's bits, prefill and decode.
+TEST(TrunkStream, PinnedUnitsStayAndTheRestStream) {
+  const fs::path dir = test::testdata() / "kimi_linear" / "f32";
+  const uint64_t min = minimum_budget(dir, "global", true), resident_min = minimum_budget(dir, "global");
+  ASSERT_LT(min, resident_min);
+  io::LoadedModel lm = io::load_model(dir, false), ref = io::load_model(dir, false);
+  io::StreamOptions opt;
+  opt.budget = min + (resident_min - min) / 2;
+  io::StreamPlan plan;
+  ASSERT_TRUE(io::stream_experts(lm.model, opt, plan));
+  ASSERT_TRUE(plan.trunk_streamed);
+  EXPECT_GT(plan.trunk.pinned_bytes, 0u);
+  EXPECT_GT(plan.trunk.streamed_bytes, 0u);
+  EXPECT_LE(plan.trunk.pinned_bytes + plan.trunk.window_bytes + plan.cache_bytes, opt.budget);
+  runtime::Session s(lm.model), r(ref.model);
+  const std::vector<int32_t> prompt = {5, 17, 99, 3, 250};
+  const auto a = s.prefill(prompt), b = r.prefill(prompt);
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+  const std::shared_ptr<io::TrunkStream> trunk = io::trunk_of(lm.model);
+  ASSERT_TRUE(trunk);
+  for (const int32_t t : {11, 42, 7}) {
+    io::reset_trunk_stats(*trunk);
+    const auto x = s.decode(t), y = r.decode(t);
+    EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end())) << "token " << t;
+    // The pinned units are not read again; block 0's mixer may be read ahead once more.
+    EXPECT_LE(io::trunk_stats(*trunk).bytes_read, plan.trunk.streamed_bytes + plan.trunk.unit_bytes[1]);
+  }
+}
+
+// A checkpoint file that changes under a run whose trunk streams from it is an Error naming the file at
+// the next step (a dense GPT-2: no expert store checks its files).
+TEST(TrunkStream, AFileChangedUnderTheRunIsNamed) {
+  const fs::path src = test::testdata() / "gpt2" / "f32_gpt2_shapes", copy = test::temp_dir() / "gpt2_copy";
+  fs::create_directories(copy);
+  for (const auto& e : fs::directory_iterator(src))
+    if (e.is_regular_file()) fs::copy_file(e.path(), copy / e.path().filename(), fs::copy_options::overwrite_existing);
+  io::LoadedModel lm = io::load_model(copy, false);
+  io::StreamOptions opt;
+  opt.budget = minimum_budget(copy, "global", true);
+  io::StreamPlan plan;
+  io::stream_experts(lm.model, opt, plan);
+  ASSERT_TRUE(plan.trunk_streamed);
+  runtime::Session s(lm.model);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  s.prefill(prompt);
+  fs::last_write_time(copy / "model.safetensors", fs::last_write_time(copy / "model.safetensors") + std::chrono::seconds(5));
+  try {
+    s.decode(4);
+    ADD_FAILURE() << "a changed file went unnoticed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find((copy / "model.safetensors").string() + ": the file changed while lineage streamed the trunk"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // The bytes of m's mapped weights present in this process (/proc/self/pagemap's bit 63), each page once.
 size_t weight_pages_held(model::Model& m) {
   std::set<uintptr_t> pages;

@@ -427,7 +427,7 @@ std::vector<StreamPass> bench_stream(runtime::Session& s, io::ExpertStore* store
     p.read_bw_wait = waited > 0 ? double(p.stats.bytes_read + p.trunk.bytes_read) / waited : 0.0;
     // The trunk's reads overlap the layers' compute (one unit read ahead); the experts' follow the router.
     const double t = p.bytes_per_token / std::max(1.0, disk.random) +
-                     std::max(p.trunk_bytes_per_token / std::max(1.0, disk.sequential), resident_per_token / mem_bw);
+                     std::max(p.trunk_bytes_per_token / std::max(1.0, disk.trunk), resident_per_token / mem_bw);
     p.roofline = t > 0 ? 1.0 / t : 0.0;
     out.push_back(p);
   }
@@ -550,8 +550,11 @@ void run_bench(const BenchOpts& o) {
   const std::shared_ptr<io::TrunkStream> trunk = io::trunk_of(m);
   if ((lm.experts || trunk) && o.gen > 0) {
     if (!o.no_roofline) {
-      disk = lm.experts ? io::measure_disk(*lm.experts, uint64_t(1) << 30) : io::DiskRoofline{};
-      if (trunk && !lm.experts) disk = io::measure_disk(*trunk, uint64_t(1) << 30);
+      disk = lm.experts ? io::measure_disk(*lm.experts, uint64_t(1) << 30) : io::measure_disk(*trunk, uint64_t(1) << 30);
+      if (trunk) {
+        const io::SequentialRead r = io::measure_trunk_reads(*trunk, uint64_t(1) << 30);
+        disk.trunk = r.rate, disk.trunk_bytes = r.bytes;
+      }
     }
     passes = bench_stream(s, lm.experts.get(), trunk.get(), lm.stream_plan, disk, o, o.depths.front(), c.ceil.bandwidth);
   }
@@ -564,6 +567,7 @@ void run_bench(const BenchOpts& o) {
                                  {"trunk_streamed", plan.trunk_streamed},
                                  {"trunk_window_bytes", plan.trunk.window_bytes},
                                  {"trunk_streamed_bytes", plan.trunk.streamed_bytes},
+                                 {"trunk_pinned_bytes", plan.trunk.pinned_bytes},
                                  {"minimum_budget_bytes", plan.minimum_budget},
                                  {"state_bytes", s.state().bytes()},
                                  {"workspace_bytes", layers::Buffer::live_bytes()},
@@ -605,6 +609,7 @@ void run_bench(const BenchOpts& o) {
                      {"disk_sequential_bytes_per_s", disk.sequential},
                      {"disk_random_bytes_per_s", disk.random},
                      {"disk_random_reads", disk.random_reads},
+                     {"disk_trunk_bytes_per_s", disk.trunk},
                      {"io", p.stats.io}});
     for (auto& row : all) {  // the run's, on each row
       row["memory"] = memory;
@@ -638,15 +643,18 @@ void run_bench(const BenchOpts& o) {
   }
   if (plan.streaming) {
     if (plan.trunk_streamed)
-      std::printf("\ntrunk streamed layer by layer: %s of it from the files, at most %s held (%s: one unit running, "
-                  "one read ahead)%s\n",
-                  format_bytes(double(plan.trunk.streamed_bytes)).c_str(), format_bytes(double(plan.trunk.window_bytes)).c_str(),
-                  plan.trunk.window_units.c_str(),
+      std::printf("\ntrunk streamed layer by layer: %s of it read from the files each token, %s held once read%s%s\n",
+                  format_bytes(double(plan.trunk.streamed_bytes)).c_str(), format_bytes(double(plan.trunk.pinned_bytes)).c_str(),
+                  plan.trunk.streamed_bytes
+                      ? cat(", at most ", format_bytes(double(plan.trunk.window_bytes)), " of the rest held (",
+                            plan.trunk.window_units, ": one unit running, one read ahead)").c_str()
+                      : " (the embedding read by rows)",
                   plan.trunk.fixed_bytes ? cat(", ", format_bytes(double(plan.trunk.fixed_bytes)), " in memory").c_str() : "");
     if (lm.experts)
       std::printf("%sexperts streamed: budget %s = %s %s + %s expert cache (%s of routed experts on disk); %s\n",
                   plan.trunk_streamed ? "" : "\n", format_bytes(double(plan.budget)).c_str(),
-                  format_bytes(double(plan.trunk_streamed ? plan.trunk.window_bytes + plan.trunk.fixed_bytes
+                  format_bytes(double(plan.trunk_streamed ? plan.trunk.window_bytes + plan.trunk.pinned_bytes +
+                                                                plan.trunk.fixed_bytes
                                                           : plan.resident_bytes)).c_str(),
                   plan.trunk_streamed ? "for the trunk" : "resident", format_bytes(double(plan.cache_bytes)).c_str(),
                   format_bytes(double(plan.routed_bytes)).c_str(), passes.empty() ? "" : passes.front().stats.io.c_str());
@@ -655,6 +663,9 @@ void run_bench(const BenchOpts& o) {
                   format_bytes(double(disk.sequential_bytes)).c_str());
       if (lm.experts)
         std::printf(", %.2f GB/s random whole experts (%lld reads at once)", disk.random / 1e9, (long long)disk.random_reads);
+      if (trunk)
+        std::printf(", %.2f GB/s the trunk's units read as its reader reads them (%s)", disk.trunk / 1e9,
+                    format_bytes(double(disk.trunk_bytes)).c_str());
       std::printf("\n| %-10s | %9s | %12s | %14s | %14s | %8s | %16s | %16s | %12s |\n", "cache", "t/s", "roofline t/s",
                   "experts/token", "trunk/token", "hit rate", "read GB/s (wall)", "read GB/s (wait)", "trunk waits");
       for (const StreamPass& p : passes)

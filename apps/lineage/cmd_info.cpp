@@ -44,7 +44,8 @@ struct MemoryPlan {
   // When not even the trunk fits with one expert: the trunk streamed layer by layer (io/trunk_stream.h),
   // holding at most `trunk_window` (two units: `window_units`) and reading `trunk_streamed` a token.
   bool trunk_fits = false;
-  double trunk_window = 0, trunk_streamed = 0;
+  double trunk_window = 0, trunk_streamed = 0, trunk_pinned = 0;  // trunk_pinned: units held once read
+  double minimum_window = 0;  // the window with none pinned (`window_units`), the minimum's
   std::string window_units;
 };
 
@@ -112,15 +113,15 @@ MemoryPlan memory_plan(const model::Model& m, double weight_bytes, const std::ve
     p.stream_per_token = p.resident_fits ? p.routed_per_token * (1.0 - cached) : resident - p.ram + p.routed_per_token;
   }
   if (!p.resident_fits && !trunk_units.empty()) {  // the trunk streamed layer by layer
-    const io::TrunkWindow w = io::trunk_window(trunk_units);
-    p.trunk_window = double(w.bytes);
-    p.window_units = w.running == w.ahead ? io::trunk_unit_name(w.running, trunk_units.size())
-                                          : cat(io::trunk_unit_name(w.running, trunk_units.size()), " and ",
-                                                io::trunk_unit_name(w.ahead, trunk_units.size()));
-    for (const uint64_t b : trunk_units) p.trunk_streamed += double(b);
-    p.minimum = p.trunk_window + p.largest_expert + state;
+    io::TrunkPlan t = io::trunk_plan(trunk_units);
+    p.window_units = t.window_units, p.minimum_window = double(t.window_bytes);
+    p.minimum = p.minimum_window + p.largest_expert + state;
     p.trunk_fits = p.minimum <= p.ram;
-    const double cached = p.routed > 0 ? std::clamp((p.ram - p.trunk_window - state) / p.routed, 0.0, 1.0) : 0.0;
+    if (p.trunk_fits) io::pin_units(t, uint64_t(p.ram - p.largest_expert - state));  // as the run plans it
+    p.trunk_window = double(t.window_bytes), p.trunk_pinned = double(t.pinned_bytes);
+    p.trunk_streamed = double(t.streamed_bytes);
+    const double left = p.ram - p.trunk_window - p.trunk_pinned - state;
+    const double cached = p.routed > 0 ? std::clamp(left / p.routed, 0.0, 1.0) : 0.0;
     if (p.trunk_fits) p.stream_per_token = p.trunk_streamed + p.routed_per_token * (1.0 - cached);
   }
   return p;
@@ -313,6 +314,7 @@ void add_info(CLI::App& app) {
                                   {"minimum_budget_bytes", plan.minimum},
                                   {"trunk_streamed", !plan.resident_fits && plan.trunk_fits},
                                   {"trunk_window_bytes", plan.trunk_window},
+                                  {"trunk_pinned_bytes", plan.trunk_pinned},
                                   {"stream_bytes_per_token", plan.stream_per_token}}},
                                 {"ranks",
                                  {{"ranks", P},
@@ -365,8 +367,8 @@ void add_info(CLI::App& app) {
                   "experts a token reads)\n", format_bytes(plan.stream_per_token).c_str(),
                   format_bytes(plan.routed_per_token).c_str());
     else if (plan.trunk_fits)
-      std::printf("does not fit; with the trunk streamed layer by layer, %s per token stream from disk%s\n",
-                  format_bytes(plan.stream_per_token).c_str(),
+      std::printf("does not fit; with the trunk streamed layer by layer (%s of it held once read), %s per token stream "
+                  "from disk%s\n", format_bytes(plan.trunk_pinned).c_str(), format_bytes(plan.stream_per_token).c_str(),
                   plan.routed > 0 ? cat(" (", format_bytes(plan.trunk_streamed), " of trunk, the rest experts)").c_str() : "");
     else
       std::printf("does not fit, not even with %s (the minimum is %s)\n",
@@ -377,7 +379,7 @@ void add_info(CLI::App& app) {
     if (!plan.resident_fits && plan.trunk_fits)
       std::printf("               the trunk streams from the files layer by layer (--memory-budget; the minimum is %s: "
                   "%s held at once, %s, one running and one read ahead%s)\n",
-                  format_bytes(plan.minimum).c_str(), format_bytes(plan.trunk_window).c_str(), plan.window_units.c_str(),
+                  format_bytes(plan.minimum).c_str(), format_bytes(plan.minimum_window).c_str(), plan.window_units.c_str(),
                   plan.largest_expert > 0 ? ", and the largest expert" : "");
     if (o.ranks > 0)
       std::printf("ranks          %d: weights %s on each rank (%s split by output rows, 1/%d each; %s on every "

@@ -285,13 +285,7 @@ class ExpertStore {
 
   // An expert's file has changed since the load: an Error naming it.
   void check_files() const {
-    for (const OpenFile& f : files_) {
-      struct stat now {};
-      if (::fstat(f.fd, &now) != 0 || now.st_size != f.at_load.st_size ||
-          now.st_mtim.tv_sec != f.at_load.st_mtim.tv_sec || now.st_mtim.tv_nsec != f.at_load.st_mtim.tv_nsec)
-        throw Error(cat(f.path, ": the file changed while lineage streamed experts from it (size ", f.at_load.st_size,
-                        " at load, ", now.st_size, " now, or a new modification time); reload the model"));
-    }
+    for (const OpenFile& f : files_) check_unchanged(f.path, f.fd, f.at_load, "experts");
   }
 
   // Out of the cache (an issued entry is in its partition's LRU list). Its buffer stays as the
@@ -575,7 +569,10 @@ void plan_streamed_trunk(model::Model& m, const StreamOptions& opt, StreamPlan& 
   plan.trunk = plan_trunk(m);
   plan.trunk_streamed = plan.streaming = true;
   plan.minimum_budget = plan.trunk.fixed_bytes + plan.trunk.window_bytes + experts_need;
-  if (opt.budget >= plan.minimum_budget) return;
+  if (opt.budget >= plan.minimum_budget) {
+    pin_units(plan.trunk, opt.budget - plan.trunk.fixed_bytes - experts_need);
+    return;
+  }
   throw Error(cat("--memory-budget ", opt.budget, " bytes is below this model's minimum, ", plan.minimum_budget,
                   " bytes, with its trunk streamed layer by layer: ", plan.trunk.window_bytes, " (",
                   plan.trunk.window_units, ", one running and one read ahead)",
@@ -614,7 +611,7 @@ std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions
       throw Error(cat("--memory-budget ", opt.budget, " bytes: this model has no routed experts to stream, its weights need ",
                       total, " bytes resident, and its trunk does not stream layer by layer ", opt.no_trunk_stream));
     plan_streamed_trunk(m, opt, plan, 0, "");
-    stream_trunk(m);
+    stream_trunk(m, plan.trunk);
     return nullptr;
   }
 
@@ -727,7 +724,7 @@ std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions
       for (OpenFile& f : files) ::close(f.fd);
       throw;
     }
-    plan.cache_bytes = opt.budget - plan.trunk.fixed_bytes - plan.trunk.window_bytes;
+    plan.cache_bytes = opt.budget - plan.trunk.fixed_bytes - plan.trunk.pinned_bytes - plan.trunk.window_bytes;
   }
   std::vector<uint64_t> capacity;
   if (opt.policy == CachePolicy::PerLayer) {
@@ -739,7 +736,7 @@ std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions
     capacity.push_back(plan.cache_bytes);
   }
   auto store = std::make_shared<ExpertStore>(std::move(files), std::move(layers), std::move(capacity), opt.uring);
-  if (trunk_streams) stream_trunk(m);
+  if (trunk_streams) stream_trunk(m, plan.trunk);
   for (int li : moe_layers) std::get<layers::Moe>(m.blocks[size_t(li)].ffn).source = std::make_shared<LayerSource>(store, li);
   return store;
 }

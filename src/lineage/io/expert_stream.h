@@ -86,6 +86,8 @@ std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions
 struct DiskRoofline {
   double sequential = 0, random = 0;  // bytes/s
   uint64_t sequential_bytes = 0, random_bytes = 0;
+  double trunk = 0;                   // a streamed trunk's units read as its reader reads them (measure_trunk_reads)
+  uint64_t trunk_bytes = 0;
   int64_t random_reads = 0;
   std::string how;
 };

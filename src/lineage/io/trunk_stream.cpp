@@ -46,6 +46,7 @@ struct Unit {
   std::vector<Range> ranges;
   uint64_t bytes = 0;
   bool read_whole = true;  // false for the embedding, of which a step reads its tokens' rows
+  bool pinned = false;     // stays once read (TrunkPlan::pinned)
   std::string name;
 };
 
@@ -101,18 +102,27 @@ Layout layout_of(model::Model& m) {
   return out;
 }
 
-TrunkPlan plan_of(const Layout& l) {
-  TrunkPlan p;
-  p.fixed_bytes = l.fixed;
-  for (const Unit& u : l.units) {
-    p.unit_bytes.push_back(u.read_whole ? u.bytes : 0);
-    p.streamed_bytes += p.unit_bytes.back();
-    p.largest_unit = std::max(p.largest_unit, p.unit_bytes.back());
+// The window and the streamed bytes of p's units that are not pinned.
+void settle(TrunkPlan& p) {
+  std::vector<uint64_t> streamed = p.unit_bytes;
+  p.streamed_bytes = p.pinned_bytes = p.largest_unit = 0;
+  for (size_t u = 0; u < streamed.size(); ++u) {
+    if (p.pinned[u]) p.pinned_bytes += streamed[u], streamed[u] = 0;
+    p.streamed_bytes += streamed[u];
+    p.largest_unit = std::max(p.largest_unit, streamed[u]);
   }
-  const TrunkWindow w = trunk_window(p.unit_bytes);
+  const TrunkWindow w = trunk_window(streamed);
   p.window_bytes = w.bytes;
-  p.window_units = w.running == w.ahead ? l.units[w.running].name
-                                        : cat(l.units[w.running].name, " and ", l.units[w.ahead].name);
+  const size_t n = streamed.size();
+  p.window_units = w.running == w.ahead ? trunk_unit_name(w.running, n)
+                                        : cat(trunk_unit_name(w.running, n), " and ", trunk_unit_name(w.ahead, n));
+}
+
+TrunkPlan plan_of(const Layout& l) {
+  std::vector<uint64_t> bytes;
+  for (const Unit& u : l.units) bytes.push_back(u.read_whole ? u.bytes : 0);
+  TrunkPlan p = trunk_plan(std::move(bytes));
+  p.fixed_bytes = l.fixed;
   return p;
 }
 
@@ -127,7 +137,9 @@ class TrunkStream : public model::TrunkSource {
         close_files();
         throw Error(cat(path, ": cannot open it to stream the trunk: ", std::strerror(errno)));
       }
-      files_.push_back({path, fd});
+      File f{path, fd, {}};
+      ::fstat(fd, &f.at_load);
+      files_.push_back(std::move(f));
     }
     // No readahead on a fault in the trunk's pages (MADV_RANDOM): a unit is asked for whole
     // (POSIX_FADV_WILLNEED) before it is mapped in, and the kernel's own readahead past it would bring
@@ -152,6 +164,8 @@ class TrunkStream : public model::TrunkSource {
   void enter(int64_t unit, int64_t next) override {
     const double t0 = now_seconds();
     std::unique_lock<std::mutex> lk(mu_);
+    if (unit == 0)  // a step's start
+      for (const File& f : files_) check_unchanged(f.path, f.fd, f.at_load, "the trunk");
     if (fresh_) {
       fresh_ = false;
       lk.unlock();
@@ -181,6 +195,7 @@ class TrunkStream : public model::TrunkSource {
   }
 
   void leave(int64_t unit) override {
+    if (units_[size_t(unit)].pinned) return;
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return reading_ != unit; });
@@ -196,6 +211,31 @@ class TrunkStream : public model::TrunkSource {
       drop(u);
       resident_[u] = 0;
     }
+  }
+
+  SequentialRead measure(uint64_t max_bytes) {
+    drop_all();  // the pinned units too: the probe holds one unit at a time
+    std::unique_lock<std::mutex> lk(mu_);
+    const TrunkStats keep = stats_;
+    lk.unlock();
+    SequentialRead r;
+    double seconds = 0;
+    for (size_t u = 1; u < units_.size() && r.bytes < max_bytes; ++u) {
+      if (!units_[u].read_whole || !units_[u].bytes) continue;
+      drop(u);
+      const double t0 = now_seconds();
+      bring(u);
+      seconds += now_seconds() - t0;
+      drop(u);
+      r.bytes += units_[u].bytes;
+    }
+    r.rate = seconds > 0 ? double(r.bytes) / seconds : 0;
+    lk.lock();
+    std::fill(resident_.begin(), resident_.end(), 0);
+    stats_ = keep;
+    lk.unlock();
+    drop_all();
+    return r;
   }
 
   std::vector<std::string> paths() const {
@@ -217,6 +257,7 @@ class TrunkStream : public model::TrunkSource {
   struct File {
     std::string path;
     int fd = -1;
+    struct stat at_load;
   };
 
   void close_files() {
@@ -351,10 +392,34 @@ TrunkWindow trunk_window(const std::vector<uint64_t>& b) {
   return w;
 }
 
+TrunkPlan trunk_plan(std::vector<uint64_t> unit_bytes) {
+  TrunkPlan p;
+  p.unit_bytes = std::move(unit_bytes);
+  p.unit_bytes[0] = 0;  // the embedding: a step reads its rows
+  p.pinned.assign(p.unit_bytes.size(), 0);
+  settle(p);
+  return p;
+}
+
 TrunkPlan plan_trunk(model::Model& m) { return plan_of(layout_of(m)); }
 
-std::shared_ptr<TrunkStream> stream_trunk(model::Model& m) {
-  auto t = std::make_shared<TrunkStream>(layout_of(m));
+void pin_units(TrunkPlan& p, uint64_t room) {
+  std::vector<size_t> order;
+  for (size_t u = 0; u < p.unit_bytes.size(); ++u)
+    if (p.unit_bytes[u] && !p.pinned[u]) order.push_back(u);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return p.unit_bytes[a] > p.unit_bytes[b]; });
+  for (const size_t u : order) {
+    TrunkPlan trial = p;
+    trial.pinned[u] = 1;
+    settle(trial);
+    if (trial.pinned_bytes + trial.window_bytes <= room) p = std::move(trial);
+  }
+}
+
+std::shared_ptr<TrunkStream> stream_trunk(model::Model& m, const TrunkPlan& plan) {
+  Layout layout = layout_of(m);
+  for (size_t u = 0; u < layout.units.size() && u < plan.pinned.size(); ++u) layout.units[u].pinned = plan.pinned[u];
+  auto t = std::make_shared<TrunkStream>(std::move(layout));
   m.trunk = t;
   return t;
 }
@@ -363,6 +428,15 @@ std::shared_ptr<TrunkStream> trunk_of(const model::Model& m) { return std::dynam
 
 void drop_trunk(TrunkStream& t) { t.drop_all(); }
 std::vector<std::string> trunk_files(TrunkStream& t) { return t.paths(); }
+SequentialRead measure_trunk_reads(TrunkStream& t, uint64_t max_bytes) { return t.measure(max_bytes); }
+
+void check_unchanged(const std::string& path, int fd, const struct stat& at_load, const std::string& what) {
+  struct stat now {};
+  if (::fstat(fd, &now) != 0 || now.st_size != at_load.st_size || now.st_mtim.tv_sec != at_load.st_mtim.tv_sec ||
+      now.st_mtim.tv_nsec != at_load.st_mtim.tv_nsec)
+    throw Error(cat(path, ": the file changed while lineage streamed ", what, " from it (size ", at_load.st_size,
+                    " at load, ", now.st_size, " now, or a new modification time); reload the model"));
+}
 
 SequentialRead read_sequentially(const std::vector<int>& fds, uint64_t max_bytes) {
   constexpr size_t kChunk = 4 << 20;

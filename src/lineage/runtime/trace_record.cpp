@@ -194,6 +194,7 @@ TraceRecording record_trace(const model::Model& m, std::span<const int32_t> toke
   for (const model::Block& b : m.blocks)
     if (const auto* moe = std::get_if<layers::Moe>(&b.ffn); moe && moe->source)
       throw Error("trace: this model's experts stream from disk (--memory-budget); trace a model that fits in memory");
+  if (m.trunk) throw Error("trace: this model's trunk streams from disk (--memory-budget); trace a model that fits in memory");
   for (int32_t t : tokens)
     if (t < 0 || t >= m.config.vocab_size)
       throw Error(cat("trace: token id ", t, " is outside the vocabulary [0, ", m.config.vocab_size, ")"));

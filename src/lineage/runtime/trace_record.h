@@ -78,7 +78,7 @@ struct TraceOptions {
 };
 
 // Decodes `tokens` from an empty sequence one at a time and records what the header says.
-// Throws Error when the model's experts stream from disk (the trace runs its own session beside the
+// Throws Error when the model's experts or trunk stream from disk (the trace runs its own session beside the
 // model's others) or when tokens is empty or past the model's context.
 TraceRecording record_trace(const model::Model& m, std::span<const int32_t> tokens, const TraceOptions& options = {});
 

@@ -73,6 +73,7 @@ void visit_trainable(const Variant& v, F&& f) {
 }  // namespace
 
 std::string untrainable_reason(const Model& m) {
+  if (m.trunk) return "its trunk streams from disk (--memory-budget)";
   for (size_t i = 0; i < m.blocks.size(); ++i) {
     const model::Block& b = m.blocks[i];
     for (const std::string& why : {layer_reason(b.mixer), layer_reason(b.ffn)})
