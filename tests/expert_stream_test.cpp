@@ -232,6 +232,32 @@ TEST(ExpertStream, InfoListsTheTensorsACheckpointHolds) {
   }
 }
 
+// dir's files copied to a fresh directory `name` under the test's temporary directory.
+fs::path copy_checkpoint(const fs::path& dir, const std::string& name) {
+  const fs::path copy = test::temp_dir() / name;
+  fs::create_directories(copy);
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file()) fs::copy_file(e.path(), copy / e.path().filename(), fs::copy_options::overwrite_existing);
+  return copy;
+}
+
+// After a prefill on m, `file` gets a new modification time: the next step is an Error naming it, and
+// what streams from it (`what`).
+void expect_a_changed_file_named(const model::Model& m, const fs::path& file, const std::string& what) {
+  runtime::Session s(m);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  s.prefill(prompt);
+  fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(5));
+  try {
+    s.decode(4);
+    ADD_FAILURE() << "a changed file went unnoticed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(file.string() + ": the file changed while lineage streamed " + what),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Faults: a budget below the minimum names it (and what makes it, with the trunk streamed and
 // resident); a trunk that must stream refuses --no-mmap; a malformed size names the option (and
 // --no-mmap, which copies the trunk alone, streams the experts to the same bits);
@@ -267,24 +293,11 @@ TEST(ExpertStream, FaultsAreNamed) {
     EXPECT_NE(r.err.find(cat("--memory-budget: '", bad, "' is not a size")), std::string::npos) << r.err;
   }
 
-  const fs::path copy = test::temp_dir() / "kimi_copy";
-  fs::create_directories(copy);
-  for (const auto& e : fs::directory_iterator(kimi))
-    if (e.is_regular_file()) fs::copy_file(e.path(), copy / e.path().filename(), fs::copy_options::overwrite_existing);
+  const fs::path copy = copy_checkpoint(kimi, "kimi_copy");
   io::LoadedModel lm = io::load_model(copy, false);
   auto store = stream_at_minimum(lm, copy);
   ASSERT_TRUE(store);
-  runtime::Session s(lm.model);
-  const std::vector<int32_t> prompt = {1, 2, 3};
-  s.prefill(prompt);
-  fs::last_write_time(copy / "model.safetensors", fs::last_write_time(copy / "model.safetensors") + std::chrono::seconds(5));
-  try {
-    s.decode(4);
-    ADD_FAILURE() << "a changed file went unnoticed";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find((copy / "model.safetensors").string() + ": the file changed"), std::string::npos)
-        << e.what();
-  }
+  expect_a_changed_file_named(lm.model, copy / "model.safetensors", "experts");
 }
 
 // A read that fails (EIO) or comes back one byte short is an Error naming the file and the bytes, on
@@ -410,28 +423,14 @@ TEST(TrunkStream, PinnedUnitsStayAndTheRestStream) {
 // A checkpoint file that changes under a run whose trunk streams from it is an Error naming the file at
 // the next step (a dense GPT-2: no expert store checks its files).
 TEST(TrunkStream, AFileChangedUnderTheRunIsNamed) {
-  const fs::path src = test::testdata() / "gpt2" / "f32_gpt2_shapes", copy = test::temp_dir() / "gpt2_copy";
-  fs::create_directories(copy);
-  for (const auto& e : fs::directory_iterator(src))
-    if (e.is_regular_file()) fs::copy_file(e.path(), copy / e.path().filename(), fs::copy_options::overwrite_existing);
+  const fs::path copy = copy_checkpoint(test::testdata() / "gpt2" / "f32_gpt2_shapes", "gpt2_copy");
   io::LoadedModel lm = io::load_model(copy, false);
   io::StreamOptions opt;
   opt.budget = minimum_budget(copy, "global", true);
   io::StreamPlan plan;
   io::stream_experts(lm.model, opt, plan);
   ASSERT_TRUE(plan.trunk_streamed);
-  runtime::Session s(lm.model);
-  const std::vector<int32_t> prompt = {1, 2, 3};
-  s.prefill(prompt);
-  fs::last_write_time(copy / "model.safetensors", fs::last_write_time(copy / "model.safetensors") + std::chrono::seconds(5));
-  try {
-    s.decode(4);
-    ADD_FAILURE() << "a changed file went unnoticed";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find((copy / "model.safetensors").string() + ": the file changed while lineage streamed the trunk"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_a_changed_file_named(lm.model, copy / "model.safetensors", "the trunk");
 }
 
 // The bytes of m's mapped weights present in this process (/proc/self/pagemap's bit 63), each page once.
