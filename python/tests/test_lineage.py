@@ -97,19 +97,23 @@ def test_copied_weights_match_the_reference_too():
 
 
 def test_experts_streamed_under_a_memory_budget_give_the_same_logits():
-    """memory_budget as the CLI's --memory-budget: a budget that holds one routed expert besides the
-    trunk (every step evicts) gives the resident model's logits bit for bit, with either cache policy;
-    one below that minimum is an error naming it."""
+    """memory_budget as the CLI's --memory-budget: a budget below the minimum is an error naming both
+    minima; at the one that holds the trunk and one routed expert (every step evicts), and at the one
+    with the trunk streamed a sublayer at a time too, the logits are the resident model's bit for bit,
+    with either cache policy."""
     g = Golden("kimi_linear/f32")
     want = lineage.Session(model("kimi_linear/f32")).prefill(g.tokens, all_positions=True)
     path = data_root() / "kimi_linear/f32"
     for cache in ("global", "per-layer"):
-        with pytest.raises(RuntimeError, match=r"below this model's minimum, \d+ bytes") as e:
+        with pytest.raises(RuntimeError, match=r"below this model's minimum, \d+ bytes, with its trunk streamed") as e:
             lineage.Model.load(path, memory_budget="1K", expert_cache=cache)
-        minimum = str(e.value).split("minimum, ")[1].split(" ")[0]
-        streamed = lineage.Model.load(path, memory_budget=minimum, expert_cache=cache)
-        got = lineage.Session(streamed).prefill(g.tokens, all_positions=True)
-        assert np.array_equal(got, want), cache
+        streamed_trunk = str(e.value).split("minimum, ")[1].split(" ")[0]
+        resident_trunk = str(e.value).split("with the trunk resident the minimum is ")[1].split(" ")[0]
+        assert int(streamed_trunk) < int(resident_trunk)
+        for minimum in (resident_trunk, streamed_trunk):
+            streamed = lineage.Model.load(path, memory_budget=minimum, expert_cache=cache)
+            got = lineage.Session(streamed).prefill(g.tokens, all_positions=True)
+            assert np.array_equal(got, want), (cache, minimum)
 
 
 def test_int8_dot_is_close_to_the_exact_products():
