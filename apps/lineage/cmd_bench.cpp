@@ -659,13 +659,18 @@ void run_bench(const BenchOpts& o) {
                   plan.trunk_streamed ? "for the trunk" : "resident", format_bytes(double(plan.cache_bytes)).c_str(),
                   format_bytes(double(plan.routed_bytes)).c_str(), passes.empty() ? "" : passes.front().stats.io.c_str());
     if (!passes.empty()) {
-      std::printf("disk roofline: %.2f GB/s sequential (%s)", disk.sequential / 1e9,
-                  format_bytes(double(disk.sequential_bytes)).c_str());
-      if (lm.experts)
-        std::printf(", %.2f GB/s random whole experts (%lld reads at once)", disk.random / 1e9, (long long)disk.random_reads);
-      if (trunk)
-        std::printf(", %.2f GB/s the trunk's units read as its reader reads them (%s)", disk.trunk / 1e9,
-                    format_bytes(double(disk.trunk_bytes)).c_str());
+      if (o.no_roofline) {
+        std::printf("disk roofline: not measured (--no-roofline)");
+      } else {
+        std::printf("disk roofline: %.2f GB/s sequential (%s)", disk.sequential / 1e9,
+                    format_bytes(double(disk.sequential_bytes)).c_str());
+        if (lm.experts)
+          std::printf(", %.2f GB/s random whole experts (%lld reads at once)", disk.random / 1e9,
+                      (long long)disk.random_reads);
+        if (trunk)
+          std::printf(", %.2f GB/s the trunk's units read as its reader reads them (%s)", disk.trunk / 1e9,
+                      format_bytes(double(disk.trunk_bytes)).c_str());
+      }
       std::printf("\n| %-10s | %9s | %12s | %14s | %14s | %8s | %16s | %16s | %12s |\n", "cache", "t/s", "roofline t/s",
                   "experts/token", "trunk/token", "hit rate", "read GB/s (wall)", "read GB/s (wait)", "trunk waits");
       for (const StreamPass& p : passes)

@@ -419,6 +419,9 @@ void pin_units(TrunkPlan& p, uint64_t room) {
 std::shared_ptr<TrunkStream> stream_trunk(model::Model& m, const TrunkPlan& plan) {
   Layout layout = layout_of(m);
   for (size_t u = 0; u < layout.units.size() && u < plan.pinned.size(); ++u) layout.units[u].pinned = plan.pinned[u];
+  // A tied head is the embedding: pinned, its pages are not the embedding's to drop after a step.
+  Unit &embedding = layout.units[0], &head = layout.units.back();
+  if (head.pinned && m.config.tied_lm_head) embedding.pinned = true;
   auto t = std::make_shared<TrunkStream>(std::move(layout));
   m.trunk = t;
   return t;
