@@ -64,7 +64,8 @@ void add_model_options(CLI::App& cmd, ModelSource& src, bool allow_preset) {
   cmd.add_option("--memory-budget", src.memory_budget,
                  "bytes the weights may hold resident (K, M, G, T: powers of 1024; default: the memory available). "
                  "A model that does not fit keeps its trunk resident and reads its routed experts from the files "
-                 "as the router chooses them, into an expert cache of what the budget leaves; a trunk that does not fit either streams a sublayer at a time");
+                 "as the router chooses them, into an expert cache of what the budget leaves; a trunk that does "
+                 "not fit either streams a sublayer at a time");
   cmd.add_option("--expert-cache", src.expert_cache, "the streamed experts' cache: one LRU over all layers, or split "
                                                       "evenly per layer")
       ->check(CLI::IsMember({"global", "per-layer"}));

@@ -26,6 +26,8 @@
 
 #include "lineage/core/error.h"
 #include "lineage/io/mapping_guard.h"
+#include "lineage/io/stream_files.h"
+#include "lineage/io/trunk_stream.h"
 #include "lineage/kernels/matrix.h"
 #include "lineage/layers/ffn/moe.h"
 
@@ -739,28 +741,6 @@ std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions
   if (trunk_streams) stream_trunk(m, plan.trunk);
   for (int li : moe_layers) std::get<layers::Moe>(m.blocks[size_t(li)].ffn).source = std::make_shared<LayerSource>(store, li);
   return store;
-}
-
-DiskRoofline measure_disk(TrunkStream& t, uint64_t max_bytes) {
-  DiskRoofline d;
-  std::vector<int> fds;
-  bool direct = false, buffered = false;
-  for (const std::string& path : trunk_files(t)) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    (fd >= 0 ? direct : buffered) = true;
-    if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) fds.push_back(fd);
-  }
-  try {
-    const SequentialRead seq = read_sequentially(fds, max_bytes);
-    d.sequential_bytes = seq.bytes, d.sequential = seq.rate;
-  } catch (const Error&) {
-    for (int fd : fds) ::close(fd);
-    throw;
-  }
-  for (int fd : fds) ::close(fd);
-  d.how = direct && buffered ? "O_DIRECT and buffered" : direct ? "O_DIRECT" : "buffered";
-  return d;
 }
 
 StreamStats stream_stats(const ExpertStore& s) { return s.stats(); }

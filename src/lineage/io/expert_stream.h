@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "lineage/io/stream_files.h"
 #include "lineage/io/trunk_stream.h"
 #include "lineage/model/model.h"
 
@@ -79,21 +80,9 @@ class ExpertStore;
 // the minimum.
 std::shared_ptr<ExpertStore> stream_experts(model::Model& m, const StreamOptions& opt, StreamPlan& plan);
 
-// The disk's own read roofline over the streamed files, measured now: sequential reads of up to
-// `max_bytes` from their start (4 MiB each, one at a time), and up to 64 whole experts chosen at random
-// read at once (in parallel, as a step's misses are). O_DIRECT where the files were opened so; a
-// buffered file reads what the page cache holds at memory speed (`how` says which).
-struct DiskRoofline {
-  double sequential = 0, random = 0;  // bytes/s
-  uint64_t sequential_bytes = 0, random_bytes = 0;
-  double trunk = 0;                   // a streamed trunk's units read as its reader reads them (measure_trunk_reads)
-  uint64_t trunk_bytes = 0;
-  int64_t random_reads = 0;
-  std::string how;
-};
+// The disk's read roofline over the experts' files, measured now (stream_files.h): the sequential and
+// random probes.
 DiskRoofline measure_disk(ExpertStore& s, uint64_t max_bytes);
-// The sequential part alone, over a streamed trunk's files (a model without routed experts).
-DiskRoofline measure_disk(TrunkStream& t, uint64_t max_bytes);
 
 StreamStats stream_stats(const ExpertStore& s);
 void reset_stream_stats(ExpertStore& s);

@@ -2,13 +2,13 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -105,11 +105,10 @@ Layout layout_of(model::Model& m) {
 // The window and the streamed bytes of p's units that are not pinned.
 void settle(TrunkPlan& p) {
   std::vector<uint64_t> streamed = p.unit_bytes;
-  p.streamed_bytes = p.pinned_bytes = p.largest_unit = 0;
+  p.streamed_bytes = p.pinned_bytes = 0;
   for (size_t u = 0; u < streamed.size(); ++u) {
     if (p.pinned[u]) p.pinned_bytes += streamed[u], streamed[u] = 0;
     p.streamed_bytes += streamed[u];
-    p.largest_unit = std::max(p.largest_unit, streamed[u]);
   }
   const TrunkWindow w = trunk_window(streamed);
   p.window_bytes = w.bytes;
@@ -429,35 +428,30 @@ std::shared_ptr<TrunkStream> stream_trunk(model::Model& m, const TrunkPlan& plan
 
 std::shared_ptr<TrunkStream> trunk_of(const model::Model& m) { return std::dynamic_pointer_cast<TrunkStream>(m.trunk); }
 
-void drop_trunk(TrunkStream& t) { t.drop_all(); }
-std::vector<std::string> trunk_files(TrunkStream& t) { return t.paths(); }
 SequentialRead measure_trunk_reads(TrunkStream& t, uint64_t max_bytes) { return t.measure(max_bytes); }
 
-void check_unchanged(const std::string& path, int fd, const struct stat& at_load, const std::string& what) {
-  struct stat now {};
-  if (::fstat(fd, &now) != 0 || now.st_size != at_load.st_size || now.st_mtim.tv_sec != at_load.st_mtim.tv_sec ||
-      now.st_mtim.tv_nsec != at_load.st_mtim.tv_nsec)
-    throw Error(cat(path, ": the file changed while lineage streamed ", what, " from it (size ", at_load.st_size,
-                    " at load, ", now.st_size, " now, or a new modification time); reload the model"));
+DiskRoofline measure_disk(TrunkStream& t, uint64_t max_bytes) {
+  DiskRoofline d;
+  std::vector<int> fds;
+  bool direct = false, buffered = false;
+  for (const std::string& path : t.paths()) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    (fd >= 0 ? direct : buffered) = true;
+    if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) fds.push_back(fd);
+  }
+  try {
+    const SequentialRead seq = read_sequentially(fds, max_bytes);
+    d.sequential_bytes = seq.bytes, d.sequential = seq.rate;
+  } catch (const Error&) {
+    for (int fd : fds) ::close(fd);
+    throw;
+  }
+  for (int fd : fds) ::close(fd);
+  d.how = direct && buffered ? "O_DIRECT and buffered" : direct ? "O_DIRECT" : "buffered";
+  return d;
 }
 
-SequentialRead read_sequentially(const std::vector<int>& fds, uint64_t max_bytes) {
-  constexpr size_t kChunk = 4 << 20;
-  void* p = std::aligned_alloc(kPage, kChunk);
-  if (!p) throw Error("disk roofline: out of memory");
-  const std::unique_ptr<void, void (*)(void*)> chunk(p, std::free);
-  SequentialRead r;
-  const double t0 = now_seconds();
-  for (const int fd : fds)
-    for (uint64_t at = 0; r.bytes < max_bytes;) {
-      const ssize_t n = ::pread(fd, p, kChunk, off_t(at));
-      if (n <= 0) break;
-      at += uint64_t(n), r.bytes += uint64_t(n);
-    }
-  const double s = now_seconds() - t0;
-  r.rate = s > 0 ? double(r.bytes) / s : 0;
-  return r;
-}
 TrunkStats trunk_stats(TrunkStream& t) { return t.stats(); }
 void reset_trunk_stats(TrunkStream& t) { t.reset_stats(); }
 

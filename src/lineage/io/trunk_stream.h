@@ -13,14 +13,13 @@
 // bytes are read at the same addresses.
 #pragma once
 
-#include <sys/stat.h>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "lineage/io/stream_files.h"
 #include "lineage/model/model.h"
 
 namespace lineage::io {
@@ -29,7 +28,6 @@ struct TrunkPlan {
   uint64_t streamed_bytes = 0;  // the units read each step, whole pages (the pinned ones left out)
   uint64_t fixed_bytes = 0;     // trunk weights held in the engine's own memory (decoded at load)
   uint64_t window_bytes = 0;    // the most that two streamed units held together (one running, one read ahead) take
-  uint64_t largest_unit = 0;
   std::string window_units;     // which two, for messages ("block 0's ffn and the head")
   std::vector<uint64_t> unit_bytes;  // per unit (model::TrunkSource numbering), pinned or not
   // Units the budget holds resident once read (pin_units): each byte of one saves a byte read per
@@ -75,30 +73,14 @@ TrunkPlan plan_trunk(model::Model& m);
 std::shared_ptr<TrunkStream> stream_trunk(model::Model& m, const TrunkPlan& plan);
 // m's stream, or null when its trunk is resident.
 std::shared_ptr<TrunkStream> trunk_of(const model::Model& m);
-// Drops every unit's pages from the process and the page cache (the first step does it too, for what
-// the load's checks and preparation read).
-void drop_trunk(TrunkStream& t);
-
 TrunkStats trunk_stats(TrunkStream& t);
 void reset_trunk_stats(TrunkStream& t);
-// The files the trunk streams from.
-std::vector<std::string> trunk_files(TrunkStream& t);
-
-// Reads up to `max_bytes` from the start of each of `fds` in turn, 4 MiB at a time into one
-// page-aligned buffer (fit for O_DIRECT): the bytes read and their rate in bytes/s.
-struct SequentialRead {
-  uint64_t bytes = 0;
-  double rate = 0;
-};
-SequentialRead read_sequentially(const std::vector<int>& fds, uint64_t max_bytes);
-
-// An Error naming `path` when the file open as `fd` has another size or modification time than
-// `at_load` (fstat's at the load): it changed under the run. `what`: what lineage streams from it.
-void check_unchanged(const std::string& path, int fd, const struct stat& at_load, const std::string& what);
-
 // The disk's roofline for the trunk's own reads: whole units, from block 0's mixer on until
 // `max_bytes`, each dropped, then brought in as the reader brings one (asked for whole, then mapped
 // in), then dropped again. Waits for the reader; leaves the statistics as they were.
 SequentialRead measure_trunk_reads(TrunkStream& t, uint64_t max_bytes);
+// The sequential probe alone, over the trunk's files (a model without routed experts; the experts'
+// store measures the rest, expert_stream.h).
+DiskRoofline measure_disk(TrunkStream& t, uint64_t max_bytes);
 
 }  // namespace lineage::io
