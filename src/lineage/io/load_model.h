@@ -1,7 +1,8 @@
 // Room io/: file formats and loading, nothing else: safetensors (single, sharded, the index), .npy,
-// mapped pages and the SIGBUS guard for a file that shrinks under its mapping, and load_model (this
-// file), which reads a Hugging Face directory into a model and its tokenizer. Uses model, tokenizer
-// and what they use.
+// mapped pages and the SIGBUS guard for a file that shrinks under its mapping, load_model (this
+// file), which reads a Hugging Face directory into a model and its tokenizer, and the reads under a
+// memory budget (expert_stream.h, trunk_stream.h, stream_files.h). Uses model, tokenizer and what
+// they use.
 //
 // Loads a Hugging Face model directory as published: config.json + safetensors (single or sharded)
 // and, when present, the tokenizer files. Weights keep their stored dtype, mapped from the files or
